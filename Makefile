@@ -1,0 +1,36 @@
+# Two commands on a fresh machine (README "Quick start"):
+#   make demo   install into .venv, make the example traces, ingest them and report
+#   make test   install into .venv with the test extras and run the test suite
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch first, pinned: a CPU build is installed locally; an unpinned torch pulls GBs of CUDA wheels.
+TORCH := torch==2.13.0
+
+.PHONY: demo test venv clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[collectors]"
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+demo: $(VENV)/.installed-demo
+	$(BIN)/python examples/make_demo.py --out examples/out
+	rm -f examples/out/demo.duckdb
+	$(BIN)/traceq ingest examples/out/demo-ddp --db examples/out/demo.duckdb
+	$(BIN)/traceq report --metric exposed_comm --db examples/out/demo.duckdb
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) examples/out build dist *.egg-info

@@ -1,0 +1,387 @@
+"""Time traceq against HTA (and a parse-only limit) on the same trace files, in one run.
+
+    python benchmarks/make_large_trace.py                  # once: benchmarks/out/nccl_data_500mb.json
+    python benchmarks/bench_ingest.py                      # that file, all tools
+    python benchmarks/bench_ingest.py FILE... --repeats 3 --hta-repeats 1
+    python benchmarks/bench_ingest.py --corpus             # every corpus trace with NCCL/RCCL kernels
+    python benchmarks/bench_ingest.py --skip-hta           # traceq + parse limit only
+
+Every measurement runs in a fresh subprocess:
+- ``hta``: ``TraceAnalysis`` load + ``get_comm_comp_overlap(visualize=False)`` (via
+  ``tests/hta_reference.run_hta_overlap``, which applies the pandas-3 compatibility patch);
+- ``traceq ingest`` / ``traceq report``: ``traceq ingest FILE --db TMP.duckdb`` then
+  ``traceq report --metric exposed_comm --window trace --db TMP.duckdb --format csv`` (a fresh
+  database per repeat; ``traceq total`` = both, seconds summed, peak = the larger);
+- ``msgspec parse``: decompress + ``msgspec.json.decode`` into a typed Struct that keeps only
+  ph/cat/name/pid/tid/ts/dur and a few args: what one core can do at best with the file.
+
+Reported per tool: median wall seconds over the repeats (interpreter start-up included), MB/s of
+uncompressed JSON (1 MB = 1e6 bytes), peak RSS in MiB and the speed-up over HTA. Peak RSS is
+``peak_rss_mb``: the largest sum of RSS over the process tree, sampled every 50 ms (counts worker
+processes, at least ``ru_maxrss``); ``maxrss_mb`` (in the JSON results) is ``wait4()``'s ``ru_maxrss``: the largest single
+process of the tree. Results are also written as JSON to ``benchmarks/out/bench_<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO / ".." / "shared" / "corpus"
+OUT_DIR = REPO / "benchmarks" / "out"
+DEFAULT_FILE = OUT_DIR / "nccl_data_500mb.json"
+PY = sys.executable
+TRACEQ = Path(PY).parent / "traceq"
+SAMPLE_S = 0.05
+
+# --------------------------------------------------------------------------------------------------
+# measuring a subprocess
+
+
+def _tree_rss(ps_proc) -> int:
+    import psutil
+
+    total = 0
+    try:
+        procs = [ps_proc] + ps_proc.children(recursive=True)
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def measure(cmd: list[str], cwd: Path | None = None, env: dict | None = None, timeout: float | None = None) -> dict:
+    """Run ``cmd``; return wall seconds, peak tree RSS (sampled), ru_maxrss, rc, stdout, stderr tail."""
+    import psutil
+
+    out_f = tempfile.TemporaryFile()
+    err_f = tempfile.TemporaryFile()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out_f, stderr=err_f)
+    ps_proc = psutil.Process(proc.pid)
+    peak = 0
+    rusage = None
+    status = 0
+    while True:
+        pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            break
+        peak = max(peak, _tree_rss(ps_proc))
+        if timeout is not None and time.perf_counter() - t0 > timeout:
+            proc.kill()
+            pid, status, rusage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(SAMPLE_S)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    out_f.seek(0)
+    err_f.seek(0)
+    stdout = out_f.read().decode(errors="replace")
+    stderr = err_f.read().decode(errors="replace")
+    maxrss_mb = rusage.ru_maxrss / 1024 if rusage else 0.0  # Linux: KiB
+    return {
+        "rc": proc.returncode,
+        "seconds": wall,
+        "peak_rss_mb": max(peak / 2**20, maxrss_mb),
+        "maxrss_mb": maxrss_mb,
+        "stdout": stdout,
+        "stderr_tail": stderr[-2000:],
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# the three contenders
+
+HTA_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+t0 = time.perf_counter()
+import hta_reference
+from hta.trace_analysis import TraceAnalysis
+t1 = time.perf_counter()
+res = hta_reference.run_hta_overlap([sys.argv[2]], ranks=[int(sys.argv[3])] if sys.argv[3] != "-" else None)
+t2 = time.perf_counter()
+print(json.dumps({"overlap_pctg": res, "import_s": t1 - t0, "load_and_overlap_s": t2 - t1}))
+"""
+
+PARSE_CHILD = r"""
+import gzip, json, sys, time
+import msgspec
+
+class Args(msgspec.Struct):
+    correlation: int | None = None
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    stream: int | str | None = None
+    device: int | str | None = None
+    rank: int | None = None
+    collective: str | None = msgspec.field(default=None, name="Collective name")
+
+class Event(msgspec.Struct):
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    args: Args | None = None
+
+class Trace(msgspec.Struct):
+    traceEvents: list[Event] = []
+
+path = sys.argv[1]
+t0 = time.perf_counter()
+if path.endswith(".gz"):
+    with gzip.open(path, "rb") as fh:
+        data = fh.read()
+else:
+    with open(path, "rb") as fh:
+        data = fh.read()
+t1 = time.perf_counter()
+if data.lstrip()[:1] == b"[":
+    events = msgspec.json.decode(data, type=list[Event])
+else:
+    events = msgspec.json.decode(data, type=Trace).traceEvents
+t2 = time.perf_counter()
+n_kernels = sum(1 for e in events if e.cat in ("kernel", "Kernel"))
+print(json.dumps({"events": len(events), "kernels": n_kernels, "read_s": t1 - t0, "decode_s": t2 - t1}))
+"""
+
+
+def run_hta(path: Path, rank: int | None) -> dict:
+    r = measure([PY, "-c", HTA_CHILD, str(REPO / "tests"), str(path), "-" if rank is None else str(rank)])
+    r["result"] = _last_json(r["stdout"])
+    return r
+
+
+def run_parse(path: Path) -> dict:
+    r = measure([PY, "-c", PARSE_CHILD, str(path)])
+    r["result"] = _last_json(r["stdout"])
+    return r
+
+
+def run_traceq(path: Path) -> tuple[dict, dict]:
+    if not TRACEQ.exists():
+        missing = {"rc": None, "error": f"{TRACEQ} not found"}
+        return missing, missing
+    with tempfile.TemporaryDirectory(prefix="bench_traceq_") as tmp:
+        db = Path(tmp) / "bench.duckdb"
+        ing = measure([str(TRACEQ), "ingest", str(path), "--db", str(db)])
+        if ing["rc"] != 0:
+            return ing, {"rc": None, "error": "ingest failed"}
+        rep = measure(
+            [str(TRACEQ), "report", "--metric", "exposed_comm", "--window", "trace", "--db", str(db), "--format", "csv"]
+        )
+        rep["result"] = rep["stdout"][-4000:]
+        try:
+            ing["db_mb"] = sum(p.stat().st_size for p in Path(tmp).iterdir()) / 1e6
+        except OSError:
+            pass
+    return ing, rep
+
+
+def _last_json(text: str):
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                pass
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# files
+
+
+def uncompressed_mb(path: Path) -> float:
+    if not path.name.endswith(".gz"):
+        return path.stat().st_size / 1e6
+    n = 0
+    with gzip.open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            n += len(chunk)
+    return n / 1e6
+
+
+_COMM_NAME_RE = re.compile(rb'"name"\s*:\s*"(?:nccl|rccl)[^"]*"', re.IGNORECASE)
+
+
+def has_nccl_kernels(path: Path) -> bool:
+    """True if some event with cat kernel/Kernel has a name containing nccl/rccl."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        data = fh.read()
+    if not _COMM_NAME_RE.search(data):
+        return False
+    doc = json.loads(data)
+    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+    return any(
+        e.get("cat") in ("kernel", "Kernel") and ("nccl" in str(e.get("name", "")).lower() or "rccl" in str(e.get("name", "")).lower())
+        for e in events
+        if isinstance(e, dict)
+    )
+
+
+def corpus_files() -> list[Path]:
+    if not CORPUS.is_dir():
+        sys.exit(f"corpus not found at {CORPUS.resolve()} (expected ../shared/corpus beside the repo)")
+    files = sorted(p for p in CORPUS.rglob("*") if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz")))
+    return [p for p in files if has_nccl_kernels(p)]
+
+
+def display_name(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(CORPUS.resolve()))
+    except ValueError:
+        try:
+            return str(path.resolve().relative_to(REPO))
+        except ValueError:
+            return str(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# main
+
+
+def summarize(runs: list[dict]) -> dict:
+    ok = [r for r in runs if r.get("rc") == 0]
+    if not ok:
+        r = runs[-1] if runs else {}
+        tail = (r.get("stderr_tail") or "").strip().splitlines()
+        err = r.get("error") or f"rc={r.get('rc')}: {tail[-1] if tail else ''}"
+        return {"ok": False, "error": str(err), "runs": runs}
+    return {
+        "ok": True,
+        "seconds": statistics.median(r["seconds"] for r in ok),
+        "all_seconds": [round(r["seconds"], 3) for r in ok],
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in ok),
+        "maxrss_mb": max(r["maxrss_mb"] for r in ok),
+        "result": ok[-1].get("result"),
+        "runs": len(ok),
+    }
+
+
+def bench_file(path: Path, args) -> dict:
+    mb = uncompressed_mb(path)
+    name = display_name(path)
+    print(f"== {name} ({mb:.1f} MB uncompressed)", file=sys.stderr, flush=True)
+    rows: dict[str, dict] = {}
+    if not args.skip_hta:
+        rows["hta"] = summarize([run_hta(path, args.rank) for _ in range(args.hta_repeats)])
+        print(f"   hta: {_brief(rows['hta'])}", file=sys.stderr, flush=True)
+    if not args.skip_traceq:
+        ing_runs, rep_runs, tot_runs = [], [], []
+        for _ in range(args.repeats):
+            ing, rep = run_traceq(path)
+            ing_runs.append(ing)
+            rep_runs.append(rep)
+            if ing.get("rc") == 0 and rep.get("rc") == 0:
+                tot_runs.append(
+                    {
+                        "rc": 0,
+                        "seconds": ing["seconds"] + rep["seconds"],
+                        "peak_rss_mb": max(ing["peak_rss_mb"], rep["peak_rss_mb"]),
+                        "maxrss_mb": max(ing["maxrss_mb"], rep["maxrss_mb"]),
+                        "result": rep.get("result"),
+                    }
+                )
+            if ing.get("rc") is None or ing.get("rc") != 0:
+                break  # not installed / failing: do not repeat
+        rows["traceq ingest"] = summarize(ing_runs)
+        rows["traceq report"] = summarize(rep_runs)
+        rows["traceq total"] = summarize(tot_runs) if tot_runs else {"ok": False, "error": "see ingest/report"}
+        print(f"   traceq total: {_brief(rows['traceq total'])}", file=sys.stderr, flush=True)
+    if not args.skip_parse:
+        rows["msgspec parse"] = summarize([run_parse(path) for _ in range(args.repeats)])
+        print(f"   msgspec parse: {_brief(rows['msgspec parse'])}", file=sys.stderr, flush=True)
+    return {"file": name, "path": str(path), "mb": mb, "tools": rows}
+
+
+def _brief(row: dict) -> str:
+    if not row.get("ok"):
+        return "FAILED " + row.get("error", "")[:200]
+    return f"{row['seconds']:.2f} s, {row['peak_rss_mb']:.0f} MB"
+
+
+def print_table(results: list[dict]) -> None:
+    head = ("file", "MB", "tool", "seconds", "MB/s", "peak RSS MiB", "x HTA")
+    lines = []
+    notes: list[str] = []
+    for res in results:
+        hta = res["tools"].get("hta")
+        hta_s = hta["seconds"] if hta and hta.get("ok") else None
+        for tool, row in res["tools"].items():
+            if row.get("ok"):
+                s = row["seconds"]
+                speed = f"{hta_s / s:.1f}" if hta_s and tool != "hta" else ("1.0" if tool == "hta" else "")
+                lines.append(
+                    (res["file"], f"{res['mb']:.1f}", tool, f"{s:.2f}", f"{res['mb'] / s:.1f}", f"{row['peak_rss_mb']:.0f}", speed)
+                )
+            else:
+                notes.append(f"[{len(notes) + 1}] {res['file']} {tool}: {row.get('error', 'failed')}")
+                lines.append((res["file"], f"{res['mb']:.1f}", tool, "n/a", "", "", f"[{len(notes)}]"))
+    widths = [max(len(str(x[i])) for x in [head] + lines) for i in range(len(head))]
+    fmt = "  ".join("{:<%d}" % w if i in (0, 2) else "{:>%d}" % w for i, w in enumerate(widths))
+    print(fmt.format(*head))
+    print("  ".join("-" * w for w in widths))
+    for line in lines:
+        print(fmt.format(*line))
+    for note in notes:
+        print(note)
+    print("\nx HTA = HTA seconds / tool seconds (higher is faster). Seconds: median wall time of a fresh process.")
+    for res in results:
+        hta = res["tools"].get("hta")
+        if hta and hta.get("ok") and hta.get("result"):
+            print(f"HTA comp_comm_overlap_pctg {res['file']}: {hta['result'].get('overlap_pctg')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="*", type=Path, help=f"trace files (default {DEFAULT_FILE.relative_to(REPO)})")
+    ap.add_argument("--corpus", action="store_true", help="every corpus trace with NCCL/RCCL kernels")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats for traceq and the parse limit (median)")
+    ap.add_argument("--hta-repeats", type=int, default=1, help="repeats for HTA (median)")
+    ap.add_argument("--rank", type=int, default=None, help="rank to give HTA (default: distributedInfo.rank or 0)")
+    ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument("--skip-traceq", action="store_true")
+    ap.add_argument("--skip-parse", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="where to write the results (default benchmarks/out/bench_<time>.json)")
+    args = ap.parse_args(argv)
+
+    files = list(args.files)
+    if args.corpus:
+        files += corpus_files()
+    if not files:
+        if not DEFAULT_FILE.exists():
+            sys.exit(f"{DEFAULT_FILE} not found: run `python benchmarks/make_large_trace.py` first")
+        files = [DEFAULT_FILE]
+    results = [bench_file(p, args) for p in files]
+    print_table(results)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    out = args.json or OUT_DIR / f"bench_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    meta = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "argv": sys.argv[1:]}
+    with open(out, "w") as fh:
+        json.dump({"meta": meta, "results": results}, fh, indent=1, default=str)
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+-- gpu_breakdown: one row per (trace_id, rank, device, step) — step -1 when $whole_trace — with the
+-- interval metrics of DESIGN §4 in integer ns. U = union over all streams of one GPU.
+-- Expects temp table selected_steps(trace_id, rank, step) when not $whole_trace.
+--   comm_kernel_ns / compute_kernel_ns  sum of kernel durations
+--   comm_ns, compute_ns                 |U(comm)|, |U(compute)|
+--   overlapped_comm_ns                  |U(comm) ∩ U(compute)|
+--   exposed_comm_ns                     |U(comm) − U(compute)|
+--   exposed_memcpy_ns                   |U(memcpy ∪ memset) − U(compute) − U(comm)|
+--   busy_ns                             |U(all GPU activity)|
+--   window_ns                           first activity start to last activity end
+--   idle_ns                             window_ns − busy_ns
+-- Identity: compute_ns + exposed_comm_ns + exposed_memcpy_ns + idle_ns = window_ns.
+with activity as (
+    select
+        a.trace_id,
+        a.rank,
+        coalesce(a.device, -1) as device,
+        case when $whole_trace then -1 else a.step end as step,
+        a.start_ns,
+        a.end_ns,
+        a.dur_ns,
+        a.class
+    from gpu_activity as a
+    where $whole_trace
+        or exists (
+            select 1 from selected_steps as s
+            where s.trace_id = a.trace_id and s.rank = a.rank and s.step = a.step
+        )
+),
+
+-- +1 when an interval of a class opens, -1 when it closes; zero-length intervals cancel out
+boundaries as (
+    select trace_id, rank, device, step, start_ns as ts,
+           (class = 'comm')::int as d_comm, (class = 'compute')::int as d_compute,
+           (class in ('memcpy', 'memset'))::int as d_mem
+    from activity
+    union all
+    select trace_id, rank, device, step, end_ns as ts,
+           -(class = 'comm')::int, -(class = 'compute')::int, -(class in ('memcpy', 'memset'))::int
+    from activity
+),
+
+per_ts as (
+    select trace_id, rank, device, step, ts, sum(d_comm) as d_comm, sum(d_compute) as d_compute,
+           sum(d_mem) as d_mem
+    from boundaries
+    group by all
+),
+
+running as (
+    select
+        trace_id, rank, device, step,
+        sum(d_comm) over w as n_comm,
+        sum(d_compute) over w as n_compute,
+        sum(d_mem) over w as n_mem,
+        lead(ts) over w - ts as seg_ns
+    from per_ts
+    window w as (partition by trace_id, rank, device, step order by ts rows between unbounded preceding and current row)
+),
+
+sweep as (
+    select
+        trace_id, rank, device, step,
+        coalesce(sum(seg_ns) filter (where n_comm > 0), 0)::bigint as comm_ns,
+        coalesce(sum(seg_ns) filter (where n_compute > 0), 0)::bigint as compute_ns,
+        coalesce(sum(seg_ns) filter (where n_comm > 0 and n_compute > 0), 0)::bigint as overlapped_comm_ns,
+        coalesce(sum(seg_ns) filter (where n_comm > 0 and n_compute = 0), 0)::bigint as exposed_comm_ns,
+        coalesce(sum(seg_ns) filter (where n_mem > 0 and n_comm = 0 and n_compute = 0), 0)::bigint as exposed_memcpy_ns,
+        coalesce(sum(seg_ns) filter (where n_comm > 0 or n_compute > 0 or n_mem > 0), 0)::bigint as busy_ns
+    from running
+    group by all
+),
+
+totals as (
+    select
+        trace_id, rank, device, step,
+        coalesce(sum(dur_ns) filter (where class = 'comm'), 0)::bigint as comm_kernel_ns,
+        coalesce(sum(dur_ns) filter (where class = 'compute'), 0)::bigint as compute_kernel_ns,
+        count(*) filter (where class = 'comm') as n_comm_kernels,
+        count(*) filter (where class = 'compute') as n_compute_kernels,
+        min(start_ns) as window_start_ns,
+        max(end_ns) as window_end_ns
+    from activity
+    group by all
+),
+
+final as (
+    select
+        t.trace_id,
+        t.rank,
+        t.device,
+        t.step,
+        t.n_comm_kernels,
+        t.n_compute_kernels,
+        t.comm_kernel_ns,
+        t.compute_kernel_ns,
+        s.comm_ns,
+        s.compute_ns,
+        s.overlapped_comm_ns,
+        s.exposed_comm_ns,
+        s.exposed_memcpy_ns,
+        s.busy_ns,
+        t.window_start_ns,
+        t.window_end_ns - t.window_start_ns as window_ns,
+        t.window_end_ns - t.window_start_ns - s.busy_ns as idle_ns,
+        case when s.comm_ns > 0 then s.overlapped_comm_ns / s.comm_ns end as overlap_ratio,
+        st.step_time_ns
+    from totals as t
+    inner join sweep as s using (trace_id, rank, device, step)
+    left join steps as st on st.trace_id = t.trace_id and st.rank = t.rank and st.step = t.step
+)
+
+select * from final

@@ -1,0 +1,120 @@
+-- The traceq warehouse. Times are integer nanoseconds on the trace's own clock (Kineto ts x 1000);
+-- wall-clock ns = start_ns + traces.base_time_ns where the trace has baseTimeNanoseconds.
+-- rank -1 means unknown (see traces.rank_source).
+
+create sequence if not exists trace_ids start 1;
+
+create table if not exists runs (
+    run varchar primary key,           -- run name (--run, else the parent directory's name)
+    metadata json,                     -- collector metadata or values set with `traceq runs set`
+    created_at timestamp default current_timestamp
+);
+
+create table if not exists traces (
+    trace_id integer primary key,
+    run varchar not null,
+    path varchar not null,             -- as given on the command line, resolved
+    content_sha256 varchar not null unique,
+    size_bytes bigint not null,
+    rank_source varchar not null,      -- distributedInfo | event args | option | file name | unknown
+    file_rank bigint,                  -- rank of the whole file, when known
+    world_size bigint,
+    backend varchar,
+    schema_version integer,
+    base_time_ns bigint,               -- baseTimeNanoseconds: wall-clock ns of trace time 0
+    display_time_unit varchar,
+    trace_name varchar,
+    header json,                       -- every top-level field except traceEvents
+    n_events bigint not null,          -- events read
+    n_gpu_events bigint not null,
+    n_host_events bigint not null,
+    n_dropped bigint not null,         -- X events without usable ts/dur (or dur < 0)
+    parse_seconds double,
+    ingested_at timestamp default current_timestamp
+);
+
+create table if not exists names (
+    trace_id integer not null,
+    name_id integer not null,
+    name varchar not null
+);
+
+-- Kernels, memcpys and memsets. kind: 1 kernel, 2 memcpy, 3 memset.
+create table if not exists gpu_events (
+    trace_id integer not null,
+    rank bigint,                       -- filled with the file rank (or -1) when the event has none
+    device bigint,
+    stream bigint,
+    kind tinyint not null,
+    name_id integer not null,
+    start_ns bigint not null,
+    dur_ns bigint not null,
+    correlation bigint,
+    external_id bigint,
+    collective varchar,                -- "Collective name" arg, when the kernel carries it
+    pg_name varchar,
+    pg_desc varchar,
+    pg_ranks varchar,
+    group_size bigint,
+    in_nelems bigint,
+    out_nelems bigint,
+    dtype varchar,
+    seq bigint,
+    step bigint,                       -- ProfilerStep number, null when unattributed
+    step_source varchar                -- launch | device_annotation | time
+);
+
+-- CPU-side spans: operators, annotations (ProfilerStep#N), runtime/driver calls, GPU annotations.
+create table if not exists host_events (
+    trace_id integer not null,
+    rank bigint,                       -- filled with the file rank (or -1) when the event has none
+    cat varchar,
+    name_id integer not null,
+    pid bigint,
+    tid bigint,
+    start_ns bigint not null,
+    dur_ns bigint not null,
+    correlation bigint,
+    external_id bigint,
+    device bigint,
+    collective varchar,
+    pg_name varchar,
+    pg_desc varchar,
+    pg_ranks varchar,
+    group_size bigint,
+    in_nelems bigint,
+    out_nelems bigint,
+    dtype varchar,
+    seq bigint
+);
+
+-- ProfilerStep#N CPU spans per rank (sql/steps.sql).
+create table if not exists steps (
+    trace_id integer not null,
+    rank bigint,                       -- filled with the file rank (or -1) when the event has none
+    step bigint not null,
+    start_ns bigint not null,
+    end_ns bigint not null,
+    step_time_ns bigint not null,
+    launches_without_gpu_work bigint not null  -- > 0: the trace was cut inside this step
+);
+
+-- Process and thread names from metadata events (e.g. the pt_gloo_runloop thread).
+create table if not exists trace_threads (
+    trace_id integer not null,
+    rank bigint,                       -- filled with the file rank (or -1) when the event has none
+    pid bigint,
+    tid bigint,
+    key varchar,
+    value varchar
+);
+
+-- Kernel classification rules (see sql/kernel_rules.csv); lower priority wins.
+create table if not exists kernel_rules (
+    priority integer not null,
+    pattern varchar not null,          -- RE2 regular expression matched against the kernel name
+    class varchar not null,            -- comm | compute
+    category varchar not null,
+    collective varchar,                -- collective type implied by the name, if any
+    source varchar not null            -- builtin | user
+);

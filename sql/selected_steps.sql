@@ -1,0 +1,31 @@
+-- selected_steps: the steps a report uses, one row per (trace_id, rank, step).
+-- Steps are numbered by their order within the trace and rank (ordinal 1, 2, ...).
+-- $skip_steps: leading steps to skip (warm-up); null = the run's warmup_steps metadata, else 0.
+-- $step_min/$step_max: ProfilerStep numbers to keep (inclusive; null = no bound).
+-- $drop_incomplete: drop a last step that the end of the trace cut ($drop_last drops the last always).
+create or replace temp table selected_steps as
+with ordered as (
+    select
+        s.trace_id,
+        s.rank,
+        s.step,
+        s.launches_without_gpu_work,
+        row_number() over (partition by s.trace_id, s.rank order by s.step) as ordinal,
+        count(*) over (partition by s.trace_id, s.rank) as n_steps,
+        coalesce($skip_steps, try_cast(json_extract_string(r.metadata, '$.warmup_steps') as bigint), 0) as skip
+    from steps as s
+    inner join traces as t on t.trace_id = s.trace_id
+    inner join runs as r on r.run = t.run
+),
+
+final as (
+    select trace_id, rank, step, ordinal
+    from ordered
+    where ordinal > skip
+        and ($step_min is null or step >= $step_min)
+        and ($step_max is null or step <= $step_max)
+        and not (ordinal = n_steps and $drop_last)
+        and not (ordinal = n_steps and $drop_incomplete and launches_without_gpu_work > 0)
+)
+
+select * from final

@@ -1,0 +1,42 @@
+"""traceq: where the time, communication and energy of distributed PyTorch training go.
+
+Kept light on purpose: importing traceq loads neither torch, plotly nor duckdb. The public
+functions are imported on first use.
+
+    >>> import traceq
+    >>> summary = traceq.ingest_traces(["runs/job1"], db="traceq.duckdb")
+    >>> df = traceq.compute_metric("traceq.duckdb", "exposed_comm", by=("run", "rank"))
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from traceq.errors import ConfigError, TraceFormatError, TraceqError, WarehouseError
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "ingest_traces": "traceq.ingest",
+    "IngestSummary": "traceq.ingest",
+    "compute_metric": "traceq.metrics",
+    "list_metrics": "traceq.metrics",
+    "connect": "traceq.warehouse",
+}
+
+__all__ = [
+    "ConfigError",
+    "TraceFormatError",
+    "TraceqError",
+    "WarehouseError",
+    "__version__",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'traceq' has no attribute {name!r}")
+    return getattr(import_module(module), name)

@@ -1,0 +1,347 @@
+"""Decode one chunk of Kineto ``traceEvents`` into columnar Arrow tables.
+
+Runs inside ingest worker processes, so it depends on msgspec, numpy and pyarrow only. A chunk is
+the bytes of a run of whole events (``{...}, {...}``) as cut by :mod:`traceq.reader`. Only the
+fields traceq uses are decoded (msgspec Structs skip the rest at C speed).
+
+Times: Kineto ``ts``/``dur`` are microseconds, written as integers (old traces) or with three
+decimals (nanoseconds). A float64 holds every such value exactly enough to round back to the
+nanosecond while ``|ts| < 2**43`` us; beyond that (epoch microseconds with a fraction) the chunk is
+decoded again with exact decimal arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Union
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+# Largest |ts| in microseconds for which float64 -> integer ns rounding is exact (ULP/2 < 0.5 ns).
+_FLOAT_EXACT_LIMIT_US = float(2**43)
+
+# Any, not int|str|None: one odd arg type in a real trace must not fail the whole chunk.
+Scalar = Any
+
+
+class Args(msgspec.Struct):
+    external_id: Scalar = msgspec.field(name="External id", default=None)
+    external_id_2021: Scalar = msgspec.field(name="external id", default=None)
+    correlation: Scalar = None
+    device: Scalar = None
+    stream: Scalar = None
+    rank: Scalar = None
+    collective: Scalar = msgspec.field(name="Collective name", default=None)
+    pg_name: Scalar = msgspec.field(name="Process Group Name", default=None)
+    pg_desc: Scalar = msgspec.field(name="Process Group Description", default=None)
+    pg_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
+    group_size: Scalar = msgspec.field(name="Group size", default=None)
+    in_nelems: Scalar = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: Scalar = msgspec.field(name="Out msg nelems", default=None)
+    dtype: Scalar = None
+    seq: Scalar = msgspec.field(name="Seq", default=None)
+    # metadata events (ph "M"): {"name": "pt_gloo_runloop"} / {"labels": "..."}
+    meta_name: Scalar = msgspec.field(name="name", default=None)
+    labels: Scalar = None
+
+
+class Event(msgspec.Struct):
+    ph: Scalar = None
+    cat: Scalar = None
+    name: Scalar = None
+    pid: Scalar = None
+    tid: Scalar = None
+    ts: Scalar = None
+    dur: Scalar = None
+    args: Union[Args, None] = None
+
+
+_FAST = msgspec.json.Decoder(list[Event])
+_EXACT = msgspec.json.Decoder(list[Event], float_hook=Decimal)
+
+GPU_KINDS = {"kernel": 1, "Kernel": 1, "gpu_memcpy": 2, "Memcpy": 2, "gpu_memset": 3, "Memset": 3}
+RUNTIME_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
+
+GPU_SCHEMA = pa.schema(
+    [
+        ("kind", pa.int8()),
+        ("name_id", pa.int32()),
+        ("rank", pa.int64()),
+        ("device", pa.int64()),
+        ("stream", pa.int64()),
+        ("start_ns", pa.int64()),
+        ("dur_ns", pa.int64()),
+        ("correlation", pa.int64()),
+        ("external_id", pa.int64()),
+        ("collective", pa.string()),
+        ("pg_name", pa.string()),
+        ("pg_desc", pa.string()),
+        ("pg_ranks", pa.string()),
+        ("group_size", pa.int64()),
+        ("in_nelems", pa.int64()),
+        ("out_nelems", pa.int64()),
+        ("dtype", pa.string()),
+        ("seq", pa.int64()),
+    ]
+)
+HOST_SCHEMA = pa.schema(
+    [
+        ("cat", pa.string()),
+        ("name_id", pa.int32()),
+        ("rank", pa.int64()),
+        ("pid", pa.int64()),
+        ("tid", pa.int64()),
+        ("start_ns", pa.int64()),
+        ("dur_ns", pa.int64()),
+        ("correlation", pa.int64()),
+        ("external_id", pa.int64()),
+        ("device", pa.int64()),
+        ("collective", pa.string()),
+        ("pg_name", pa.string()),
+        ("pg_desc", pa.string()),
+        ("pg_ranks", pa.string()),
+        ("group_size", pa.int64()),
+        ("in_nelems", pa.int64()),
+        ("out_nelems", pa.int64()),
+        ("dtype", pa.string()),
+        ("seq", pa.int64()),
+    ]
+)
+META_SCHEMA = pa.schema(
+    [("rank", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()), ("key", pa.string()), ("value", pa.string())]
+)
+_COLL_FIELDS = ("collective", "pg_name", "pg_desc", "pg_ranks", "group_size", "in_nelems", "out_nelems", "dtype", "seq")
+_INT_COLL = frozenset({"group_size", "in_nelems", "out_nelems", "seq"})
+_INT64_MAX = 2**63 - 1
+
+
+@dataclass
+class ChunkTables:
+    """What one decoded chunk yields: Arrow tables whose ``name_id`` index into ``names``."""
+
+    names: list[str]
+    gpu: pa.Table
+    host: pa.Table
+    meta: pa.Table
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def to_int(value: Any) -> int | None:
+    """An int64 from a JSON scalar (int, integral float, decimal string, "stream 7"), else None."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if -_INT64_MAX - 1 <= value <= _INT64_MAX else None
+    if isinstance(value, (float, Decimal)):
+        if not math.isfinite(value) or value != int(value):
+            return None
+        return to_int(int(value))
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("stream "):
+            text = text[7:]
+        try:
+            return to_int(int(text, 0) if text.lower().startswith(("0x", "-0x")) else int(text))
+        except ValueError:
+            return None
+    return None
+
+
+def _to_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    return msgspec.json.encode(value).decode()
+
+
+def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Integer ns and a validity mask from Kineto microsecond values (float/int/Decimal/None)."""
+    try:
+        us = np.array(values, dtype=np.float64)  # None -> nan; Decimal and str raise or are lossy
+        exact_needed = any(isinstance(v, (Decimal, str)) for v in values)
+    except (TypeError, ValueError, OverflowError):
+        exact_needed = True
+    if not exact_needed:
+        valid = np.isfinite(us) & (np.abs(us) < 9.2e15)
+        us = np.where(valid, us, 0.0)
+        whole = np.floor(us)
+        ns = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
+        return ns, valid
+    out = np.zeros(len(values), dtype=np.int64)
+    valid = np.zeros(len(values), dtype=bool)
+    for i, v in enumerate(values):
+        if v is None or isinstance(v, (bool, str)):
+            continue
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                continue
+            v = Decimal(repr(v))
+        elif isinstance(v, Decimal) and not v.is_finite():
+            continue
+        ns = int((Decimal(v) * 1000).to_integral_value())
+        if -_INT64_MAX - 1 <= ns <= _INT64_MAX:
+            out[i] = ns
+            valid[i] = True
+    return out, valid
+
+
+def _needs_exact(events: list[Event]) -> bool:
+    for e in events:
+        ts = e.ts
+        if isinstance(ts, float) and abs(ts) >= _FLOAT_EXACT_LIMIT_US and ts != math.floor(ts):
+            return True
+    return False
+
+
+def decode_events(data: bytes) -> list[Event]:
+    """Decode a JSON array of events, exactly: re-decodes with Decimal where float64 would round."""
+    events = _FAST.decode(data)
+    if _needs_exact(events):
+        events = _EXACT.decode(data)
+    return events
+
+
+def decode_chunk(chunk: bytes) -> ChunkTables:
+    """Decode ``chunk`` (whole events joined by commas, without the enclosing brackets)."""
+    return events_to_tables(decode_events(b"[" + chunk + b"]"))
+
+
+def events_to_tables(events: list[Event]) -> ChunkTables:
+    """Split decoded events into GPU activity, host spans and thread/process metadata tables."""
+    names: dict[str, int] = {}
+    gpu_rows: list[Event] = []
+    gpu_kind: list[int] = []
+    host_rows: list[Event] = []
+    meta_rows: list[Event] = []
+    counts = {"events": len(events), "dropped": 0, "other": 0}
+    for e in events:
+        ph = e.ph
+        if ph == "X":
+            kind = GPU_KINDS.get(e.cat)  # type: ignore[arg-type]
+            if kind is not None:
+                gpu_rows.append(e)
+                gpu_kind.append(kind)
+            else:
+                host_rows.append(e)
+        elif ph == "M":
+            meta_rows.append(e)
+        else:
+            counts["other"] += 1
+
+    gpu, dropped_gpu = _gpu_table(gpu_rows, gpu_kind, names)
+    host, dropped_host = _host_table(host_rows, names)
+    counts["dropped"] = dropped_gpu + dropped_host
+    counts["gpu"] = gpu.num_rows
+    counts["host"] = host.num_rows
+    return ChunkTables(names=list(names), gpu=gpu, host=host, meta=_meta_table(meta_rows), counts=counts)
+
+
+def _intern(rows: list[Event], names: dict[str, int]) -> np.ndarray:
+    setdefault = names.setdefault
+    return np.fromiter(
+        (setdefault(e.name if isinstance(e.name, str) else str(e.name), len(names)) for e in rows),
+        dtype=np.int32,
+        count=len(rows),
+    )
+
+
+def _valid_spans(rows: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    start, ok_start = _time_ns([e.ts for e in rows])
+    dur, ok_dur = _time_ns([e.dur for e in rows])
+    keep = ok_start & ok_dur & (dur >= 0)
+    return start, dur, keep
+
+
+def _args_column(rows: list[Event], attr: str, as_int: bool) -> list[Any]:
+    conv = to_int if as_int else _to_text
+    return [None if e.args is None else conv(getattr(e.args, attr)) for e in rows]
+
+
+def _external_ids(rows: list[Event]) -> list[int | None]:
+    out: list[int | None] = []
+    for e in rows:
+        a = e.args
+        if a is None:
+            out.append(None)
+        else:
+            out.append(to_int(a.external_id if a.external_id is not None else a.external_id_2021))
+    return out
+
+
+def _collective_columns(rows: list[Event]) -> dict[str, list[Any]]:
+    has = [e.args is not None and e.args.collective is not None for e in rows]
+    if not any(has):
+        return {f: [None] * len(rows) for f in _COLL_FIELDS}
+    return {f: _args_column(rows, f, f in _INT_COLL) for f in _COLL_FIELDS}
+
+
+def _filtered(table: dict[str, Any], keep: np.ndarray, schema: pa.Schema) -> pa.Table:
+    arrays = [pa.array(table[f.name], type=f.type) for f in schema]
+    result = pa.Table.from_arrays(arrays, schema=schema)
+    if not keep.all():
+        result = result.filter(pa.array(keep))
+    return result
+
+
+def _gpu_table(rows: list[Event], kinds: list[int], names: dict[str, int]) -> tuple[pa.Table, int]:
+    start, dur, keep = _valid_spans(rows)
+    device = _args_column(rows, "device", True)
+    stream = _args_column(rows, "stream", True)
+    for i, e in enumerate(rows):  # fall back to the trace viewer's pid (device) / tid (stream)
+        if device[i] is None:
+            device[i] = to_int(e.pid)
+        if stream[i] is None:
+            stream[i] = to_int(e.tid)
+    cols: dict[str, Any] = {
+        "kind": np.asarray(kinds, dtype=np.int8),
+        "name_id": _intern(rows, names),
+        "rank": _args_column(rows, "rank", True),
+        "device": device,
+        "stream": stream,
+        "start_ns": start,
+        "dur_ns": dur,
+        "correlation": _args_column(rows, "correlation", True),
+        "external_id": _external_ids(rows),
+        **_collective_columns(rows),
+    }
+    return _filtered(cols, keep, GPU_SCHEMA), int((~keep).sum())
+
+
+def _host_table(rows: list[Event], names: dict[str, int]) -> tuple[pa.Table, int]:
+    start, dur, keep = _valid_spans(rows)
+    cols: dict[str, Any] = {
+        "cat": [e.cat if isinstance(e.cat, str) else None for e in rows],
+        "name_id": _intern(rows, names),
+        "rank": _args_column(rows, "rank", True),
+        "pid": [to_int(e.pid) for e in rows],
+        "tid": [to_int(e.tid) for e in rows],
+        "start_ns": start,
+        "dur_ns": dur,
+        "correlation": _args_column(rows, "correlation", True),
+        "external_id": _external_ids(rows),
+        "device": _args_column(rows, "device", True),
+        **_collective_columns(rows),
+    }
+    return _filtered(cols, keep, HOST_SCHEMA), int((~keep).sum())
+
+
+def _meta_table(rows: list[Event]) -> pa.Table:
+    keep = [e for e in rows if e.name in ("process_name", "thread_name", "process_labels") and e.args is not None]
+    return pa.table(
+        {
+            "rank": pa.array([to_int(e.args.rank) for e in keep], pa.int64()),  # type: ignore[union-attr]
+            "pid": pa.array([to_int(e.pid) for e in keep], pa.int64()),
+            "tid": pa.array([to_int(e.tid) for e in keep], pa.int64()),
+            "key": pa.array([e.name for e in keep], pa.string()),
+            "value": pa.array(
+                [_to_text(e.args.meta_name if e.args.meta_name is not None else e.args.labels) for e in keep],  # type: ignore[union-attr]
+                pa.string(),
+            ),
+        },
+        schema=META_SCHEMA,
+    )

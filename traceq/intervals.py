@@ -1,0 +1,328 @@
+"""Interval algebra on integer-nanosecond spans: union, intersection, difference, overlap.
+
+Depends on numpy only, so other profilers can import it alone. An interval set is a pair of
+1-D arrays ``(starts, ends)`` of integer nanoseconds, half-open ``[start, end)``, in any order,
+possibly overlapping, nested, duplicated or zero-length. Results are normalised: int64 arrays,
+sorted, disjoint and non-touching, without zero-length intervals. Every function is
+O(n log n) (one sort plus vectorised sweeps).
+
+    >>> import numpy as np
+    >>> from traceq import intervals
+    >>> comm = (np.array([0, 5, 20]), np.array([10, 15, 30]))  # ns; U = [0,15) + [20,30)
+    >>> compute = ([10], [25])
+    >>> split = intervals.overlap_split(*comm, *compute)
+    >>> split.comm_ns, split.overlapped_ns, split.exposed_ns, split.overlap_ratio
+    (25, 10, 15, 0.4)
+    >>> intervals.breakdown(comm, compute, memcpy=([30], [40]))["exposed_memcpy_ns"]
+    10
+
+Metric definitions (DESIGN.md section 4) live in ``breakdown``; the other functions are the
+building blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from traceq.errors import ConfigError
+
+__all__ = [
+    "OverlapSplit",
+    "breakdown",
+    "difference",
+    "intersection",
+    "overlap_split",
+    "total_length",
+    "union",
+]
+
+Spans = tuple[np.ndarray, np.ndarray]
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def union(starts: Any, ends: Any) -> Spans:
+    """Merge intervals into their union: sorted, disjoint, non-touching, no zero-length ones.
+
+    Args:
+        starts: interval starts, integer ns (1-D array-like).
+        ends: interval ends (exclusive), integer ns, same length as ``starts``, ``end >= start``.
+
+    Returns:
+        ``(starts, ends)`` int64 arrays of the union.
+    """
+    s, e = _validate(starts, ends, "intervals")
+    return _union(s, e)
+
+
+def intersection(a_starts: Any, a_ends: Any, b_starts: Any, b_ends: Any) -> Spans:
+    """Intersect two interval sets: U(a) ∩ U(b), normalised like ``union``.
+
+    Args:
+        a_starts, a_ends: first set, integer ns (1-D array-likes of equal length).
+        b_starts, b_ends: second set, integer ns (1-D array-likes of equal length).
+
+    Returns:
+        ``(starts, ends)`` int64 arrays.
+    """
+    a = _union(*_validate(a_starts, a_ends, "a"))
+    b = _union(*_validate(b_starts, b_ends, "b"))
+    return _combine(a, b, keep_a_only=False, keep_both=True)
+
+
+def difference(a_starts: Any, a_ends: Any, b_starts: Any, b_ends: Any) -> Spans:
+    """Subtract one interval set from another: U(a) − U(b), normalised like ``union``.
+
+    Args:
+        a_starts, a_ends: the set to subtract from, integer ns (1-D array-likes of equal length).
+        b_starts, b_ends: the set to remove, integer ns (1-D array-likes of equal length).
+
+    Returns:
+        ``(starts, ends)`` int64 arrays.
+    """
+    a = _union(*_validate(a_starts, a_ends, "a"))
+    b = _union(*_validate(b_starts, b_ends, "b"))
+    return _combine(a, b, keep_a_only=True, keep_both=False)
+
+
+def total_length(starts: Any, ends: Any) -> int:
+    """Length of the union of intervals, |U(intervals)|, in ns.
+
+    Args:
+        starts: interval starts, integer ns (1-D array-like).
+        ends: interval ends (exclusive), integer ns, same length as ``starts``.
+
+    Returns:
+        The covered length in ns as a Python int (overlaps counted once).
+    """
+    return _length(union(starts, ends))
+
+
+@dataclass(frozen=True)
+class OverlapSplit:
+    """How much communication time compute hides: all integer ns.
+
+    ``comm_ns`` = |U(comm)|, ``overlapped_ns`` = |U(comm) ∩ U(compute)|,
+    ``exposed_ns`` = |U(comm) − U(compute)|; ``overlapped_ns + exposed_ns == comm_ns``.
+    """
+
+    comm_ns: int
+    overlapped_ns: int
+    exposed_ns: int
+
+    @property
+    def overlap_ratio(self) -> float:
+        """overlapped_ns / comm_ns (HTA's comp_comm_overlap_pctg / 100); nan when there is no comm."""
+        if self.comm_ns == 0:
+            return math.nan
+        return self.overlapped_ns / self.comm_ns
+
+
+def overlap_split(
+    comm_starts: Any, comm_ends: Any, compute_starts: Any, compute_ends: Any
+) -> OverlapSplit:
+    """Split communication time into the part overlapped by compute and the exposed part.
+
+    Args:
+        comm_starts, comm_ends: communication kernels, integer ns (1-D array-likes of equal length).
+        compute_starts, compute_ends: compute kernels, integer ns (1-D array-likes of equal length).
+
+    Returns:
+        An ``OverlapSplit`` with ``comm_ns``, ``overlapped_ns``, ``exposed_ns`` (ns) and
+        ``overlap_ratio``.
+    """
+    comm = _union(*_validate(comm_starts, comm_ends, "comm"))
+    compute = _union(*_validate(compute_starts, compute_ends, "compute"))
+    comm_ns = _length(comm)
+    overlapped_ns = _length(_combine(comm, compute, keep_a_only=False, keep_both=True))
+    return OverlapSplit(comm_ns=comm_ns, overlapped_ns=overlapped_ns, exposed_ns=comm_ns - overlapped_ns)
+
+
+def breakdown(
+    comm: tuple[Any, Any],
+    compute: tuple[Any, Any],
+    memcpy: tuple[Any, Any],
+    window: tuple[int, int] | None = None,
+) -> dict[str, int]:
+    """Break one GPU's time into the DESIGN.md section 4 figures, all in integer ns.
+
+    Args:
+        comm: ``(starts, ends)`` of communication kernels, integer ns.
+        compute: ``(starts, ends)`` of compute kernels, integer ns.
+        memcpy: ``(starts, ends)`` of memcpy and memset activity, integer ns.
+        window: ``(start, end)`` of the device window in ns; when None, the earliest start to the
+            latest end over all three sets (zero-length intervals included), or empty when all
+            three are empty. Intervals are not clipped to a given window: clip them first.
+
+    Returns:
+        ``comm_ns`` |U(comm)|, ``compute_ns`` |U(compute)|, ``overlapped_comm_ns``
+        |U(comm) ∩ U(compute)|, ``exposed_comm_ns`` |U(comm) − U(compute)|, ``exposed_memcpy_ns``
+        |U(memcpy) − U(compute) − U(comm)|, ``busy_ns`` |U(all)|, ``window_ns``, ``idle_ns``
+        (window − busy). When every interval lies in the window,
+        ``compute_ns + exposed_comm_ns + exposed_memcpy_ns + idle_ns == window_ns``.
+    """
+    raw = {
+        name: _validate(*_as_pair(pair, name), name)
+        for name, pair in (("comm", comm), ("compute", compute), ("memcpy", memcpy))
+    }
+    comm_u = _union(*raw["comm"])
+    compute_u = _union(*raw["compute"])
+    memcpy_u = _union(*raw["memcpy"])
+
+    comm_ns = _length(comm_u)
+    overlapped_ns = _length(_combine(comm_u, compute_u, keep_a_only=False, keep_both=True))
+    gpu_u = _union(*_concat(comm_u, compute_u))
+    exposed_memcpy_ns = _length(_combine(memcpy_u, gpu_u, keep_a_only=True, keep_both=False))
+    busy_ns = _length(_union(*_concat(gpu_u, memcpy_u)))
+    window_ns = _window_length(window, raw.values())
+    return {
+        "comm_ns": comm_ns,
+        "compute_ns": _length(compute_u),
+        "overlapped_comm_ns": overlapped_ns,
+        "exposed_comm_ns": comm_ns - overlapped_ns,
+        "exposed_memcpy_ns": exposed_memcpy_ns,
+        "busy_ns": busy_ns,
+        "window_ns": window_ns,
+        "idle_ns": window_ns - busy_ns,
+    }
+
+
+# --- internals -------------------------------------------------------------------------------
+
+
+def _validate(starts: Any, ends: Any, name: str) -> Spans:
+    s = _as_int64(starts, f"{name} starts")
+    e = _as_int64(ends, f"{name} ends")
+    if s.shape != e.shape:
+        raise ConfigError(
+            f"{name}: {s.shape[0]} starts but {e.shape[0]} ends; pass one end per start"
+        )
+    bad = np.flatnonzero(e < s)
+    if bad.size:
+        i = int(bad[0])
+        raise ConfigError(
+            f"{name}: interval {i} ends before it starts (start={int(s[i])} ns, end={int(e[i])} ns);"
+            f" {bad.size} such interval(s); pass end >= start"
+        )
+    return s, e
+
+
+def _as_int64(values: Any, what: str) -> np.ndarray:
+    try:
+        arr = np.asarray(values)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ConfigError(f"{what}: cannot be read as an integer array ({exc}); pass integer ns") from exc
+    if arr.ndim != 1:
+        raise ConfigError(f"{what}: expected a 1-D array, got shape {arr.shape}; pass one value per interval")
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if arr.dtype.kind == "u":
+        if int(arr.max()) > _INT64_MAX:
+            raise ConfigError(f"{what}: a value exceeds the int64 range; pass ns that fit in int64")
+        return arr.astype(np.int64)
+    if arr.dtype.kind != "i":
+        raise ConfigError(
+            f"{what}: dtype {arr.dtype} is not an integer type; convert times to integer ns first"
+        )
+    return arr.astype(np.int64, copy=False)
+
+
+def _as_pair(pair: Any, name: str) -> tuple[Any, Any]:
+    try:
+        starts, ends = pair
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: expected a (starts, ends) pair; got {type(pair).__name__}") from exc
+    return starts, ends
+
+
+def _union(s: np.ndarray, e: np.ndarray) -> Spans:
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if s.size == 0:
+        return s.copy(), e.copy()
+    order = np.argsort(s)
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)  # furthest end seen so far, left to right
+    # Strict '>': a start equal to the reach so far touches the group and merges into it.
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    np.greater(s[1:], reach[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, s.size - 1)
+    return s[first], reach[last]
+
+
+def _combine(a: Spans, b: Spans, *, keep_a_only: bool, keep_both: bool) -> Spans:
+    """Sweep two normalised sets; keep elementary segments covered by a only and/or by both."""
+    points = np.sort(np.concatenate((*a, *b)))
+    if points.size < 2:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    # Dedupe by hand: np.union1d/np.unique are many times slower here (hash-based in numpy 2.x).
+    points = points[np.append(True, points[1:] != points[:-1])]
+    lo, hi = points[:-1], points[1:]
+    # Every boundary of a and b is a point, so coverage is constant on [lo, hi): test lo.
+    in_a, in_b = _covers(a, lo), _covers(b, lo)
+    keep = np.zeros(lo.size, dtype=bool)
+    if keep_a_only:
+        keep |= in_a & ~in_b
+    if keep_both:
+        keep |= in_a & in_b
+    return _merge_touching(lo[keep], hi[keep])
+
+
+def _covers(spans: Spans, points: np.ndarray) -> np.ndarray:
+    starts, ends = spans
+    idx = np.searchsorted(starts, points, side="right") - 1
+    hit = idx >= 0
+    hit[hit] = points[hit] < ends[idx[hit]]
+    return hit
+
+
+def _merge_touching(s: np.ndarray, e: np.ndarray) -> Spans:
+    """Merge sorted, disjoint segments where one ends exactly where the next starts."""
+    if s.size == 0:
+        return s, e
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    np.not_equal(s[1:], e[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, s.size - 1)
+    return s[first], e[last]
+
+
+def _concat(a: Spans, b: Spans) -> Spans:
+    return np.concatenate((a[0], b[0])), np.concatenate((a[1], b[1]))
+
+
+def _length(spans: Spans) -> int:
+    starts, ends = spans
+    return int((ends - starts).sum())
+
+
+def _window_length(window: tuple[int, int] | None, sets: Any) -> int:
+    if window is not None:
+        lo, hi = _window_pair(window)
+        return hi - lo
+    sets = list(sets)
+    starts = np.concatenate([s for s, _ in sets])
+    if starts.size == 0:
+        return 0
+    ends = np.concatenate([e for _, e in sets])
+    return int(ends.max()) - int(starts.min())
+
+
+def _window_pair(window: Any) -> tuple[int, int]:
+    lo, hi = _as_pair(window, "window")
+    try:
+        lo_i, hi_i = int(lo), int(hi)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"window: expected (start_ns, end_ns) integers; got {window!r}") from exc
+    if lo_i != lo or hi_i != hi:
+        raise ConfigError(f"window: {window!r} is not integer ns; convert to integer ns first")
+    if hi_i < lo_i:
+        raise ConfigError(f"window: end {hi_i} ns is before start {lo_i} ns; pass (start_ns, end_ns)")
+    return lo_i, hi_i

@@ -1,0 +1,209 @@
+"""Stream a Kineto trace file as byte chunks of whole events, in bounded memory.
+
+A trace is ``{"...": ..., "traceEvents": [ {event}, {event}, ... ], "...": ...}`` or, in the
+oldest traces, a bare ``[ {event}, ... ]``. :func:`read_trace` decompresses as it goes, cuts the
+event array into chunks of about ``chunk_bytes`` at event boundaries and returns the top-level
+metadata (everything but the event array) once the file has been read.
+
+A cut is placed after a ``}`` that is followed by ``,`` and ``{`` (whitespace allowed) and is
+verified with msgspec's skip-only decoder (about 1 GB/s), so a ``}, {`` inside a string or a nested
+value can never split an event. The end of the event array is where msgspec reports trailing
+characters after a complete array.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgspec
+
+from traceq.errors import TraceFormatError
+
+CHUNK_BYTES = 8 << 20
+_READ_BYTES = 1 << 20
+_SPLIT = re.compile(rb"\}\s*,\s*(?=\{)")
+_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+_RAW = msgspec.json.Decoder(msgspec.Raw)
+_KEY = b'"traceEvents"'
+
+
+@dataclass
+class TraceHeader:
+    """Top-level fields of a trace other than ``traceEvents`` (filled in after the last chunk)."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    bare_array: bool = False
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of the file's bytes as stored (compressed or not), hex."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        raw = open(path, "rb")
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: no such file; check the path or glob") from None
+    except IsADirectoryError:
+        raise TraceFormatError(f"{path}: is a directory; pass the trace files or the directory to ingest") from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror})") from None
+    magic = raw.read(2)
+    raw.seek(0)
+    if magic == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return raw
+
+
+def _read(stream: BinaryIO, path: Path, size: int) -> bytes:
+    try:
+        return stream.read(size)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceFormatError(
+            f"{path}: the gzip stream is truncated or corrupt ({exc}); re-copy the file or regenerate the trace"
+        ) from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot be read ({exc})") from None
+
+
+def _not_json(path: Path, detail: str) -> TraceFormatError:
+    return TraceFormatError(f"{path}: not a Kineto trace ({detail}); expected a JSON object with a \"traceEvents\" array")
+
+
+def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool]:
+    """Read until the event array opens. Returns (prefix up to the key's colon, bytes after '[', bare)."""
+    buf = b""
+    search_from = 0
+    while True:
+        more = _read(stream, path, _READ_BYTES)
+        buf += more
+        start = buf.lstrip()
+        if start.startswith(b"\xef\xbb\xbf"):
+            start = start[3:].lstrip()
+        if not start and not more:
+            raise _not_json(path, "the file is empty")
+        if start[:1] == b"[":
+            return b"", start[1:], True
+        if start and start[:1] != b"{":
+            raise _not_json(path, "it does not start with '{' or '['")
+        while True:
+            pos = buf.find(_KEY, search_from)
+            if pos < 0:
+                search_from = max(0, len(buf) - len(_KEY))
+                break
+            colon = re.compile(rb"\s*:\s*").match(buf, pos + len(_KEY))
+            if colon is None or colon.end() >= len(buf):
+                search_from = pos  # need more bytes to see what follows the key
+                break
+            prefix = buf[: colon.end()]
+            if buf[colon.end() : colon.end() + 1] == b"[" and _is_top_level_key(prefix):
+                return prefix, buf[colon.end() + 1 :], False
+            search_from = pos + 1
+        if not more:
+            raise _not_json(path, 'no "traceEvents" array')
+
+
+def _is_top_level_key(prefix: bytes) -> bool:
+    try:
+        _RAW.decode(prefix + b"null}")
+        return True
+    except msgspec.DecodeError:
+        return False
+
+
+def _cut(buf: bytes) -> int:
+    """Index just past the last verified event boundary in ``buf`` (0 if none)."""
+    candidates = [m.start() + 1 for m in _SPLIT.finditer(buf, max(0, len(buf) - (CHUNK_BYTES // 4)))]
+    if not candidates:
+        candidates = [m.start() + 1 for m in _SPLIT.finditer(buf)]
+    for end in reversed(candidates):
+        try:
+            _RAW.decode(b"[" + buf[:end] + b"]")
+            return end
+        except msgspec.DecodeError:
+            continue
+    return 0
+
+
+def _split_tail(rest: bytes, path: Path) -> tuple[bytes, bytes]:
+    """Split the final bytes into (last events, what follows the array's closing bracket)."""
+    data = b"[" + rest
+    try:
+        _RAW.decode(data)
+        return rest.rstrip()[:-1], b""  # bare array: nothing follows ']'
+    except msgspec.DecodeError as exc:
+        m = _TRAILING.search(str(exc))
+        if m is None:
+            raise _not_json(path, f"the event array is malformed or truncated: {exc}") from None
+        close = int(m.group(1)) - 1  # index in `data` of the first character after the array
+    array = data[:close].rstrip()
+    return array[1:-1], data[close:]
+
+
+def read_trace(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[TraceHeader, Iterator[bytes]]:
+    """Open ``path`` and return its header (complete once the iterator is exhausted) and event chunks.
+
+    Each chunk holds whole events separated by commas, without the enclosing brackets.
+    Raises :class:`TraceFormatError` naming the file for anything that is not a readable trace.
+    """
+    stream = _open(path)
+    header = TraceHeader()
+    try:
+        prefix, rest, bare = _find_array_start(stream, path)
+    except BaseException:
+        stream.close()
+        raise
+    header.bare_array = bare
+    return header, _chunks(stream, path, prefix, rest, header, chunk_bytes)
+
+
+def _chunks(
+    stream: BinaryIO, path: Path, prefix: bytes, rest: bytes, header: TraceHeader, chunk_bytes: int
+) -> Iterator[bytes]:
+    with stream:
+        eof = False
+        while not eof:
+            while len(rest) < chunk_bytes:
+                more = _read(stream, path, max(_READ_BYTES, chunk_bytes - len(rest)))
+                if not more:
+                    eof = True
+                    break
+                rest += more
+            if eof:
+                break
+            end = _cut(rest)
+            if end == 0:  # one event larger than a chunk: read on
+                more = _read(stream, path, chunk_bytes)
+                if not more:
+                    eof = True
+                    break
+                rest += more
+                continue
+            chunk, rest = rest[:end], rest[end:].lstrip().lstrip(b",").lstrip()
+            yield chunk
+        events, tail = _split_tail(rest, path)
+        if events.strip():
+            yield events
+        header.fields = _parse_header(prefix, tail, path, header.bare_array)
+
+
+def _parse_header(prefix: bytes, tail: bytes, path: Path, bare: bool) -> dict[str, Any]:
+    if bare:
+        if tail.strip():
+            raise _not_json(path, "unexpected data after the event array")
+        return {}
+    try:
+        fields = msgspec.json.decode(prefix + b"null" + tail)
+    except msgspec.DecodeError as exc:
+        raise _not_json(path, f"the top-level object is malformed or truncated: {exc}") from None
+    fields.pop("traceEvents", None)
+    return fields

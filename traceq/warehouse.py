@@ -1,0 +1,110 @@
+"""Open the DuckDB warehouse, create its tables and load the SQL shipped in ``traceq.sql``."""
+
+from __future__ import annotations
+
+import csv
+import time
+from functools import cache
+from importlib.resources import files
+from pathlib import Path
+
+import duckdb
+
+from traceq.errors import ConfigError, WarehouseError
+
+DEFAULT_DB = "traceq.duckdb"
+RULE_COLUMNS = ("priority", "pattern", "class", "category", "collective")
+
+
+@cache
+def sql_text(name: str) -> str:
+    """The text of ``sql/<name>`` as shipped in the package."""
+    return files("traceq.sql").joinpath(name).read_text(encoding="utf-8")
+
+
+def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: float = 10.0) -> duckdb.DuckDBPyConnection:
+    """Open (and on first use create) the warehouse at ``db``.
+
+    Args:
+        db: path of the DuckDB file, or ":memory:".
+        read_only: open without taking the write lock (reports).
+        wait_s: how long to wait for another process that holds the write lock.
+    """
+    path = str(db)
+    if read_only and path != ":memory:" and not Path(path).exists():
+        raise WarehouseError(f"{path}: no warehouse here; run `traceq ingest TRACES --db {path}` first")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            con = duckdb.connect(path, read_only=read_only)
+            break
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise WarehouseError(f"{path}: cannot open the warehouse ({exc})") from None
+            if time.monotonic() >= deadline:
+                raise WarehouseError(
+                    f"{path}: another traceq process holds the warehouse lock; wait for it to finish "
+                    "(or use --db with another file)"
+                ) from None
+            time.sleep(0.2)
+        except duckdb.Error as exc:
+            raise WarehouseError(f"{path}: not a traceq warehouse ({exc}); pass --db with a new file name") from None
+    if not read_only:
+        con.execute(sql_text("schema.sql"))
+        _load_builtin_rules(con)
+    con.execute(sql_text("macros.sql"))
+    con.execute(sql_text("gpu_activity.sql"))
+    return con
+
+
+def fetch_one(con: duckdb.DuckDBPyConnection, query: str, params: object = None) -> tuple:
+    """The first row of ``query`` (or None), with the result fully consumed."""
+    rows = con.execute(query, params).fetchall()
+    return rows[0] if rows else None  # type: ignore[return-value]
+
+
+def builtin_rules() -> list[tuple]:
+    """The kernel classification rules shipped in ``sql/kernel_rules.csv``."""
+    return read_rules(files("traceq.sql").joinpath("kernel_rules.csv").read_text(encoding="utf-8"), "kernel_rules.csv")
+
+
+def read_rules(text: str, source_name: str) -> list[tuple]:
+    """Parse a rules CSV (columns priority,pattern,class,category,collective) into rows."""
+    rows = []
+    reader = csv.DictReader(text.splitlines())
+    missing = set(RULE_COLUMNS) - set(reader.fieldnames or ())
+    if missing:
+        raise ConfigError(f"{source_name}: missing columns {sorted(missing)}; expected {','.join(RULE_COLUMNS)}")
+    for line, row in enumerate(reader, start=2):
+        if row["class"] not in ("comm", "compute"):
+            raise ConfigError(f"{source_name}:{line}: class must be comm or compute, not {row['class']!r}")
+        try:
+            priority = int(row["priority"])
+        except ValueError:
+            raise ConfigError(f"{source_name}:{line}: priority must be an integer") from None
+        rows.append((priority, row["pattern"], row["class"], row["category"], row["collective"] or None))
+    return rows
+
+
+def _load_builtin_rules(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("delete from kernel_rules where source = 'builtin'")
+    con.executemany(
+        "insert into kernel_rules values (?, ?, ?, ?, ?, 'builtin')",
+        builtin_rules(),
+    )
+
+
+def add_rules(con: duckdb.DuckDBPyConnection, path: Path) -> int:
+    """Add user classification rules from a CSV file; they win over builtin rules of equal priority."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the rules file ({exc.strerror})") from None
+    rows = read_rules(text, str(path))
+    for priority, pattern, *_ in rows:
+        try:
+            con.execute("select regexp_matches('', ?)", [pattern])
+        except duckdb.Error as exc:
+            raise ConfigError(f"{path}: bad pattern {pattern!r} (priority {priority}): {exc}") from None
+    con.executemany("insert into kernel_rules values (?, ?, ?, ?, ?, 'user')", rows)
+    return len(rows)
