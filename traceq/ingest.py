@@ -27,6 +27,7 @@ import pyarrow as pa
 from traceq.decode import ChunkTables, decode_chunk, to_int
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.reader import CHUNK_BYTES, file_digest, read_trace
+from traceq.sidecar import load_side_files
 from traceq.warehouse import DEFAULT_DB, connect, fetch_one, sql_text
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -306,6 +307,7 @@ def _load_file(
     )
     con.execute(sql_text("steps.sql"), {"trace_id": trace_id})
     con.execute(sql_text("step_attribution.sql"), {"trace_id": trace_id})
+    load_side_files(con, trace_id, path, run_name)
     ranks = [r for (r,) in con.execute(
         "select distinct rank from gpu_events where trace_id = ? union select distinct rank from host_events "
         "where trace_id = ? order by 1", [trace_id, trace_id]).fetchall()]
