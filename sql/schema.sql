@@ -118,3 +118,62 @@ create table if not exists kernel_rules (
     collective varchar,                -- collective type implied by the name, if any
     source varchar not null            -- builtin | user
 );
+
+-- Run metadata as each rank's collector wrote it (rank<r>.run.json beside the trace); the run-level
+-- values are also merged into runs.metadata.
+create table if not exists run_files (
+    trace_id integer not null,
+    run varchar not null,
+    rank bigint,                       -- the file's "rank"
+    path varchar not null,             -- the run.json file, resolved
+    metadata json not null             -- the whole file
+);
+
+-- Values given with `traceq runs set` (they win over the collector's and survive later ingests).
+create table if not exists run_settings (
+    run varchar not null,
+    key varchar not null,              -- a runs.metadata key, e.g. tokens_per_step
+    value json,
+    set_at timestamp default current_timestamp,
+    primary key (run, key)
+);
+
+-- Wall-clock window of every step: wall_ns = trace ns + offset_ns (sidecar.py says where the offset
+-- comes from). start/end are the ProfilerStep#N CPU span.
+create table if not exists step_windows (
+    trace_id integer not null,
+    rank bigint,
+    step bigint not null,
+    start_wall_ns bigint not null,     -- ns since the Unix epoch
+    end_wall_ns bigint not null,
+    offset_ns bigint not null,
+    offset_source varchar not null     -- baseTimeNanoseconds | run.json | none (trace ts taken as epoch us)
+);
+
+-- One row per power log (rank<r>.power.jsonl) loaded with a trace.
+create table if not exists power_logs (
+    trace_id integer not null,
+    rank bigint,
+    path varchar not null,
+    source varchar not null,           -- nvml | unavailable
+    reason varchar,                    -- why there are no numbers (source unavailable)
+    interval_ms double,                -- sampling interval
+    gpus json,                         -- [{"gpu", "name", "uuid"}]
+    note varchar,                      -- what NVML's numbers mean (smoothing)
+    end_wall_ns bigint,                -- the "end" record; null when the log was cut short
+    n_samples bigint not null,         -- power records
+    n_energy bigint not null,          -- energy records
+    n_errors bigint not null           -- error records
+);
+
+-- NVML readings of a power log: kind power (power_w) or energy (energy_mj at the start of step).
+create table if not exists power_samples (
+    trace_id integer not null,
+    rank bigint,
+    gpu bigint not null,               -- NVML device index
+    kind varchar not null,             -- power | energy
+    wall_ns bigint not null,           -- ns since the Unix epoch
+    step bigint,                       -- step in progress (power) or starting (energy)
+    power_w double,
+    energy_mj bigint                   -- cumulative counter, millijoules
+);

@@ -62,6 +62,8 @@ class Event(msgspec.Struct):
 
 _FAST = msgspec.json.Decoder(list[Event])
 _EXACT = msgspec.json.Decoder(list[Event], float_hook=Decimal)
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_ANY_EXACT = msgspec.json.Decoder(float_hook=Decimal)
 
 GPU_KINDS = {"kernel": 1, "Kernel": 1, "gpu_memcpy": 2, "Memcpy": 2, "gpu_memset": 3, "Memset": 3}
 RUNTIME_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
@@ -117,6 +119,9 @@ META_SCHEMA = pa.schema(
 _COLL_FIELDS = ("collective", "pg_name", "pg_desc", "pg_ranks", "group_size", "in_nelems", "out_nelems", "dtype", "seq")
 _INT_COLL = frozenset({"group_size", "in_nelems", "out_nelems", "seq"})
 _INT64_MAX = 2**63 - 1
+# Times and durations beyond +-2**62 ns (146 years) are not real; rejecting them keeps
+# start_ns + dur_ns inside int64 in every query.
+_TIME_LIMIT_NS = 2**62
 
 
 @dataclass
@@ -160,14 +165,14 @@ def _to_text(value: Any) -> str | None:
 
 
 def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Integer ns and a validity mask from Kineto microsecond values (float/int/Decimal/None)."""
-    try:
-        us = np.array(values, dtype=np.float64)  # None -> nan; Decimal and str raise or are lossy
-        exact_needed = any(isinstance(v, (Decimal, str)) for v in values)
-    except (TypeError, ValueError, OverflowError):
-        exact_needed = True
-    if not exact_needed:
-        valid = np.isfinite(us) & (np.abs(us) < 9.2e15)
+    """Integer ns and a validity mask from Kineto microsecond values.
+
+    Numbers (int, float, Decimal) within +-2**62 ns are valid; None, strings, booleans, lists and
+    objects are not (the event is dropped and counted, not guessed at).
+    """
+    if {type(v) for v in values} <= {float, int, type(None)}:
+        us = np.array(values, dtype=np.float64)  # None -> nan
+        valid = np.isfinite(us) & (np.abs(us) < _TIME_LIMIT_NS / 1000)
         us = np.where(valid, us, 0.0)
         whole = np.floor(us)
         ns = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
@@ -175,16 +180,14 @@ def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     out = np.zeros(len(values), dtype=np.int64)
     valid = np.zeros(len(values), dtype=bool)
     for i, v in enumerate(values):
-        if v is None or isinstance(v, (bool, str)):
-            continue
         if isinstance(v, float):
             if not math.isfinite(v):
                 continue
             v = Decimal(repr(v))
-        elif isinstance(v, Decimal) and not v.is_finite():
+        elif isinstance(v, bool) or not isinstance(v, (int, Decimal)) or not v.is_finite():
             continue
         ns = int((Decimal(v) * 1000).to_integral_value())
-        if -_INT64_MAX - 1 <= ns <= _INT64_MAX:
+        if -_TIME_LIMIT_NS < ns < _TIME_LIMIT_NS:
             out[i] = ns
             valid[i] = True
     return out, valid
@@ -199,16 +202,52 @@ def _needs_exact(events: list[Event]) -> bool:
 
 
 def decode_events(data: bytes) -> list[Event]:
-    """Decode a JSON array of events, exactly: re-decodes with Decimal where float64 would round."""
-    events = _FAST.decode(data)
-    if _needs_exact(events):
-        events = _EXACT.decode(data)
-    return events
+    """Decode a JSON array of events, exactly: re-decodes with Decimal where float64 would round.
+
+    Elements that are not event objects are left out; :func:`decode_chunk` counts them as dropped.
+    """
+    return _decode_lenient(data)[0]
+
+
+def _decode_lenient(data: bytes) -> tuple[list[Event], int]:
+    """(events, elements left out). The fast typed decode, else an element-by-element rescue."""
+    try:
+        events = _FAST.decode(data)
+        if _needs_exact(events):
+            events = _EXACT.decode(data)
+        return events, 0
+    except msgspec.ValidationError:
+        pass  # a number beyond float64, or an element/args that is not an object: slow path below
+    except UnicodeDecodeError:
+        data = data.decode("utf-8", "replace").encode()  # bad bytes in a name become U+FFFD
+        return _decode_lenient(data)
+    try:
+        return _EXACT.decode(data), 0
+    except msgspec.ValidationError:
+        pass
+    events: list[Event] = []
+    for raw in _ITEMS.decode(data):
+        value = _ANY_EXACT.decode(raw)
+        if not isinstance(value, dict):
+            continue
+        if not isinstance(value.get("args"), dict):
+            value["args"] = None
+        events.append(msgspec.convert(value, Event))
+    return events, len(_ITEMS.decode(data)) - len(events)
 
 
 def decode_chunk(chunk: bytes) -> ChunkTables:
-    """Decode ``chunk`` (whole events joined by commas, without the enclosing brackets)."""
-    return events_to_tables(decode_events(b"[" + chunk + b"]"))
+    """Decode ``chunk`` (whole events joined by commas, without the enclosing brackets).
+
+    The reader has checked the JSON syntax; values of the wrong type never raise here: an element
+    that is not an object, or an event without ``ph`` or without numeric ``ts``/``dur`` (for
+    complete events), is counted in ``counts["dropped"]``.
+    """
+    events, left_out = _decode_lenient(b"[" + chunk + b"]")
+    tables = events_to_tables(events)
+    tables.counts["events"] += left_out
+    tables.counts["dropped"] += left_out
+    return tables
 
 
 def events_to_tables(events: list[Event]) -> ChunkTables:
@@ -219,10 +258,11 @@ def events_to_tables(events: list[Event]) -> ChunkTables:
     host_rows: list[Event] = []
     meta_rows: list[Event] = []
     counts = {"events": len(events), "dropped": 0, "other": 0}
+    no_phase = 0
     for e in events:
         ph = e.ph
         if ph == "X":
-            kind = GPU_KINDS.get(e.cat)  # type: ignore[arg-type]
+            kind = GPU_KINDS.get(e.cat) if isinstance(e.cat, str) else None
             if kind is not None:
                 gpu_rows.append(e)
                 gpu_kind.append(kind)
@@ -230,12 +270,14 @@ def events_to_tables(events: list[Event]) -> ChunkTables:
                 host_rows.append(e)
         elif ph == "M":
             meta_rows.append(e)
+        elif not isinstance(ph, str):
+            no_phase += 1
         else:
             counts["other"] += 1
 
     gpu, dropped_gpu = _gpu_table(gpu_rows, gpu_kind, names)
     host, dropped_host = _host_table(host_rows, names)
-    counts["dropped"] = dropped_gpu + dropped_host
+    counts["dropped"] = dropped_gpu + dropped_host + no_phase
     counts["gpu"] = gpu.num_rows
     counts["host"] = host.num_rows
     return ChunkTables(names=list(names), gpu=gpu, host=host, meta=_meta_table(meta_rows), counts=counts)

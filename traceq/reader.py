@@ -30,6 +30,7 @@ CHUNK_BYTES = 8 << 20
 _READ_BYTES = 1 << 20
 _SPLIT = re.compile(rb"\}\s*,\s*(?=\{)")
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+_MALFORMED = re.compile(r"JSON is malformed: (?!trailing characters).*\(byte (\d+)\)")
 _RAW = msgspec.json.Decoder(msgspec.Raw)
 _KEY = b'"traceEvents"'
 
@@ -85,12 +86,15 @@ def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool]
     search_from = 0
     while True:
         more = _read(stream, path, _READ_BYTES)
+        if not buf and more.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (some Windows tools)
+            more = more[3:]
         buf += more
         start = buf.lstrip()
-        if start.startswith(b"\xef\xbb\xbf"):
-            start = start[3:].lstrip()
         if not start and not more:
-            raise _not_json(path, "the file is empty")
+            raise TraceFormatError(
+                f"{path}: the file is empty; the profiler did not finish writing it or the copy failed: "
+                "re-export or copy it again"
+            )
         if start[:1] == b"[":
             return b"", start[1:], True
         if start and start[:1] != b"{":
@@ -120,8 +124,13 @@ def _is_top_level_key(prefix: bytes) -> bool:
         return False
 
 
-def _cut(buf: bytes) -> int:
-    """Index just past the last verified event boundary in ``buf`` (0 if none)."""
+def _cut(buf: bytes, path: Path, offset: int) -> int:
+    """Index just past the last verified event boundary in ``buf`` (0 if none).
+
+    A candidate cut inside a string or a nested array fails as *truncated*; a syntax error before
+    the cut fails as *malformed* at a byte inside the data, and is reported at once (otherwise the
+    reader would buffer the rest of the file looking for a boundary that verifies).
+    """
     candidates = [m.start() + 1 for m in _SPLIT.finditer(buf, max(0, len(buf) - (CHUNK_BYTES // 4)))]
     if not candidates:
         candidates = [m.start() + 1 for m in _SPLIT.finditer(buf)]
@@ -129,12 +138,15 @@ def _cut(buf: bytes) -> int:
         try:
             _RAW.decode(b"[" + buf[:end] + b"]")
             return end
-        except msgspec.DecodeError:
+        except msgspec.DecodeError as exc:
+            m = _MALFORMED.search(str(exc))
+            if m is not None and int(m.group(1)) - 1 < end:  # not the ']' appended above
+                raise _malformed(path, buf, int(m.group(1)) - 1, offset) from None
             continue
     return 0
 
 
-def _split_tail(rest: bytes, path: Path) -> tuple[bytes, bytes]:
+def _split_tail(rest: bytes, path: Path, offset: int) -> tuple[bytes, bytes]:
     """Split the final bytes into (last events, what follows the array's closing bracket)."""
     data = b"[" + rest
     try:
@@ -143,10 +155,30 @@ def _split_tail(rest: bytes, path: Path) -> tuple[bytes, bytes]:
     except msgspec.DecodeError as exc:
         m = _TRAILING.search(str(exc))
         if m is None:
-            raise _not_json(path, f"the event array is malformed or truncated: {exc}") from None
+            bad = _MALFORMED.search(str(exc))
+            if bad is not None:
+                raise _malformed(path, rest, int(bad.group(1)) - 1, offset) from None
+            raise _truncated(path, f"the file ends inside the event array, after about {offset + len(rest):,} bytes") from None
         close = int(m.group(1)) - 1  # index in `data` of the first character after the array
     array = data[:close].rstrip()
     return array[1:-1], data[close:]
+
+
+def _truncated(path: Path, detail: str) -> TraceFormatError:
+    return TraceFormatError(
+        f"{path}: truncated trace ({detail}); the job or the copy stopped while writing it: copy it again or re-export it"
+    )
+
+
+def _malformed(path: Path, buf: bytes, index: int, offset: int) -> TraceFormatError:
+    near = buf[max(0, index - 20) : index + 20].decode("utf-8", "replace")
+    hint = ""
+    if buf[index : index + 3] in (b"NaN", b"Inf") or buf[index : index + 4] == b"-Inf":
+        hint = " (NaN and Infinity are not JSON: write null or a number)"
+    return TraceFormatError(
+        f"{path}: invalid JSON in the event array near byte {offset + index:,}: {near!r}{hint}; "
+        "fix or regenerate the file (a Kineto trace is plain JSON)"
+    )
 
 
 def read_trace(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[TraceHeader, Iterator[bytes]]:
@@ -163,13 +195,32 @@ def read_trace(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[TraceHeader,
         stream.close()
         raise
     header.bare_array = bare
+    try:
+        rest = _first_event(stream, path, rest)
+    except BaseException:
+        stream.close()
+        raise
     return header, _chunks(stream, path, prefix, rest, header, chunk_bytes)
+
+
+def _first_event(stream: BinaryIO, path: Path, rest: bytes) -> bytes:
+    """Check that the event array holds objects (or nothing), reading on until its first character."""
+    while not rest.lstrip():
+        more = _read(stream, path, _READ_BYTES)
+        if not more:
+            raise _truncated(path, "the file ends right after the start of the event array")
+        rest += more
+    first = rest.lstrip()[:1]
+    if first not in (b"{", b"]"):
+        raise _not_json(path, f"the event array starts with {first.decode('latin-1')!r}, not an event object '{{'")
+    return rest
 
 
 def _chunks(
     stream: BinaryIO, path: Path, prefix: bytes, rest: bytes, header: TraceHeader, chunk_bytes: int
 ) -> Iterator[bytes]:
     with stream:
+        offset = len(prefix) + 1  # uncompressed offset of rest[0], give or take leading whitespace
         eof = False
         while not eof:
             while len(rest) < chunk_bytes:
@@ -180,7 +231,7 @@ def _chunks(
                 rest += more
             if eof:
                 break
-            end = _cut(rest)
+            end = _cut(rest, path, offset)
             if end == 0:  # one event larger than a chunk: read on
                 more = _read(stream, path, chunk_bytes)
                 if not more:
@@ -188,9 +239,11 @@ def _chunks(
                     break
                 rest += more
                 continue
-            chunk, rest = rest[:end], rest[end:].lstrip().lstrip(b",").lstrip()
+            chunk, after = rest[:end], rest[end:].lstrip().lstrip(b",").lstrip()
+            offset += len(rest) - len(after)
+            rest = after
             yield chunk
-        events, tail = _split_tail(rest, path)
+        events, tail = _split_tail(rest, path, offset)
         if events.strip():
             yield events
         header.fields = _parse_header(prefix, tail, path, header.bare_array)
@@ -204,6 +257,10 @@ def _parse_header(prefix: bytes, tail: bytes, path: Path, bare: bool) -> dict[st
     try:
         fields = msgspec.json.decode(prefix + b"null" + tail)
     except msgspec.DecodeError as exc:
-        raise _not_json(path, f"the top-level object is malformed or truncated: {exc}") from None
+        if "truncated" in str(exc):
+            raise _truncated(path, "the file ends after the event array, inside the top-level object") from None
+        raise _not_json(path, f"the top-level object around the event array is malformed: {exc}") from None
+    except UnicodeDecodeError:
+        raise _not_json(path, "the top-level object is not valid UTF-8") from None
     fields.pop("traceEvents", None)
     return fields

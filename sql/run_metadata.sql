@@ -1,0 +1,89 @@
+-- run_metadata: one row per run, its metadata (runs.metadata: the collector's run.json merged with
+-- `traceq runs set` values) as typed columns. A temporary view, created before the metric queries.
+--   world_size          ranks: metadata, else distributedInfo world_size, else ranks seen in steps
+--   nodes, gpus_per_node, tp, pp, cp, dp, model, seq_len (tokens), gpu (GPU model name)
+--   tokens_per_step     global tokens per optimizer step (all ranks together)
+--   flops_per_token     model FLOPs per token: model_flops_per_token if set, else 6·N + 12·L·H·Q·T
+--                       (PaLM appendix B; N non-embedding params, L layers, H heads, Q head dim, T seq_len)
+--   flops_per_step      global model FLOPs per step: flops_per_step if set, else flops_per_token × tokens_per_step
+--   flops_source        flops_per_step | model_flops_per_token | 6N+12LHQT | null (unknown)
+--   peak_tflops         peak dense BF16 TFLOP/s of one GPU; peak_source: table | user | null
+--   warmup_steps        recorded steps that reports skip by default
+create or replace temp view run_metadata as
+with traced as (
+    select
+        t.run,
+        max(t.world_size) as trace_world_size,
+        (select count(distinct s.rank) from steps as s
+         inner join traces as t2 using (trace_id) where t2.run = t.run and s.rank >= 0) as ranks_seen
+    from traces as t
+    group by t.run
+),
+
+raw as (
+    select
+        r.run,
+        try_cast(json_extract_string(r.metadata, '$.world_size') as bigint) as meta_world_size,
+        try_cast(json_extract_string(r.metadata, '$.nodes') as bigint) as nodes,
+        try_cast(json_extract_string(r.metadata, '$.gpus_per_node') as bigint) as gpus_per_node,
+        try_cast(json_extract_string(r.metadata, '$.tp') as bigint) as tp,
+        try_cast(json_extract_string(r.metadata, '$.pp') as bigint) as pp,
+        try_cast(json_extract_string(r.metadata, '$.cp') as bigint) as cp,
+        try_cast(json_extract_string(r.metadata, '$.dp') as bigint) as dp,
+        json_extract_string(r.metadata, '$.model') as model,
+        try_cast(json_extract_string(r.metadata, '$.seq_len') as bigint) as seq_len,
+        json_extract_string(r.metadata, '$.gpu_model') as gpu,
+        json_extract_string(r.metadata, '$.device') as device_kind,
+        try_cast(json_extract_string(r.metadata, '$.tokens_per_step') as double) as tokens_per_step,
+        try_cast(json_extract_string(r.metadata, '$.n_params_non_embedding') as double) as n_params,
+        try_cast(json_extract_string(r.metadata, '$.n_layers') as double) as n_layers,
+        try_cast(json_extract_string(r.metadata, '$.n_heads') as double) as n_heads,
+        try_cast(json_extract_string(r.metadata, '$.head_dim') as double) as head_dim,
+        try_cast(json_extract_string(r.metadata, '$.model_flops_per_token') as double) as user_flops_per_token,
+        try_cast(json_extract_string(r.metadata, '$.flops_per_step') as double) as user_flops_per_step,
+        try_cast(json_extract_string(r.metadata, '$.peak_tflops') as double) as peak_tflops,
+        json_extract_string(r.metadata, '$.peak_tflops_source') as peak_source,
+        try_cast(json_extract_string(r.metadata, '$.warmup_steps') as bigint) as warmup_steps
+    from runs as r
+),
+
+flops as (
+    select
+        *,
+        coalesce(
+            user_flops_per_token,
+            6 * n_params + 12 * n_layers * n_heads * head_dim * seq_len
+        ) as flops_per_token
+    from raw
+),
+
+final as (
+    select
+        f.run,
+        coalesce(f.meta_world_size, tr.trace_world_size, nullif(tr.ranks_seen, 0)) as world_size,
+        f.nodes,
+        f.gpus_per_node,
+        f.tp,
+        f.pp,
+        f.cp,
+        f.dp,
+        f.model,
+        f.seq_len,
+        f.gpu,
+        f.device_kind,
+        f.tokens_per_step,
+        f.flops_per_token,
+        coalesce(f.user_flops_per_step, f.flops_per_token * f.tokens_per_step) as flops_per_step,
+        case
+            when f.user_flops_per_step is not null then 'flops_per_step'
+            when f.user_flops_per_token is not null and f.tokens_per_step is not null then 'model_flops_per_token'
+            when f.flops_per_token is not null and f.tokens_per_step is not null then '6N+12LHQT'
+        end as flops_source,
+        f.peak_tflops,
+        case when f.peak_tflops is not null then coalesce(f.peak_source, 'user') end as peak_source,
+        f.warmup_steps
+    from flops as f
+    left join traced as tr using (run)
+)
+
+select * from final

@@ -1,0 +1,148 @@
+"""The CLI: exit codes, one-line errors naming the file, formats, --help that teaches."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.test_metrics_given_expect import one_step_trace
+from traceq.cli import app
+from traceq.warehouse import connect
+
+runner = CliRunner()
+TABLES = ("traces", "names", "gpu_events", "host_events", "steps", "trace_threads")
+
+
+def row_counts(db: Path) -> dict[str, int]:
+    with connect(db, read_only=True) as con:
+        return {t: con.sql(f"select count(*) from {t}").fetchall()[0][0] for t in TABLES}
+
+
+@pytest.fixture
+def good_trace(tmp_path: Path) -> Path:
+    return one_step_trace().write(tmp_path / "job" / "rank0.trace.json.gz")
+
+
+def test_ingest_then_report_in_every_format(tmp_path: Path, good_trace: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    result = runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--workers", "0"])
+    assert result.exit_code == 0, result.output
+    assert "1 ingested, 0 skipped, 0 failed" in result.output
+
+    table = runner.invoke(app, ["report", "--metric", "exposed_comm", "--db", str(db)])
+    assert table.exit_code == 0, table.output
+    assert "exposed_comm_us" in table.output and "30.000" in table.output
+
+    as_csv = runner.invoke(app, ["report", "--metric", "exposed_comm", "--by", "run,rank,step", "--format", "csv", "--db", str(db)])
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert rows == [{"run": "job", "rank": "0", "step": "1", "exposed_comm_us": "30.0", "step_time_ms": "0.1"}]
+
+    as_json = runner.invoke(app, ["report", "--metric", "overlap_ratio", "--window", "trace", "--format", "json", "--db", str(db)])
+    data = json.loads(as_json.stdout)
+    assert data[0]["overlap_ratio"] == pytest.approx(5 / 35)
+
+
+def test_reingesting_the_same_content_is_a_reported_no_op(tmp_path: Path, good_trace: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--workers", "0"])
+    before = row_counts(db)
+    copy = tmp_path / "elsewhere" / "copy.json.gz"
+    copy.parent.mkdir()
+    copy.write_bytes(good_trace.read_bytes())
+    again = runner.invoke(app, ["ingest", str(good_trace), str(copy), "--db", str(db), "--workers", "0"])
+    assert again.exit_code == 0
+    assert "0 ingested, 2 skipped, 0 failed" in again.output
+    assert "already ingested" in again.output
+    assert row_counts(db) == before
+
+
+def bad_files(tmp_path: Path, good_trace: Path) -> dict[str, tuple[Path, str]]:
+    d = tmp_path / "bad"
+    d.mkdir()
+    not_json = d / "notes.json"
+    not_json.write_text("hello, world")
+    not_trace = d / "config.json"
+    not_trace.write_text(json.dumps({"lr": 0.1, "layers": [1, 2]}))
+    truncated = d / "cut.json.gz"
+    truncated.write_bytes(good_trace.read_bytes()[:-40])
+    return {
+        "missing": (d / "absent.json", "no such file"),
+        "not json": (not_json, "not a Kineto trace"),
+        "not a trace": (not_trace, 'no "traceEvents" array'),
+        "truncated gzip": (truncated, "truncated or corrupt"),
+    }
+
+
+def test_bad_files_fail_alone_with_one_line_naming_file_and_reason(tmp_path: Path, good_trace: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    bad = bad_files(tmp_path, good_trace)
+    args = ["ingest", *(str(p) for p, _ in bad.values()), str(good_trace), "--db", str(db), "--workers", "0"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert "1 ingested, 0 skipped, 4 failed" in result.stdout
+    failures = [line for line in result.stderr.splitlines() if line.startswith("failed ")]
+    assert len(failures) == 4
+    for path, reason in bad.values():
+        assert any(str(path) in line and reason in line for line in failures), (path, reason, failures)
+    counts = row_counts(db)
+    assert counts["traces"] == 1
+    with connect(db, read_only=True) as con:
+        # nothing of the failed files: every row belongs to the one good trace
+        for t in TABLES:
+            assert con.sql(f"select count(distinct trace_id) from {t}").fetchall()[0][0] <= 1
+
+
+def test_report_errors_are_one_line_with_the_fix(tmp_path: Path, good_trace: Path) -> None:
+    missing = runner.invoke(app, ["report", "--db", str(tmp_path / "none.duckdb")])
+    assert missing.exit_code == 1
+    assert "run `traceq ingest" in missing.stderr
+    db = tmp_path / "w.duckdb"
+    runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--workers", "0"])
+    for args, text in [
+        (["--metric", "bogus"], "traceq metrics"),
+        (["--steps", "9:3"], "end is before the start"),
+        (["--steps", "x"], "expected a:b"),
+        (["--by", "run,color"], "unknown column"),
+    ]:
+        result = runner.invoke(app, ["report", "--db", str(db), *args])
+        assert result.exit_code == 1, args
+        assert result.stderr.startswith("error: ") and text in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_metrics_lists_every_metric_with_unit(tmp_path: Path) -> None:
+    from traceq.metrics import METRICS
+
+    result = runner.invoke(app, ["metrics", "--format", "csv"])
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert [r["name"] for r in rows] == [m.name for m in METRICS]
+    assert all(r["unit"] and r["definition"] for r in rows)
+
+
+def test_every_command_help_shows_an_example() -> None:
+    commands = [c.name or c.callback.__name__ for c in app.registered_commands]
+    assert {"ingest", "report", "metrics", "runs", "rules"} <= set(commands)
+    for name in commands:
+        result = runner.invoke(app, [name, "--help"])
+        assert result.exit_code == 0
+        assert "Example" in result.stdout and f"traceq {name}" in result.stdout, name
+
+
+def test_user_rules_from_the_cli(tmp_path: Path, good_trace: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--workers", "0"])
+    bad = tmp_path / "bad_rules.csv"
+    bad.write_text("priority,pattern,class\n1,x,comm\n")
+    result = runner.invoke(app, ["rules", "--add", str(bad), "--db", str(db)])
+    assert result.exit_code == 1 and "missing columns" in result.stderr
+    good = tmp_path / "rules.csv"
+    good.write_text("priority,pattern,class,category,collective\n1,^Memcpy,comm,copy_engine,Other\n")
+    assert runner.invoke(app, ["rules", "--add", str(good), "--db", str(db)]).exit_code == 0
+    report = runner.invoke(app, ["report", "--metric", "comm_kernel", "--format", "csv", "--db", str(db)])
+    # a memcpy is not a kernel: rules classify kernels only, so comm stays 25 + 10 us
+    assert list(csv.DictReader(io.StringIO(report.stdout)))[0]["comm_kernel_us"] == "35.0"

@@ -1,0 +1,46 @@
+"""The wheel ships sql/ and collectors/; the CLI installed from it runs and ingests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.conftest import ROOT
+from tests.test_metrics_given_expect import one_step_trace
+
+
+def test_wheel_installs_and_runs_ingest(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
+        check=True, capture_output=True, text=True,
+    )
+    wheel = next(dist.glob("traceq-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "traceq/sql/gpu_breakdown.sql" in names and "traceq/sql/kernel_rules.csv" in names
+    assert "traceq/collectors/__init__.py" in names
+
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--target", str(target), str(wheel)],
+        check=True, capture_output=True, text=True,
+    )
+    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}
+    cli = [sys.executable, "-c", "from traceq.cli import main; main()"]
+    helped = subprocess.run([*cli, "--help"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert helped.returncode == 0 and "ingest" in helped.stdout
+    trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
+    ran = subprocess.run([*cli, "ingest", str(trace), "--db", str(tmp_path / "w.duckdb")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    located = subprocess.run([sys.executable, "-c", "import traceq.sql, traceq; print(traceq.__file__)"],
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert located.stdout.startswith(str(target))
+
+
+def test_import_traceq_is_light() -> None:
+    code = "import sys, traceq; print(sorted(m for m in ('torch', 'plotly', 'duckdb', 'polars') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
