@@ -24,7 +24,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	touch $@
 
 demo: $(VENV)/.installed-demo
-	$(BIN)/python examples/make_demo.py --out examples/out
+	PYTHON=$(abspath $(BIN)/python) bash examples/make_demo.sh ddp
 	rm -f examples/out/demo.duckdb
 	$(BIN)/traceq ingest examples/out/demo-ddp --db examples/out/demo.duckdb
 	$(BIN)/traceq report --metric exposed_comm --db examples/out/demo.duckdb

@@ -15,7 +15,8 @@ Every measurement runs in a fresh subprocess:
 - ``msgspec parse``: decompress + ``msgspec.json.decode`` into a typed Struct that keeps only
   ph/cat/name/pid/tid/ts/dur and a few args: what one core can do at best with the file.
 
-Reported per tool: median wall seconds over the repeats (interpreter start-up included), MB/s of
+Reported per tool: median wall seconds over the repeats (interpreter start-up included), CPU seconds
+(user+sys of the process and its children, less sensitive to other load on the machine), MB/s of
 uncompressed JSON (1 MB = 1e6 bytes), peak RSS in MiB and the speed-up over HTA. Peak RSS is
 ``peak_rss_mb``: the largest sum of RSS over the process tree, sampled every 50 ms (counts worker
 processes, at least ``ru_maxrss``); ``maxrss_mb`` (in the JSON results) is ``wait4()``'s ``ru_maxrss``: the largest single
@@ -29,7 +30,6 @@ import gzip
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -49,12 +49,27 @@ SAMPLE_S = 0.05
 # measuring a subprocess
 
 
+# The command runs under a small wrapper process that reports getrusage(RUSAGE_CHILDREN): a process
+# forked directly from this (possibly large) benchmark process would inherit our RSS high-water mark
+# in its ru_maxrss (Linux keeps it across fork and exec).
+WRAPPER = r"""
+import json, resource, subprocess, sys, time
+t0 = time.perf_counter()
+rc = subprocess.call(sys.argv[2:])
+wall = time.perf_counter() - t0
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+with open(sys.argv[1], "w") as fh:
+    json.dump({"rc": rc, "wall": wall, "maxrss_kb": ru.ru_maxrss, "cpu_s": ru.ru_utime + ru.ru_stime}, fh)
+"""
+
+
 def _tree_rss(ps_proc) -> int:
+    """RSS summed over the descendants of the wrapper (the wrapper itself excluded)."""
     import psutil
 
     total = 0
     try:
-        procs = [ps_proc] + ps_proc.children(recursive=True)
+        procs = ps_proc.children(recursive=True)
     except psutil.Error:
         return 0
     for p in procs:
@@ -65,38 +80,34 @@ def _tree_rss(ps_proc) -> int:
     return total
 
 
-def measure(cmd: list[str], cwd: Path | None = None, env: dict | None = None, timeout: float | None = None) -> dict:
-    """Run ``cmd``; return wall seconds, peak tree RSS (sampled), ru_maxrss, rc, stdout, stderr tail."""
+def measure(cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> dict:
+    """Run ``cmd``; return wall seconds, CPU seconds, peak tree RSS (sampled), ru_maxrss, rc, output."""
     import psutil
 
     out_f = tempfile.TemporaryFile()
     err_f = tempfile.TemporaryFile()
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out_f, stderr=err_f)
-    ps_proc = psutil.Process(proc.pid)
-    peak = 0
-    rusage = None
-    status = 0
-    while True:
-        pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
-        if pid == proc.pid:
-            break
-        peak = max(peak, _tree_rss(ps_proc))
-        if timeout is not None and time.perf_counter() - t0 > timeout:
-            proc.kill()
-            pid, status, rusage = os.wait4(proc.pid, 0)
-            break
-        time.sleep(SAMPLE_S)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryDirectory(prefix="bench_rusage_") as tmp:
+        report = Path(tmp) / "rusage.json"
+        proc = subprocess.Popen([PY, "-S", "-c", WRAPPER, str(report), *cmd], cwd=cwd, env=env, stdout=out_f, stderr=err_f)
+        ps_proc = psutil.Process(proc.pid)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, _tree_rss(ps_proc))
+            time.sleep(SAMPLE_S)
+        try:
+            ru = json.loads(report.read_text())
+        except (OSError, json.JSONDecodeError):
+            ru = {"rc": proc.returncode if proc.returncode else -1, "wall": float("nan"), "maxrss_kb": 0, "cpu_s": float("nan")}
     out_f.seek(0)
     err_f.seek(0)
     stdout = out_f.read().decode(errors="replace")
     stderr = err_f.read().decode(errors="replace")
-    maxrss_mb = rusage.ru_maxrss / 1024 if rusage else 0.0  # Linux: KiB
+    maxrss_mb = ru["maxrss_kb"] / 1024  # Linux: KiB
     return {
-        "rc": proc.returncode,
-        "seconds": wall,
+        "rc": ru["rc"],
+        "seconds": ru["wall"],
+        "cpu_s": ru["cpu_s"],
+        "loadavg_after": os.getloadavg()[0],
         "peak_rss_mb": max(peak / 2**20, maxrss_mb),
         "maxrss_mb": maxrss_mb,
         "stdout": stdout,
@@ -224,19 +235,28 @@ _COMM_NAME_RE = re.compile(rb'"name"\s*:\s*"(?:nccl|rccl)[^"]*"', re.IGNORECASE)
 
 
 def has_nccl_kernels(path: Path) -> bool:
-    """True if some event with cat kernel/Kernel has a name containing nccl/rccl."""
+    """True if some event with cat kernel/Kernel has a name containing nccl/rccl (checked in a subprocess)."""
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rb") as fh:
-        data = fh.read()
-    if not _COMM_NAME_RE.search(data):
-        return False
-    doc = json.loads(data)
-    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
-    return any(
-        e.get("cat") in ("kernel", "Kernel") and ("nccl" in str(e.get("name", "")).lower() or "rccl" in str(e.get("name", "")).lower())
-        for e in events
-        if isinstance(e, dict)
-    )
+        if not _COMM_NAME_RE.search(fh.read()):
+            return False
+    r = subprocess.run([PY, "-c", _SCAN_CHILD, str(path)], capture_output=True, text=True)
+    return r.stdout.strip() == "yes"
+
+
+_SCAN_CHILD = r"""
+import gzip, sys, msgspec
+class E(msgspec.Struct):
+    cat: str | None = None
+    name: str | None = None
+class T(msgspec.Struct):
+    traceEvents: list[E] = []
+p = sys.argv[1]
+data = (gzip.open if p.endswith(".gz") else open)(p, "rb").read()
+evs = msgspec.json.decode(data, type=list[E]) if data.lstrip()[:1] == b"[" else msgspec.json.decode(data, type=T).traceEvents
+ok = any(e.cat in ("kernel", "Kernel") and ("nccl" in (e.name or "").lower() or "rccl" in (e.name or "").lower()) for e in evs)
+print("yes" if ok else "no")
+"""
 
 
 def corpus_files() -> list[Path]:
@@ -271,6 +291,8 @@ def summarize(runs: list[dict]) -> dict:
         "ok": True,
         "seconds": statistics.median(r["seconds"] for r in ok),
         "all_seconds": [round(r["seconds"], 3) for r in ok],
+        "cpu_s": statistics.median(r.get("cpu_s", 0.0) for r in ok),
+        "loadavg_after": [round(r.get("loadavg_after", 0.0), 2) for r in ok],
         "peak_rss_mb": max(r["peak_rss_mb"] for r in ok),
         "maxrss_mb": max(r["maxrss_mb"] for r in ok),
         "result": ok[-1].get("result"),
@@ -297,6 +319,8 @@ def bench_file(path: Path, args) -> dict:
                     {
                         "rc": 0,
                         "seconds": ing["seconds"] + rep["seconds"],
+                        "cpu_s": ing["cpu_s"] + rep["cpu_s"],
+                        "loadavg_after": rep["loadavg_after"],
                         "peak_rss_mb": max(ing["peak_rss_mb"], rep["peak_rss_mb"]),
                         "maxrss_mb": max(ing["maxrss_mb"], rep["maxrss_mb"]),
                         "result": rep.get("result"),
@@ -321,7 +345,7 @@ def _brief(row: dict) -> str:
 
 
 def print_table(results: list[dict]) -> None:
-    head = ("file", "MB", "tool", "seconds", "MB/s", "peak RSS MiB", "x HTA")
+    head = ("file", "MB", "tool", "seconds", "CPU s", "MB/s", "peak RSS MiB", "x HTA")
     lines = []
     notes: list[str] = []
     for res in results:
@@ -332,11 +356,12 @@ def print_table(results: list[dict]) -> None:
                 s = row["seconds"]
                 speed = f"{hta_s / s:.1f}" if hta_s and tool != "hta" else ("1.0" if tool == "hta" else "")
                 lines.append(
-                    (res["file"], f"{res['mb']:.1f}", tool, f"{s:.2f}", f"{res['mb'] / s:.1f}", f"{row['peak_rss_mb']:.0f}", speed)
+                    (res["file"], f"{res['mb']:.1f}", tool, f"{s:.2f}", f"{row['cpu_s']:.2f}", f"{res['mb'] / s:.1f}",
+                     f"{row['peak_rss_mb']:.0f}", speed)
                 )
             else:
                 notes.append(f"[{len(notes) + 1}] {res['file']} {tool}: {row.get('error', 'failed')}")
-                lines.append((res["file"], f"{res['mb']:.1f}", tool, "n/a", "", "", f"[{len(notes)}]"))
+                lines.append((res["file"], f"{res['mb']:.1f}", tool, "n/a", "", "", "", f"[{len(notes)}]"))
     widths = [max(len(str(x[i])) for x in [head] + lines) for i in range(len(head))]
     fmt = "  ".join("{:<%d}" % w if i in (0, 2) else "{:>%d}" % w for i, w in enumerate(widths))
     print(fmt.format(*head))
@@ -345,7 +370,11 @@ def print_table(results: list[dict]) -> None:
         print(fmt.format(*line))
     for note in notes:
         print(note)
-    print("\nx HTA = HTA seconds / tool seconds (higher is faster). Seconds: median wall time of a fresh process.")
+    print(
+        "\nx HTA = HTA seconds / tool seconds (higher is faster). seconds: median wall time of a fresh process;"
+        "\nCPU s: its user+sys time (children included), the steadier figure on a shared machine."
+        f"\n{os.cpu_count()} CPUs; 1-min load average now {os.getloadavg()[0]:.2f} (per run in the JSON)."
+    )
     for res in results:
         hta = res["tools"].get("hta")
         if hta and hta.get("ok") and hta.get("result"):

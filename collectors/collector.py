@@ -7,7 +7,8 @@
             tc.step()
 
 Every rank writes `<out_dir>/<run>/rank<r>.{trace.json.gz,run.json,power.jsonl}` (see
-`traceq.collectors.files`). The profiler follows `CollectorConfig`'s schedule (default: 1 warm-up
+`traceq.collectors.files`). The trace also carries a top-level key
+`"traceq": {"run", "rank", "world_size", "run_file"}` so that it names its run without run.json. The profiler follows `CollectorConfig`'s schedule (default: 1 warm-up
 step, then 60 recorded steps; reports skip the first 10 of those). CPU activity is always
 recorded, CUDA when `torch.cuda.is_available()`.
 
@@ -136,7 +137,7 @@ class TraceCollector:
             self._start_power(power_name, device, ranks)
         try:
             self._prof = self._make_profiler(ranks)
-            self._prof.start()
+            self._prof.__enter__()
         except BaseException:
             self._prof = None
             if self._power is not None:
@@ -160,7 +161,7 @@ class TraceCollector:
         if self._power is not None:
             self._power.mark_step(self._step + 1)  # closes the step in progress
         try:
-            self._prof.stop()
+            self._prof.__exit__(None, None, None)
         except Exception as exc:  # the training already ran: keep what we have, say what failed
             self._note_error(f"profiler stop failed: {type(exc).__name__}: {exc}")
         self._prof = None
@@ -226,8 +227,10 @@ class TraceCollector:
         """torch.profiler callback: export JSON now, gzip and rename on a background thread."""
         cycle, self._cycle = self._cycle, self._cycle + 1
         name = trace_file_name(self.rank, cycle)
-        raw = self.run_dir / f".{name}.{os.getpid()}.json"
+        # Kineto writes the export path into the trace ("traceName"): keep its base name meaningful.
+        raw = self.run_dir / f".tmp.{name}.{os.getpid()}" / name.removesuffix(".gz")
         try:
+            raw.parent.mkdir(exist_ok=True)
             prof.export_chrome_trace(str(raw))
             base_ns = read_base_time_ns(raw)
         except Exception as exc:
@@ -241,6 +244,7 @@ class TraceCollector:
     def _finish_trace(self, raw: Path, name: str, cycle: int, base_ns: int | None) -> None:
         try:
             gzip_atomic(raw, self.run_dir / name)
+            raw.parent.rmdir()
         except Exception as exc:
             self._note_error(f"{name}: gzip failed: {type(exc).__name__}: {exc}; raw JSON left at {raw}")
             return

@@ -31,8 +31,9 @@ class CollectorConfig:
 
     Files land in `<out_dir>/<run>/rank<r>.*`. Profiler schedule (torch.profiler.schedule): `wait`
     idle steps, `warmup` steps with the profiler on but not recording, `active` recorded steps,
-    `repeat` cycles (0 = cycle until the collector exits). `warmup_steps`: how many of the recorded
-    steps reports skip. Run description (written to run.json, never used to drive training):
+    `repeat` cycles (0 = cycle until the collector exits); `record_shapes` (on by default, as in
+    torchtitan: it gives gloo collectives their message size) and `with_stack` as in torch.profiler.
+    `warmup_steps`: how many of the recorded steps reports skip. Run description (written to run.json, never used to drive training):
     `tokens_per_step` (global tokens per optimizer step), parallel degrees `tp`, `pp`, `cp`, `dp`
     (dp defaults to world_size / (tp*pp*cp)), `nodes` and `gpus_per_node` (default: from torchrun's
     environment), model dimensions for the FLOPs convention 6N + 12*L*H*Q*T or `flops_per_step`,

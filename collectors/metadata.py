@@ -7,6 +7,7 @@ One JSON object per rank (written at start with `"complete": false`, rewritten a
     run, rank, local_rank, world_size, rank_source ("torch.distributed" | "env" | "default")
     host, pid, backend   hostname, process id, torch.distributed backend or null
     nodes, gpus_per_node user-given, else torchrun's GROUP_WORLD_SIZE / LOCAL_WORLD_SIZE, else derived
+                         (on CPU jobs gpus_per_node counts ranks per node)
     tp, pp, cp, dp       parallel degrees; dp = world_size / (tp*pp*cp) when not given
     tokens_per_step      global tokens per optimizer step (user-given), global_batch_size, micro_batch_size
     model, n_params_non_embedding, n_layers, n_heads, head_dim, seq_len, flops_per_step
@@ -18,7 +19,8 @@ One JSON object per rank (written at start with `"complete": false`, rewritten a
     profiled_steps       recorded steps per cycle (= schedule.active; study: 60)
     first_profiled_step  N of the first recorded ProfilerStep#N (= wait + warmup)
     schedule             {"wait", "warmup", "active", "repeat"} as given to torch.profiler.schedule
-    steps_seen           number of .step() calls
+    steps_seen           number of .step() calls; a ProfilerStep#N with N >= steps_seen is the tail
+                         between the last .step() and the exit (no training work: drop it)
     trace_file           name of the first trace file (cycle 0), null until written
     trace_files          [{"file", "cycle", "offset_ns"}] every trace file this rank wrote
     power_file           name of the power log, or null when power sampling is off

@@ -1,8 +1,9 @@
 """`PowerSampler`: NVML power and energy of the local GPUs, logged beside the trace as JSON lines.
 
 File `<out_dir>/<run>/rank<r>.power.jsonl`, one JSON object per line, UTF-8. The sampler writes the
-header when it starts, then records as it goes, flushing after every sample round and every step
-boundary, so a crash of the training process loses at most the last interval.
+header when it starts, then records as it goes, flushing once per power interval (energy records of
+step boundaries ride along with the next power round), so a crash of the training process loses at
+most the last interval. (Flushed means handed to the OS: a crash of the machine may lose more.)
 
 Line 1, the header (always present)::
 
@@ -202,7 +203,7 @@ class PowerSampler:
         return [{"gpu": index, "name": name, "uuid": uuid} for index, _, name, uuid in chosen]
 
     def _shutdown_nvml(self) -> None:
-        if getattr(self, "_initialised", False):
+        if self._initialised:
             self._initialised = False
             try:
                 self._nvml.nvmlShutdown()
@@ -221,13 +222,18 @@ class PowerSampler:
                 item = None
             if item is _STOP:
                 return
+            try:
+                if item is None:
+                    self._sample("nvmlDeviceGetPowerUsage", "power", "power_w", 1e-3)
+                    self._samples += 1
+                    self._flush()
+                else:  # buffered until the next power round: one flush per interval, not per step
+                    self._sample("nvmlDeviceGetTotalEnergyConsumption", "energy", "energy_mj", None, step=item)
+            except Exception as exc:  # a bug here must not kill the thread or reach training
+                self._write({"kind": "error", "wall_ns": time.time_ns(), "step": self._step, "gpu": None,
+                             "call": "sampler", "error": _describe(exc)})
             if item is None:
-                self._sample("nvmlDeviceGetPowerUsage", "power", "power_w", 1e-3)
-                self._samples += 1
-                now = time.monotonic()
-                due = max(due + interval_s, now)  # never burst to catch up after a stall
-            else:
-                self._sample("nvmlDeviceGetTotalEnergyConsumption", "energy", "energy_mj", None, step=item)
+                due = max(due + interval_s, time.monotonic())  # never burst to catch up after a stall
 
     def _sample(self, call: str, kind: str, field: str, scale: float | None, step: int | None = None) -> None:
         step = self._step if step is None else step
@@ -246,7 +252,6 @@ class PowerSampler:
                                   "call": call, "error": _describe(exc)})
         for line in lines:
             self._write(line, flush=False)
-        self._flush()
 
     # ---------------------------------------------------------------- file
 

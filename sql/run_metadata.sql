@@ -34,7 +34,7 @@ raw as (
         try_cast(json_extract_string(r.metadata, '$.seq_len') as bigint) as seq_len,
         json_extract_string(r.metadata, '$.gpu_model') as gpu,
         json_extract_string(r.metadata, '$.device') as device_kind,
-        try_cast(json_extract_string(r.metadata, '$.tokens_per_step') as double) as tokens_per_step,
+        try_cast(json_extract_string(r.metadata, '$.tokens_per_step') as bigint) as tokens_per_step,
         try_cast(json_extract_string(r.metadata, '$.n_params_non_embedding') as double) as n_params,
         try_cast(json_extract_string(r.metadata, '$.n_layers') as double) as n_layers,
         try_cast(json_extract_string(r.metadata, '$.n_heads') as double) as n_heads,

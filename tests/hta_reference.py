@@ -134,22 +134,28 @@ def trace_rank(trace_path: Path | str, head_bytes: int = 4 << 20) -> int | None:
     and decodes only the ``distributedInfo`` object; falls back to a full decode for small files.
     """
     trace_path = Path(trace_path)
+    dec = json.JSONDecoder()
+
+    def find(text: str) -> tuple[bool, int | None]:
+        for m in re.finditer(r'"distributedInfo"\s*:\s*', text):
+            try:
+                info, _ = dec.raw_decode(text, m.end())
+            except json.JSONDecodeError:
+                continue
+            if isinstance(info, dict):
+                rank = info.get("rank")
+                return True, (int(rank) if rank is not None else None)
+        return False, None
+
     with _open_text(trace_path) as fh:
         head = fh.read(head_bytes)
-    dec = json.JSONDecoder()
-    for m in re.finditer(r'"distributedInfo"\s*:\s*', head):
-        try:
-            info, _ = dec.raw_decode(head, m.end())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(info, dict):
-            rank = info.get("rank")
-            return int(rank) if rank is not None else None
-    if len(head) < head_bytes:  # whole file was read: distributedInfo is absent
-        return None
-    meta, _ = load_trace_exact(trace_path)  # distributedInfo written after the events
-    info = meta.get("distributedInfo") or {}
-    return int(info["rank"]) if info.get("rank") is not None else None
+        found, rank = find(head)
+        if found or len(head) < head_bytes:
+            return rank
+        tail = head  # distributedInfo may follow the events: keep only the end of the text
+        while chunk := fh.read(head_bytes):
+            tail = tail[-head_bytes:] + chunk
+    return find(tail[-2 * head_bytes :])[1]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -116,18 +116,21 @@ def _with_progress(work: Any, enabled: bool) -> Any:
 def report(
     metric: Annotated[str, typer.Option(help="Metric name (see `traceq metrics`); the unit suffix may be left off.")] = "exposed_comm",
     db: DbOption = Path(DEFAULT_DB),
-    by: Annotated[str, typer.Option(help="Grain: comma-separated subset of run,rank,device,step.")] = "run,rank",
+    by: Annotated[str, typer.Option(help="Grain: comma-separated subset of run,rank,device,step and run metadata columns (world_size, nodes, gpus_per_node, tp, pp, cp, dp, model, seq_len, gpu, tokens_per_step).")] = "run,rank",
     window: Annotated[Window, typer.Option(help="steps: the selected steps (kernels attributed to steps); trace: the whole trace, every kernel.")] = Window.steps,
     steps: Annotated[Optional[str], typer.Option(help="ProfilerStep numbers to use, inclusive, e.g. 11:60 or 5: .")] = None,
     skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
     drop_last: Annotated[bool, typer.Option(help="Always drop each rank's last step (what HTA does); by default only a cut last step is dropped.")] = False,
     run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    html: Annotated[Optional[Path], typer.Option(help="Also write a self-contained HTML report (plots, tables) of the selected runs and steps to this file.")] = None,
 ) -> None:
     """Aggregate a metric across steps, ranks and runs.
 
     Steps are aggregated (mean, median, p10, p90) unless --by has step; ranks (mean, min, max,
-    slowest rank) unless --by has rank.
+    slowest rank) unless --by has rank; runs (mean, min, max, slowest run) unless --by has run.
+    Notes on stderr say which steps were used, the FLOPs convention and peak behind tflops/mfu,
+    and where power comes from (or that it is unavailable).
 
     Examples:
 
@@ -136,22 +139,32 @@ def report(
       traceq report --metric exposed_comm --by run,rank,step --format csv
 
       traceq report --metric overlap_ratio --by run --window trace --format json
+
+      traceq report --metric tokens_per_s --by world_size,tp --html report.html
     """
-    from traceq.metrics import StepSelection, compute_metric
+    from traceq.metrics import StepSelection, metric_report
 
     try:
         selection = StepSelection.parse(steps, skip_steps, drop_last)
-        frame = compute_metric(
+        frame, notes = metric_report(
             db, metric, by=[c.strip() for c in by.split(",") if c.strip()], window=window.value,
             selection=selection, runs=run,
         )
+        if html is not None:
+            from traceq.html import write_html_report
+
+            write_html_report(db, html, selection=selection, runs=run)
     except TraceqError as exc:
         _fail(str(exc))
         return
     if fmt is Format.table:
         used = "whole trace, every kernel" if window is Window.trace else _steps_note(selection)
         typer.echo(f"{metric} by {by} ({used})", err=True)
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
     _emit(frame, fmt)
+    if html is not None:
+        typer.echo(f"wrote {html}", err=True)
 
 
 def _steps_note(selection: Any) -> str:
@@ -210,36 +223,78 @@ def metrics(fmt: Annotated[Format, typer.Option("--format", help="Output format.
 
 @app.command()
 def runs(
+    target: Annotated[Optional[list[str]], typer.Argument(metavar="[set] [RUN]", help="A run to show, or `set RUN` with the options below to set its metadata.")] = None,
     db: DbOption = Path(DEFAULT_DB),
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    world_size: Annotated[Optional[int], typer.Option(help="Set: ranks (GPUs) in the run.")] = None,
+    nodes: Annotated[Optional[int], typer.Option(help="Set: nodes.")] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option(help="Set: GPUs per node.")] = None,
+    tp: Annotated[Optional[int], typer.Option(help="Set: tensor-parallel degree.")] = None,
+    pp: Annotated[Optional[int], typer.Option(help="Set: pipeline-parallel degree.")] = None,
+    cp: Annotated[Optional[int], typer.Option(help="Set: context-parallel degree.")] = None,
+    dp: Annotated[Optional[int], typer.Option(help="Set: data-parallel degree.")] = None,
+    tokens_per_step: Annotated[Optional[int], typer.Option(help="Set: global tokens per optimizer step (all ranks).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Set: model name.")] = None,
+    seq_len: Annotated[Optional[int], typer.Option(help="Set: sequence length T.")] = None,
+    n_params_non_embedding: Annotated[Optional[int], typer.Option(help="Set: N, non-embedding parameters (FLOPs 6N + 12LHQT).")] = None,
+    n_layers: Annotated[Optional[int], typer.Option(help="Set: L, layers.")] = None,
+    n_heads: Annotated[Optional[int], typer.Option(help="Set: H, attention heads.")] = None,
+    head_dim: Annotated[Optional[int], typer.Option(help="Set: Q, head dimension.")] = None,
+    model_flops_per_token: Annotated[Optional[float], typer.Option(help="Set: model FLOPs per token (replaces 6N + 12LHQT).")] = None,
+    flops_per_step: Annotated[Optional[float], typer.Option(help="Set: global model FLOPs per step (replaces the per-token convention).")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="Set: GPU model, e.g. 'H100 SXM'; sets the peak from the table unless --peak-tflops.")] = None,
+    peak_tflops: Annotated[Optional[float], typer.Option(help="Set: peak dense BF16 TFLOP/s of one GPU (overrides the table).")] = None,
+    warmup_steps: Annotated[Optional[int], typer.Option(help="Set: recorded steps that reports skip.")] = None,
 ) -> None:
-    """List the runs in the warehouse with their traces and ranks.
+    """List the runs in the warehouse with their metadata, or set metadata of one run.
 
-    Example:
+    Metadata comes from the collectors' rank<r>.run.json files; for traces recorded without them,
+    set it here (values set here win over the collector's and survive later ingests).
+
+    Examples:
 
       traceq runs --db runs.duckdb
-    """
-    from traceq.warehouse import connect
 
+      traceq runs set llama-8n --world-size 8 --tp 2 --tokens-per-step 4194304 --gpu H100 --db runs.duckdb
+    """
+    from traceq.run_metadata import list_runs, set_run_metadata
+
+    words = list(target or [])
+    setting = bool(words) and words[0] == "set"
+    if setting:
+        words = words[1:]
+    if len(words) > 1:
+        _fail(f"traceq runs takes one run name, got {' '.join(words)}; e.g. traceq runs set RUN --tp 2")
+        return
+    values = {
+        "world_size": world_size, "nodes": nodes, "gpus_per_node": gpus_per_node, "tp": tp, "pp": pp, "cp": cp,
+        "dp": dp, "tokens_per_step": tokens_per_step, "model": model, "seq_len": seq_len,
+        "n_params_non_embedding": n_params_non_embedding, "n_layers": n_layers, "n_heads": n_heads,
+        "head_dim": head_dim, "model_flops_per_token": model_flops_per_token, "flops_per_step": flops_per_step,
+        "gpu_model": gpu, "peak_tflops": peak_tflops, "warmup_steps": warmup_steps,
+    }
+    given = {k: v for k, v in values.items() if v is not None}
     try:
-        con = connect(db, read_only=True)
+        if given or setting:
+            if not words:
+                _fail("traceq runs set needs a run name: traceq runs set RUN --tokens-per-step N")
+                return
+            if not given:
+                _fail(f"nothing to set for run {words[0]}; pass e.g. --tokens-per-step N (see traceq runs --help)")
+                return
+            set_run_metadata(db, words[0], given)
+            typer.echo(f"set {', '.join(sorted(given))} of run {words[0]}", err=True)
+        frame = list_runs(db)
     except TraceqError as exc:
         _fail(str(exc))
         return
-    try:
-        frame = con.sql(
-            """
-            select t.run, count(distinct t.trace_id) as traces,
-                   count(distinct s.rank) as ranks_with_steps, max(t.world_size) as world_size,
-                   sum(t.n_events) as events, any_value(r.metadata) as metadata
-            from traces as t
-            left join steps as s using (trace_id)
-            left join runs as r on r.run = t.run
-            group by t.run order by t.run
-            """
-        ).pl()
-    finally:
-        con.close()
+    if words:
+        import polars as pl
+
+        frame = frame.filter(pl.col("run") == words[0])
+        if frame.height == 0:
+            _fail(f"no run {words[0]!r} in {db}; `traceq runs` lists them")
+            return
     _emit(frame, fmt)
 
 
@@ -275,6 +330,83 @@ def rules(
         _fail(str(exc))
         return
     _emit(frame, fmt)
+
+
+@app.command()
+def scaling(
+    db: DbOption = Path(DEFAULT_DB),
+    by: Annotated[str, typer.Option(help="Run metadata columns that split runs into separate series, e.g. model,tp.")] = "",
+    steps: Annotated[Optional[str], typer.Option(help="ProfilerStep numbers to use, inclusive, e.g. 11:60.")] = None,
+    skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
+    drop_last: Annotated[bool, typer.Option(help="Always drop each rank's last step.")] = False,
+    run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    html: Annotated[Optional[Path], typer.Option(help="Also write the HTML report (scaling curves with the ideal line) to this file.")] = None,
+) -> None:
+    """Scaling across runs: global tokens/s against world size, the ideal linear line from the
+    smallest run, efficiency, marginal tokens/s per added GPU, MFU and tokens per joule.
+
+    Example:
+
+      traceq scaling --db runs.duckdb --by model --html scaling.html
+    """
+    from traceq.metrics import StepSelection
+    from traceq.scaling import scaling_table
+
+    group = [c.strip() for c in by.split(",") if c.strip()]
+    try:
+        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        frame, notes = scaling_table(db, by=group, selection=selection, runs=run)
+        if html is not None:
+            from traceq.html import write_html_report
+
+            write_html_report(db, html, selection=selection, runs=run, scaling_by=group)
+    except TraceqError as exc:
+        _fail(str(exc))
+        return
+    if fmt is Format.table:
+        typer.echo(f"scaling across {frame.height} run(s) ({_steps_note(selection)})", err=True)
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
+    _emit(frame, fmt)
+    if html is not None:
+        typer.echo(f"wrote {html}", err=True)
+
+
+@app.command()
+def check(
+    db: DbOption = Path(DEFAULT_DB),
+    skew_threshold_us: Annotated[float, typer.Option(help="Report a rank's clock skew beyond this many microseconds.")] = 50.0,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+) -> None:
+    """Data-quality report: what to know about each trace and run before trusting a number.
+
+    One row per finding: kernels overlapping on one stream, kernels without a launch event or
+    outside every step, unknown ranks, ranks held by two traces, missing metadata, incomplete
+    steps, ranks with different step counts, clock skew between ranks (from the end times of the
+    same collective), events dropped by ingest, duplicate events.
+
+    Exit code: 0 when nothing needs attention (no finding, or only severity info); 1 when a
+    finding has severity warning, or the warehouse cannot be read.
+
+    Example:
+
+      traceq check --db runs.duckdb --format json
+    """
+    from traceq.check import check_warehouse, needs_attention
+
+    try:
+        findings = check_warehouse(db, skew_threshold_us=skew_threshold_us)
+    except TraceqError as exc:
+        _fail(str(exc))
+        return
+    n_warn = findings.filter(findings["severity"] == "warning").height
+    if fmt is Format.table:
+        typer.echo(f"{n_warn} warning(s), {findings.height - n_warn} info finding(s) in {db}", err=True)
+    if findings.height or fmt is not Format.table:
+        _emit(findings, fmt)
+    if needs_attention(findings):
+        raise typer.Exit(code=1)
 
 
 def main() -> None:

@@ -184,7 +184,7 @@ def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
             if not math.isfinite(v):
                 continue
             v = Decimal(repr(v))
-        elif isinstance(v, bool) or not isinstance(v, (int, Decimal)) or not v.is_finite():
+        elif isinstance(v, bool) or not isinstance(v, (int, Decimal)) or (isinstance(v, Decimal) and not v.is_finite()):
             continue
         ns = int((Decimal(v) * 1000).to_integral_value())
         if -_TIME_LIMIT_NS < ns < _TIME_LIMIT_NS:
@@ -210,30 +210,36 @@ def decode_events(data: bytes) -> list[Event]:
 
 
 def _decode_lenient(data: bytes) -> tuple[list[Event], int]:
-    """(events, elements left out). The fast typed decode, else an element-by-element rescue."""
+    """(events, elements left out). Invalid UTF-8 in a string becomes U+FFFD rather than an error."""
+    try:
+        return _decode_typed(data)
+    except UnicodeDecodeError:
+        return _decode_typed(data.decode("utf-8", "replace").encode())
+
+
+def _decode_typed(data: bytes) -> tuple[list[Event], int]:
+    """The fast typed decode, else Decimal floats, else an element-by-element rescue."""
     try:
         events = _FAST.decode(data)
         if _needs_exact(events):
             events = _EXACT.decode(data)
         return events, 0
     except msgspec.ValidationError:
-        pass  # a number beyond float64, or an element/args that is not an object: slow path below
-    except UnicodeDecodeError:
-        data = data.decode("utf-8", "replace").encode()  # bad bytes in a name become U+FFFD
-        return _decode_lenient(data)
+        pass  # a number beyond float64, or an element or args that is not an object
     try:
         return _EXACT.decode(data), 0
     except msgspec.ValidationError:
         pass
+    items = _ITEMS.decode(data)
     events: list[Event] = []
-    for raw in _ITEMS.decode(data):
+    for raw in items:
         value = _ANY_EXACT.decode(raw)
         if not isinstance(value, dict):
             continue
         if not isinstance(value.get("args"), dict):
             value["args"] = None
         events.append(msgspec.convert(value, Event))
-    return events, len(_ITEMS.decode(data)) - len(events)
+    return events, len(items) - len(events)
 
 
 def decode_chunk(chunk: bytes) -> ChunkTables:
@@ -366,10 +372,19 @@ def _host_table(rows: list[Event], names: dict[str, int]) -> tuple[pa.Table, int
         "dur_ns": dur,
         "correlation": _args_column(rows, "correlation", True),
         "external_id": _external_ids(rows),
-        "device": _args_column(rows, "device", True),
+        "device": _host_devices(rows),
         **_collective_columns(rows),
     }
     return _filtered(cols, keep, HOST_SCHEMA), int((~keep).sum())
+
+
+def _host_devices(rows: list[Event]) -> list[int | None]:
+    """args.device; for device-side annotations without it (ROCm), the trace viewer's pid."""
+    out = _args_column(rows, "device", True)
+    for i, e in enumerate(rows):
+        if out[i] is None and e.cat == "gpu_user_annotation":
+            out[i] = to_int(e.pid)
+    return out
 
 
 def _meta_table(rows: list[Event]) -> pa.Table:

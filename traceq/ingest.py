@@ -1,17 +1,25 @@
 """Load Kineto trace files into the warehouse: one transaction per file, idempotent by content hash.
 
-The main process decompresses and cuts each file into chunks of whole events
-(:mod:`traceq.reader`); worker processes decode chunks into Arrow tables (:mod:`traceq.decode`);
-the main process is the only writer. Memory stays bounded by the number of chunks in flight.
+Two ways a file is decoded, both in worker processes, with the main process as the only writer:
+
+- a large file is cut by the main process into chunks of whole events (:mod:`traceq.reader`) and
+  its chunks are decoded in parallel (:mod:`traceq.decode`); memory stays bounded by the chunks in
+  flight, whatever the file's size;
+- when several files are given, each file small enough to decode whole (:data:`WHOLE_FILE_BYTES`
+  of JSON) is decoded by one worker from its path, so many rank files decode on all cores at once.
+
+Either way the main process writes one file per transaction, in the order the files were given.
 """
 
 from __future__ import annotations
 
 import glob
+import gzip
 import os
 import re
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -19,20 +27,27 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceq.decode import ChunkTables, decode_chunk, to_int
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.reader import CHUNK_BYTES, file_digest, read_trace
-from traceq.sidecar import load_side_files
-from traceq.warehouse import DEFAULT_DB, connect, fetch_one, sql_text
+
+# duckdb (via traceq.warehouse and traceq.sidecar) is imported only once the workers have forked:
+# a forked worker's resident memory includes every module its parent had loaded.
+DEFAULT_DB = "traceq.duckdb"  # == traceq.warehouse.DEFAULT_DB
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 SIDE_FILE_SUFFIXES = (".run.json", ".power.jsonl")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+# Files of up to this many bytes of JSON are decoded whole by one worker when several files are given.
+WHOLE_FILE_BYTES = 4 * CHUNK_BYTES
+# DuckDB's buffer pool while ingesting: appended row groups are written to the file as they fill,
+# so the pool only needs room for a file's step attribution.
+INGEST_MEMORY_LIMIT = os.environ.get("TQ_MEM", "256MB")
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -110,7 +125,7 @@ def ingest_traces(
         rank: rank for files that name none (no distributedInfo.rank, no per-event rank).
         workers: decoding processes (default: the number of CPUs; 0 decodes in this process).
         chunk_bytes: size of the event chunks handed to workers (bytes of JSON).
-        progress: called as ``progress(event, info)`` for "start", "bytes" and "done" events.
+        progress: called as ``progress(event, info)`` for "start", "bytes", "file_read" and "done".
 
     A file that fails leaves nothing behind; the others still ingest. Re-ingesting a file whose
     content is already in the warehouse is a no-op reported as skipped.
@@ -123,15 +138,18 @@ def ingest_traces(
     # fork does not re-run the caller's __main__ module).
     pool = _start_pool(n_workers) if n_workers > 0 else None
     try:
+        from traceq.warehouse import connect
+
         con = connect(db)
     except BaseException:
         if pool is not None:
             pool.shutdown()
         raise
     try:
+        con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT}'")
         notify("start", {"files": len(paths), "bytes": sum(_size(p) for p in paths)})
-        for path in paths:
-            result = _ingest_one(con, path, run, rank, pool, n_workers, chunk_bytes, notify)
+        loader = _Loader(con, run, rank, pool, n_workers, chunk_bytes, notify)
+        for result in loader.load(paths):
             summary.files.append(result)
             notify("done", {"result": result})
     finally:
@@ -142,8 +160,11 @@ def ingest_traces(
 
 
 def _start_pool(n_workers: int) -> ProcessPoolExecutor:
-    method = "fork" if sys.platform == "linux" else "spawn"
-    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context(method))
+    method = os.environ.get("TQ_METHOD") or ("fork" if sys.platform == "linux" else "spawn")
+    ctx = get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["traceq.decode"])
+    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx)
     list(pool.map(_noop, range(n_workers)))  # start every worker now
     return pool
 
@@ -159,41 +180,26 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _ingest_one(
-    con: duckdb.DuckDBPyConnection,
-    path: Path,
-    run: str | None,
-    rank: int | None,
-    pool: ProcessPoolExecutor | None,
-    n_workers: int,
-    chunk_bytes: int,
-    notify: Progress,
-) -> FileResult:
-    started = time.perf_counter()
-    try:
-        digest = file_digest(path)
-    except FileNotFoundError:
-        return FileResult(str(path), "failed", f"{path}: no such file; check the path or glob")
-    except OSError as exc:
-        return FileResult(str(path), "failed", f"{path}: cannot be read ({exc.strerror})")
-    known = fetch_one(con, "select path, run from traces where content_sha256 = ?", [digest])
-    if known is not None:
-        notify("bytes", {"bytes": _size(path)})
-        return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0]}, run {known[1]})", run=known[1])
+def json_size(path: Path) -> int:
+    """Bytes of JSON in ``path``: its size, or for gzip the size recorded in the trailer.
 
-    run_name = run or path.resolve().parent.name or "default"
-    con.begin()
+    The gzip trailer holds the size modulo 4 GiB; a file whose compressed size is not below that
+    figure counts as large (the caller only needs to know whether a file is small).
+    """
+    size = _size(path)
     try:
-        result = _load_file(con, path, digest, run_name, rank, pool, n_workers, chunk_bytes, notify)
-        con.commit()
-    except TraceqError as exc:
-        con.rollback()
-        return FileResult(str(path), "failed", str(exc))
-    except BaseException:
-        con.rollback()
-        raise
-    result.seconds = time.perf_counter() - started
-    return result
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                return size
+            f.seek(-4, os.SEEK_END)
+            recorded = int.from_bytes(f.read(4), "little")
+    except OSError:
+        return size
+    return recorded if recorded >= size else 2**32 + recorded
+
+
+# ---------------------------------------------------------------------------------------------
+# decoding (runs in workers, or here when workers=0)
 
 
 class _Names:
@@ -201,24 +207,322 @@ class _Names:
 
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
-        self.pending: list[str] = []
 
     def remap(self, chunk_names: list[str]) -> np.ndarray:
         ids = self.ids
-        out = np.empty(len(chunk_names), dtype=np.int32)
-        for i, name in enumerate(chunk_names):
-            got = ids.get(name)
-            if got is None:
-                got = ids[name] = len(ids)
-                self.pending.append(name)
-            out[i] = got
-        return out
+        return np.fromiter((ids.setdefault(n, len(ids)) for n in chunk_names), dtype=np.int32, count=len(chunk_names))
 
-    def flush(self) -> pa.Table:
-        start = len(self.ids) - len(self.pending)
-        table = pa.table({"name_id": pa.array(range(start, len(self.ids)), pa.int32()), "name": self.pending})
-        self.pending = []
+    def table(self) -> pa.Table:
+        return pa.table({"name_id": pa.array(range(len(self.ids)), pa.int32()), "name": list(self.ids)})
+
+
+def _remapped(table: pa.Table, remap: np.ndarray) -> pa.Table:
+    if table.num_rows == 0:
         return table
+    ids = table.column("name_id").to_numpy()
+    return table.set_column(table.schema.get_field_index("name_id"), "name_id", pa.array(remap[ids]))
+
+
+@dataclass
+class _Counts:
+    """Running totals over a file's chunks."""
+
+    events: int = 0
+    gpu: int = 0
+    host: int = 0
+    dropped: int = 0
+    rows_with_rank: int = 0  # events carrying their own args.rank
+    rows_without_rank: int = 0
+
+    def add(self, ct: ChunkTables) -> None:
+        self.events += ct.counts.get("events", 0)
+        self.gpu += ct.counts.get("gpu", 0)
+        self.host += ct.counts.get("host", 0)
+        self.dropped += ct.counts.get("dropped", 0)
+        for t in (ct.gpu, ct.host, ct.meta):
+            self.rows_without_rank += t.column("rank").null_count
+        for t in (ct.gpu, ct.host):
+            self.rows_with_rank += t.num_rows - t.column("rank").null_count
+
+
+@dataclass
+class DecodedFile:
+    """A whole trace file decoded by one worker: its tables (ranks filled in) and header facts."""
+
+    digest: str
+    size: int
+    skipped: bool = False
+    fields: dict[str, Any] = field(default_factory=dict)
+    names: pa.Table | None = None
+    gpu: pa.Table | None = None
+    host: pa.Table | None = None
+    meta: pa.Table | None = None
+    counts: _Counts = field(default_factory=_Counts)
+    file_rank: int | None = None
+    rank_source: str = "unknown"
+    seconds: float = 0.0
+
+
+def decode_file(path: Path, chunk_bytes: int, option_rank: int | None, skip_digests: frozenset[str]) -> DecodedFile:
+    """Decode the whole trace at ``path`` into Arrow tables, unless its digest is in ``skip_digests``.
+
+    Runs in a worker process. Raises :class:`TraceFormatError` naming the file.
+    """
+    started = time.perf_counter()
+    digest = _digest(path)
+    out = DecodedFile(digest=digest, size=_size(path))
+    if digest in skip_digests:
+        out.skipped = True
+        return out
+    header, chunks = read_trace(path, chunk_bytes)
+    names = _Names()
+    parts: dict[str, list[pa.Table]] = {"gpu": [], "host": [], "meta": []}
+    for chunk in chunks:
+        ct = decode_chunk(chunk)
+        out.counts.add(ct)
+        remap = names.remap(ct.names)
+        parts["gpu"].append(_remapped(ct.gpu, remap))
+        parts["host"].append(_remapped(ct.host, remap))
+        parts["meta"].append(ct.meta)
+    _require_events(path, out.counts)
+    out.fields = header.fields
+    out.file_rank, out.rank_source = _rank_of(path, out.fields, option_rank, out.counts)
+    fill = pa.scalar(-1 if out.file_rank is None else out.file_rank, pa.int64())
+    out.names = names.table()
+    for key, tables in parts.items():
+        table = pa.concat_tables(tables).combine_chunks()
+        if table.column("rank").null_count:
+            table = table.set_column(table.schema.get_field_index("rank"), "rank", pc.fill_null(table.column("rank"), fill))
+        setattr(out, key, table)
+    out.seconds = time.perf_counter() - started
+    return out
+
+
+def _digest(path: Path) -> str:
+    try:
+        return file_digest(path)
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: no such file; check the path or glob") from None
+    except IsADirectoryError:
+        raise TraceFormatError(f"{path}: is a directory; pass the trace files or the directory to ingest") from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror})") from None
+
+
+def _require_events(path: Path, counts: _Counts) -> None:
+    if counts.events == 0:
+        raise TraceFormatError(f"{path}: the trace holds no events; was the profiler started (schedule active > 0)?")
+
+
+def _rank_of(path: Path, fields: dict[str, Any], option_rank: int | None, counts: _Counts) -> tuple[int | None, str]:
+    """The file's rank and where it came from (DESIGN §1)."""
+    dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
+    rank = to_int(dist.get("rank"))
+    if rank is not None:
+        return rank, "distributedInfo"
+    if option_rank is not None:
+        file_rank, source = option_rank, "option"
+    else:
+        m = _RANK_IN_NAME.search(path.name)
+        file_rank, source = (int(m.group(1)), "file name") if m else (None, "unknown")
+    return file_rank, ("event args" if counts.rows_with_rank else source)
+
+
+# ---------------------------------------------------------------------------------------------
+# writing (main process only)
+
+
+class _Loader:
+    """Schedules decoding on the pool and writes each file in one transaction, in input order."""
+
+    def __init__(
+        self,
+        con: Any,
+        run: str | None,
+        rank: int | None,
+        pool: ProcessPoolExecutor | None,
+        n_workers: int,
+        chunk_bytes: int,
+        notify: Progress,
+    ) -> None:
+        self.con = con
+        self.run = run
+        self.rank = rank
+        self.pool = pool
+        self.n_workers = n_workers
+        self.chunk_bytes = chunk_bytes
+        self.notify = notify
+        # digests by file size: a new file is hashed before decoding only when its size is known
+        self.known: dict[int, set[str]] = {}
+        for size, digest in con.execute("select size_bytes, content_sha256 from traces").fetchall():
+            self.known.setdefault(size, set()).add(digest)
+        self.whole_file_bytes = max(WHOLE_FILE_BYTES, 4 * chunk_bytes)
+
+    def load(self, paths: list[Path]) -> Iterator[FileResult]:
+        window: deque[tuple[Path, float, Future[DecodedFile]]] = deque()
+        limit = 2 * self.n_workers
+        for path in paths:
+            whole = self.pool is not None and len(paths) > 1 and json_size(path) <= self.whole_file_bytes
+            if not whole:
+                while window:
+                    yield self._write_decoded(*window.popleft())
+                yield self._load_chunked(path)
+                continue
+            skip = frozenset(self.known.get(_size(path), ()))
+            assert self.pool is not None
+            window.append((path, time.perf_counter(), self.pool.submit(decode_file, path, self.chunk_bytes, self.rank, skip)))
+            while len(window) > limit or (window and window[0][2].done()):
+                yield self._write_decoded(*window.popleft())
+        while window:
+            yield self._write_decoded(*window.popleft())
+
+    def _run_name(self, path: Path) -> str:
+        return self.run or path.resolve().parent.name or "default"
+
+    def _already(self, path: Path, digest: str) -> FileResult | None:
+        known = self.con.execute("select path, run from traces where content_sha256 = ?", [digest]).fetchall()
+        if not known:
+            return None
+        self.notify("bytes", {"bytes": _size(path)})
+        return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]})", run=known[0][1])
+
+    def _write_decoded(self, path: Path, started: float, future: Future[DecodedFile]) -> FileResult:
+        try:
+            dec = future.result()
+        except TraceqError as exc:
+            self.notify("file_read", {"bytes": _size(path)})
+            return FileResult(str(path), "failed", str(exc))
+        skipped = self._already(path, dec.digest)
+        if skipped is not None:
+            return skipped
+        self.notify("file_read", {"bytes": dec.size})
+        con = self.con
+        con.begin()
+        try:
+            trace_id = self._next_trace_id()
+            for table, rows in (("names", dec.names), ("gpu_events", dec.gpu), ("host_events", dec.host), ("trace_threads", dec.meta)):
+                _insert(con, table, rows, trace_id)
+            result = self._finish(path, trace_id, dec.digest, dec.size, dec.fields, dec.counts, dec.file_rank, dec.rank_source, dec.seconds)
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def _load_chunked(self, path: Path) -> FileResult:
+        started = time.perf_counter()
+        size = _size(path)
+        candidates = self.known.get(size)
+        digest: str | Future[str]
+        try:
+            if candidates or self.pool is None:
+                digest = _digest(path)
+                skipped = self._already(path, digest)
+                if skipped is not None:
+                    return skipped
+            else:  # no file of this size is in the warehouse: hash it beside the decoding
+                digest = self.pool.submit(_digest, path)
+        except TraceqError as exc:
+            return FileResult(str(path), "failed", str(exc))
+        con = self.con
+        con.begin()
+        try:
+            result = self._chunked(path, digest, size)
+            if result.status == "skipped":
+                con.rollback()
+            else:
+                con.commit()
+        except TraceqError as exc:
+            con.rollback()
+            return FileResult(str(path), "failed", str(exc))
+        except BaseException:
+            con.rollback()
+            raise
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def _chunked(self, path: Path, digest: str | Future[str], size: int) -> FileResult:
+        con = self.con
+        parse_start = time.perf_counter()
+        trace_id = self._next_trace_id()
+        header, chunks = read_trace(path, self.chunk_bytes)
+        names = _Names()
+        counts = _Counts()
+        meta: list[pa.Table] = []
+        for ct in _decoded_chunks(_counting(chunks, self.notify, size), self.pool, self.n_workers):
+            counts.add(ct)
+            remap = names.remap(ct.names)
+            _insert(con, "gpu_events", _remapped(ct.gpu, remap), trace_id)
+            _insert(con, "host_events", _remapped(ct.host, remap), trace_id)
+            meta.append(ct.meta)
+        _require_events(path, counts)
+        _insert(con, "names", names.table(), trace_id)
+        _insert(con, "trace_threads", pa.concat_tables(meta), trace_id)
+        if isinstance(digest, Future):
+            digest = digest.result()
+            skipped = self._already(path, digest)
+            if skipped is not None:
+                return skipped
+        file_rank, rank_source = _rank_of(path, header.fields, self.rank, counts)
+        if counts.rows_without_rank:
+            for table in ("gpu_events", "host_events", "trace_threads"):
+                con.execute(
+                    f"update {table} set rank = ? where trace_id = ? and rank is null",
+                    [-1 if file_rank is None else file_rank, trace_id],
+                )
+        return self._finish(
+            path, trace_id, digest, size, header.fields, counts, file_rank, rank_source, time.perf_counter() - parse_start
+        )
+
+    def _next_trace_id(self) -> int:
+        return self.con.execute("select nextval('trace_ids')").fetchall()[0][0]
+
+    def _finish(
+        self,
+        path: Path,
+        trace_id: int,
+        digest: str,
+        size: int,
+        fields: dict[str, Any],
+        counts: _Counts,
+        file_rank: int | None,
+        rank_source: str,
+        parse_seconds: float,
+    ) -> FileResult:
+        """Everything after the events are in: the traces row, steps, step attribution, side files."""
+        from traceq.sidecar import load_side_files
+        from traceq.warehouse import sql_text
+
+        con = self.con
+        run_name = self._run_name(path)
+        dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
+        con.execute("insert into runs (run) values (?) on conflict do nothing", [run_name])
+        con.execute(
+            """
+            insert into traces (trace_id, run, path, content_sha256, size_bytes, rank_source, file_rank, world_size,
+                backend, schema_version, base_time_ns, display_time_unit, trace_name, header, n_events, n_gpu_events,
+                n_host_events, n_dropped, parse_seconds)
+            values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """,
+            [
+                trace_id, run_name, str(path.resolve()), digest, size, rank_source, file_rank,
+                to_int(dist.get("world_size")), _text(dist.get("backend")), to_int(fields.get("schemaVersion")),
+                to_int(fields.get("baseTimeNanoseconds")), _text(fields.get("displayTimeUnit")),
+                _text(fields.get("traceName")), msgspec.json.encode(_header_summary(fields)).decode(),
+                counts.events, counts.gpu, counts.host, counts.dropped, parse_seconds,
+            ],
+        )
+        con.execute(sql_text("steps.sql"), {"trace_id": trace_id})
+        con.execute(sql_text("step_attribution.sql"), {"trace_id": trace_id})
+        load_side_files(con, trace_id, path, run_name)
+        ranks = [r for (r,) in con.execute(
+            "select distinct rank from gpu_events where trace_id = ? union select distinct rank from host_events "
+            "where trace_id = ? order by 1", [trace_id, trace_id]).fetchall()]
+        self.known.setdefault(size, set()).add(digest)
+        return FileResult(
+            str(path), "ingested", trace_id=trace_id, run=run_name, ranks=ranks, events=counts.events, gpu_events=counts.gpu
+        )
 
 
 def _decoded_chunks(
@@ -236,85 +540,29 @@ def _decoded_chunks(
             for c in chunks:
                 yield decode_chunk(c)
         return
-    in_flight: list[Future[ChunkTables]] = [pool.submit(decode_chunk, first), pool.submit(decode_chunk, second)]
-    limit = max(2, 2 * n_workers)
+    in_flight: deque[Future[ChunkTables]] = deque([pool.submit(_decode_in_worker, first), pool.submit(_decode_in_worker, second)])
+    limit = int(os.environ.get("TQ_LIMIT", 0)) or max(2, 2 * n_workers)
     for c in chunks:
-        in_flight.append(pool.submit(decode_chunk, c))
+        in_flight.append(pool.submit(_decode_in_worker, c))
         while len(in_flight) >= limit:
-            yield in_flight.pop(0).result()
+            yield in_flight.popleft().result()
     while in_flight:
-        yield in_flight.pop(0).result()
+        yield in_flight.popleft().result()
 
 
-def _load_file(
-    con: duckdb.DuckDBPyConnection,
-    path: Path,
-    digest: str,
-    run_name: str,
-    option_rank: int | None,
-    pool: ProcessPoolExecutor | None,
-    n_workers: int,
-    chunk_bytes: int,
-    notify: Progress,
-) -> FileResult:
-    parse_start = time.perf_counter()
-    trace_id = fetch_one(con, "select nextval('trace_ids')")[0]
-    header, chunks = read_trace(path, chunk_bytes)
-    names = _Names()
-    counts = {"events": 0, "gpu": 0, "host": 0, "dropped": 0}
-    size = _size(path)
-    for ct in _decoded_chunks(_counting(chunks, notify, size), pool, n_workers):
-        remap = names.remap(ct.names)
-        _insert(con, "names", names.flush(), trace_id)
-        _insert(con, "gpu_events", _remapped(ct.gpu, remap), trace_id)
-        _insert(con, "host_events", _remapped(ct.host, remap), trace_id)
-        _insert(con, "trace_threads", ct.meta, trace_id)
-        for key in counts:
-            counts[key] += ct.counts.get(key, 0)
-    if counts["events"] == 0:
-        raise TraceFormatError(f"{path}: the trace holds no events; was the profiler started (schedule active > 0)?")
+def _decode_in_worker(chunk: bytes) -> ChunkTables:
+    tables = decode_chunk(chunk)
+    if os.environ.get("TQ_TRIM"):
+        _trim()
+    return tables
 
-    fields = header.fields
-    dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
-    file_rank, rank_source = _file_rank(path, dist, option_rank)
-    per_event = fetch_one(
-        con,
-        "select (select count(*) from gpu_events where trace_id = $t and rank is not null)"
-        " + (select count(*) from host_events where trace_id = $t and rank is not null)",
-        {"t": trace_id},
-    )[0]
-    if rank_source != "distributedInfo" and per_event:
-        rank_source = "event args"
-    fill = -1 if file_rank is None else file_rank
-    for table in ("gpu_events", "host_events", "trace_threads"):
-        con.execute(f"update {table} set rank = ? where trace_id = ? and rank is null", [fill, trace_id])
 
-    con.execute("insert into runs (run) values (?) on conflict do nothing", [run_name])
-    con.execute(
-        """
-        insert into traces (trace_id, run, path, content_sha256, size_bytes, rank_source, file_rank, world_size,
-            backend, schema_version, base_time_ns, display_time_unit, trace_name, header, n_events, n_gpu_events,
-            n_host_events, n_dropped, parse_seconds)
-        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-        """,
-        [
-            trace_id, run_name, str(path.resolve()), digest, size, rank_source, file_rank,
-            to_int(dist.get("world_size")), _text(dist.get("backend")), to_int(fields.get("schemaVersion")),
-            to_int(fields.get("baseTimeNanoseconds")), _text(fields.get("displayTimeUnit")),
-            _text(fields.get("traceName")), msgspec.json.encode(_header_summary(fields)).decode(),
-            counts["events"], counts["gpu"], counts["host"], counts["dropped"], time.perf_counter() - parse_start,
-        ],
-    )
-    con.execute(sql_text("steps.sql"), {"trace_id": trace_id})
-    con.execute(sql_text("step_attribution.sql"), {"trace_id": trace_id})
-    load_side_files(con, trace_id, path, run_name)
-    ranks = [r for (r,) in con.execute(
-        "select distinct rank from gpu_events where trace_id = ? union select distinct rank from host_events "
-        "where trace_id = ? order by 1", [trace_id, trace_id]).fetchall()]
-    return FileResult(
-        str(path), "ingested", trace_id=trace_id, run=run_name, ranks=ranks,
-        events=counts["events"], gpu_events=counts["gpu"],
-    )
+def _trim() -> None:
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
 
 
 def _counting(chunks: Iterator[bytes], notify: Progress, size: int) -> Iterator[bytes]:
@@ -327,32 +575,15 @@ def _counting(chunks: Iterator[bytes], notify: Progress, size: int) -> Iterator[
     notify("file_read", {"bytes": size, "uncompressed": total})
 
 
-def _remapped(table: pa.Table, remap: np.ndarray) -> pa.Table:
-    if table.num_rows == 0:
-        return table
-    ids = table.column("name_id").to_numpy()
-    return table.set_column(table.schema.get_field_index("name_id"), "name_id", pa.array(remap[ids]))
-
-
-def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table, trace_id: int) -> None:
-    if rows.num_rows == 0:
+def _insert(con: Any, table: str, rows: pa.Table | None, trace_id: int) -> None:
+    if rows is None or rows.num_rows == 0:
         return
     columns = ", ".join(rows.column_names)
-    con.register("_chunk", rows)  # re-registering replaces it; no unregister needed on the error path
-    con.execute(f"insert into {table} (trace_id, {columns}) select ?, {columns} from _chunk", [trace_id])
-    con.unregister("_chunk")
-
-
-def _file_rank(path: Path, dist: dict[str, Any], option_rank: int | None) -> tuple[int | None, str]:
-    rank = to_int(dist.get("rank"))
-    if rank is not None:
-        return rank, "distributedInfo"
-    if option_rank is not None:
-        return option_rank, "option"
-    m = _RANK_IN_NAME.search(path.name)
-    if m:
-        return int(m.group(1)), "file name"
-    return None, "unknown"
+    # Read through DuckDB's replacement scan of this local variable: a table registered with
+    # con.register() stays referenced until the transaction ends, so memory would grow with the file.
+    arrow_rows = rows
+    con.execute(f"insert into {table} (trace_id, {columns}) select ?, {columns} from arrow_rows", [trace_id])
+    del arrow_rows
 
 
 def _text(value: Any) -> str | None:

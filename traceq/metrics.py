@@ -1,8 +1,10 @@
-"""Metrics per (run, rank, step) from the warehouse, and their aggregation across steps and ranks.
+"""Metrics per (run, rank, step) from the warehouse, and their aggregation across steps, ranks and runs.
 
-The interval figures come from ``sql/gpu_breakdown.sql`` (integer ns); this module selects steps,
+The interval figures come from ``sql/gpu_breakdown.sql`` (integer ns); throughput, FLOPs and power
+from ``sql/step_throughput.sql`` (with ``sql/step_power.sql`` and ``sql/run_metadata.sql``); the
+per-collective breakdown from ``sql/exposed_comm_by_collective.sql``. This module selects steps,
 converts to the units in the metric names and aggregates: steps first (mean, median, p10, p90),
-then ranks (mean, min, max and the slowest rank).
+then ranks (mean, min, max and the slowest rank), then runs (grouped by metadata columns).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from traceq.errors import ConfigError
+from traceq.errors import ConfigError, WarehouseError
 from traceq.warehouse import DEFAULT_DB, connect, sql_text
 
 
@@ -39,11 +41,35 @@ METRICS: tuple[Metric, ...] = (
     Metric("window_us", "us", "device window of the step: first GPU activity start to last end"),
     Metric("overlap_ratio", "ratio", "overlapped_comm_us / comm_us (HTA's comp_comm_overlap_pctg / 100)"),
     Metric("step_time_ms", "ms", "duration of the ProfilerStep#N CPU span (the clock for throughput)"),
+    Metric("tokens_per_s", "tokens/s", "tokens_per_step / world_size / step time: tokens per second per GPU (the study's WPS)"),
+    Metric("global_tokens_per_s", "tokens/s", "tokens_per_step / step time: tokens per second of the whole run"),
+    Metric("tflops", "TFLOP/s", "model FLOPs per step / world_size / step time; FLOPs per token 6·N + 12·L·H·Q·T unless set"),
+    Metric("mfu", "ratio", "tflops / the GPU's peak dense BF16 TFLOP/s (table or user-set)"),
+    Metric("power_w", "W", "NVML power of the rank's GPU(s), time-weighted over the step's wall-clock window"),
+    Metric("energy_j", "J", "NVML energy counter delta over the step (else power_w × step window)"),
+    Metric("tokens_per_j", "tokens/J", "tokens of the rank's GPU(s) in the step / energy_j"),
+    Metric("exposed_comm_by_collective_us", "us",
+           "|U(comm of collective type t) − U(compute)| per type; types may overlap, so these can sum to more than exposed_comm_us"),
+    Metric("exposed_comm_by_pg_us", "us",
+           "|U(comm of process group g) − U(compute)| per process group; groups may overlap, so these can sum to more than exposed_comm_us"),
 )
 METRIC_NAMES = tuple(m.name for m in METRICS)
 # `--metric exposed_comm` and `--metric exposed_comm_us` both work.
 _ALIASES = {m.name.removesuffix("_us").removesuffix("_ms"): m.name for m in METRICS}
-GROUP_COLUMNS = ("run", "rank", "device", "step")
+# Run metadata columns that can group a report (see sql/run_metadata.sql).
+META_COLUMNS = ("world_size", "nodes", "gpus_per_node", "tp", "pp", "cp", "dp", "model", "seq_len", "gpu",
+                "tokens_per_step")
+GROUP_COLUMNS = ("run", "rank", "device", "step", *META_COLUMNS)
+# metric -> (dimension in exposed_comm_by_collective.sql, the key column it adds)
+BREAKDOWNS = {
+    "exposed_comm_by_collective_us": ("collective", "collective_type"),
+    "exposed_comm_by_pg_us": ("process_group", "process_group"),
+}
+BREAKDOWN_NOTE = (
+    "exposed comm by collective type / process group: |U(comm of that key) − U(compute)|; where collectives "
+    "of different keys overlap each other that time counts once for each, so these can sum to more than "
+    "exposed_comm_us"
+)
 _NS_COLUMNS = {
     "comm_kernel_us": "comm_kernel_ns",
     "compute_kernel_us": "compute_kernel_ns",
@@ -55,8 +81,10 @@ _NS_COLUMNS = {
     "idle_us": "idle_ns",
     "window_us": "window_ns",
 }
-
-
+_THROUGHPUT_COLUMNS = (
+    "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j", "tokens_per_j",
+    "power_source", "power_gpus", "energy_source", "flops_per_step", "flops_source", "peak_tflops", "peak_source",
+)
 @dataclass(frozen=True)
 class StepSelection:
     """Which steps a report uses (DESIGN §3).
@@ -108,18 +136,9 @@ def resolve_metric(name: str) -> str:
     raise ConfigError(f"unknown metric {name!r}; `traceq metrics` lists them: {', '.join(METRIC_NAMES)}")
 
 
-def step_metrics(
-    con: duckdb.DuckDBPyConnection,
-    *,
-    window: str = "steps",
-    selection: StepSelection = StepSelection(),
-    runs: Sequence[str] | None = None,
-) -> pl.DataFrame:
-    """One row per (run, rank, device, step) with every interval metric (``--window steps``), or per
-    (run, rank, device) over the whole trace and every kernel (``--window trace``, step = -1)."""
-    if window not in ("steps", "trace"):
-        raise ConfigError(f"--window {window!r}: use steps or trace")
-    whole = window == "trace"
+
+def select_steps(con: duckdb.DuckDBPyConnection, selection: StepSelection) -> None:
+    """(Re)create temp table selected_steps for ``selection`` (``sql/selected_steps.sql``)."""
     con.execute(
         sql_text("selected_steps.sql"),
         {
@@ -130,15 +149,103 @@ def step_metrics(
             "drop_last": selection.drop_last,
         },
     )
+
+
+def run_metadata_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """One row per run with the metadata columns a report can group by (``sql/run_metadata.sql``)."""
+    con.execute(sql_text("run_metadata.sql"))
+    return con.sql(f"select run, {', '.join(META_COLUMNS)} from run_metadata").pl()
+
+
+SIDE_TABLES = ("run_files", "run_settings", "step_windows", "power_logs", "power_samples")
+
+
+def require_side_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """Raise WarehouseError when the warehouse predates the run metadata and power tables."""
+    have = {name for (name,) in con.execute(
+        "select table_name from duckdb_tables() where schema_name = 'main' and database_name = current_database()"
+    ).fetchall()}
+    missing = [t for t in SIDE_TABLES if t not in have]
+    if missing:
+        raise WarehouseError(
+            f"this warehouse was made by an older traceq (no {', '.join(missing)} table); run `traceq ingest` "
+            "on it once (files already in it are skipped) to add them, then re-ingest for power data"
+        )
+
+
+def step_metrics(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    window: str = "steps",
+    selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+) -> pl.DataFrame:
+    """One row per (run, rank, device, step) with every metric (``--window steps``), or per
+    (run, rank, device) over the whole trace and every kernel (``--window trace``, step = -1).
+
+    With ``--window steps``, a selected step without GPU activity (CPU-only traces) still gets a
+    row: its interval metrics are null (device null) and its throughput metrics are filled.
+    Throughput and power metrics are null with ``--window trace``. Every row carries the run's
+    metadata columns (:data:`META_COLUMNS`).
+    """
+    if window not in ("steps", "trace"):
+        raise ConfigError(f"--window {window!r}: use steps or trace")
+    whole = window == "trace"
+    require_side_tables(con)
+    select_steps(con, selection)
     frame = con.sql(sql_text("gpu_breakdown.sql"), params={"whole_trace": whole}).pl()
-    traces = con.sql("select trace_id, run from traces").pl()
-    frame = frame.join(traces, on="trace_id", how="left")
+    meta = run_metadata_frame(con)
+    if whole:
+        traces = con.sql("select trace_id, run from traces").pl()
+        frame = frame.join(traces, on="trace_id", how="left").with_columns(
+            *[pl.lit(None).alias(c) for c in _THROUGHPUT_COLUMNS]
+        )
+    else:
+        con.execute(sql_text("step_power.sql"))
+        throughput = con.sql(sql_text("step_throughput.sql")).pl().select(
+            "trace_id", "rank", "step", "run", "step_time_ns", *_THROUGHPUT_COLUMNS
+        )
+        frame = throughput.join(frame.drop("step_time_ns"), on=["trace_id", "rank", "step"], how="left")
+    frame = frame.join(meta, on="run", how="left")
     if runs:
         frame = frame.filter(pl.col("run").is_in(list(runs)))
     return frame.with_columns(
         *[(pl.col(ns) / 1000).round(3).alias(us) for us, ns in _NS_COLUMNS.items()],
-        (pl.col("step_time_ns") / 1e6).alias("step_time_ms"),
+        (pl.col("step_time_ns") / 1e6).round(6).alias("step_time_ms"),
     ).sort("run", "rank", "device", "step")
+
+
+def breakdown_metrics(
+    con: duckdb.DuckDBPyConnection,
+    metric: str,
+    *,
+    window: str = "steps",
+    selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+) -> pl.DataFrame:
+    """Rows of ``exposed_comm_by_collective_us`` (key column collective_type) or
+    ``exposed_comm_by_pg_us`` (key column process_group): one per (run, rank, device, step, key),
+    with comm_us of that key, step_time_ms and the run's metadata columns."""
+    dimension, key = BREAKDOWNS[metric]
+    if window not in ("steps", "trace"):
+        raise ConfigError(f"--window {window!r}: use steps or trace")
+    select_steps(con, selection)
+    frame = con.sql(sql_text("exposed_comm_by_collective.sql"), params={"whole_trace": window == "trace"}).pl()
+    frame = frame.filter(pl.col("dimension") == dimension).drop("dimension").rename({"key": key})
+    extra = con.sql("select trace_id, rank, step, step_time_ns from steps").pl()
+    traces = con.sql("select trace_id, run from traces").pl()
+    frame = (
+        frame.join(traces, on="trace_id", how="left")
+        .join(extra, on=["trace_id", "rank", "step"], how="left")
+        .join(run_metadata_frame(con), on="run", how="left")
+    )
+    if runs:
+        frame = frame.filter(pl.col("run").is_in(list(runs)))
+    return frame.with_columns(
+        (pl.col("exposed_comm_ns") / 1000).round(3).alias(metric),
+        (pl.col("comm_ns") / 1000).round(3).alias("comm_us"),
+        (pl.col("step_time_ns") / 1e6).round(6).alias("step_time_ms"),
+    ).sort("run", "rank", "device", "step", key)
 
 
 def compute_metric(
@@ -155,36 +262,64 @@ def compute_metric(
     Args:
         db: warehouse path or an open connection.
         metric: a name from :data:`METRICS` (``exposed_comm`` works for ``exposed_comm_us``).
-        by: subset of run, rank, device, step. Steps are aggregated when ``step`` is not in
-            ``by`` (mean, median, p10, p90 over steps); ranks when ``rank`` is not (mean, min,
-            max of the per-rank means, and the slowest rank by step time).
+        by: subset of :data:`GROUP_COLUMNS` (run, rank, device, step and run metadata columns such
+            as world_size, tp, gpu). Steps are aggregated when ``step`` is not in ``by`` (mean,
+            median, p10, p90 over steps); ranks when ``rank`` is not (mean, min, max of the
+            per-rank means, and the slowest rank by step time); runs when ``run`` is not either
+            (mean, min, max of the run means, and the slowest run).
         window: "steps" (selected steps; kernels attributed by DESIGN §3) or "trace" (every kernel).
         selection: which steps (warm-up skip, range, incomplete last step).
         runs: only these runs.
 
-    Returns a polars DataFrame; the column named after the metric holds the (mean) value.
+    Returns a polars DataFrame; the column named after the metric holds the (mean) value. The
+    breakdown metrics add their key column (collective_type or process_group) to ``by``.
     """
+    return metric_report(db, metric, by=by, window=window, selection=selection, runs=runs)[0]
+
+
+def metric_report(
+    db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB,
+    metric: str = "exposed_comm_us",
+    *,
+    by: Sequence[str] = ("run", "rank"),
+    window: str = "steps",
+    selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+) -> tuple[pl.DataFrame, list[str]]:
+    """:func:`compute_metric` plus the notes a reader needs beside the numbers (steps used, FLOPs
+    convention and peak, power availability, breakdown overlap); same arguments."""
+    from traceq.throughput import metric_notes
+
     name = resolve_metric(metric)
     bad = [c for c in by if c not in GROUP_COLUMNS]
     if bad:
         raise ConfigError(f"--by {','.join(by)}: unknown column(s) {bad}; use any of {', '.join(GROUP_COLUMNS)}")
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
     try:
-        rows = step_metrics(con, window=window, selection=selection, runs=runs)
+        if name in BREAKDOWNS:
+            rows = breakdown_metrics(con, name, window=window, selection=selection, runs=runs)
+            by = [*by, BREAKDOWNS[name][1]]
+        else:
+            rows = step_metrics(con, window=window, selection=selection, runs=runs)
+        notes = metric_notes(con, rows, name, window)
     finally:
         if con is not db:
             con.close()
-    return aggregate(rows, name, by)
+    return aggregate(rows, name, by), notes
 
 
 def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFrame:
-    """Aggregate step rows of :func:`step_metrics` for ``metric`` to the grain ``by``."""
+    """Aggregate step rows of :func:`step_metrics` for ``metric`` to the grain ``by``.
+
+    Steps -> ranks (per run) -> runs (per group of ``by`` columns other than run and rank).
+    """
     by = list(dict.fromkeys(by))
     if "step" in by:
         keep = [*by, metric] + (["step_time_ms"] if metric != "step_time_ms" else [])
         return rows.select(keep).sort(by)
     value = pl.col(metric)
-    per_rank = rows.group_by(["run", "rank", *(["device"] if "device" in by else [])]).agg(
+    others = [c for c in by if c not in ("run", "rank")]
+    per_rank = rows.group_by(["run", "rank", *others]).agg(
         pl.len().alias("steps"),
         value.mean().alias(metric),
         value.median().alias(f"{metric}_median"),
@@ -194,10 +329,9 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
     )
     if "rank" in by:
         return per_rank.sort(by)
-    group = [c for c in by if c != "rank"] or ["run"]
-    return (
+    per_run = (
         per_rank.sort("step_time_ms_mean", descending=True, nulls_last=True)
-        .group_by(group, maintain_order=True)
+        .group_by(["run", *others], maintain_order=True)
         .agg(
             pl.len().alias("ranks"),
             pl.col(metric).mean().alias(metric),
@@ -206,5 +340,23 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
             pl.col("rank").first().alias("slowest_rank"),
             pl.col("step_time_ms_mean").first().alias("slowest_step_time_ms"),
         )
-        .sort(group)
+    )
+    if "run" in by or not others:
+        return per_run.select([c for c in by if c in per_run.columns] + [c for c in per_run.columns if c not in by]).sort(
+            [c for c in by if c in per_run.columns] or ["run"]
+        )
+    return (
+        per_run.sort("slowest_step_time_ms", descending=True, nulls_last=True)
+        .group_by(others, maintain_order=True)
+        .agg(
+            pl.len().alias("runs"),
+            pl.col("ranks").sum().alias("ranks"),
+            pl.col(metric).mean().alias(metric),
+            pl.col(metric).min().alias(f"{metric}_min"),
+            pl.col(metric).max().alias(f"{metric}_max"),
+            pl.col("run").first().alias("slowest_run"),
+            pl.col("slowest_rank").first().alias("slowest_rank"),
+            pl.col("slowest_step_time_ms").first().alias("slowest_step_time_ms"),
+        )
+        .sort(others, nulls_last=True)
     )

@@ -135,7 +135,8 @@ def set_run_metadata(
         if fetch_one(con, "select 1 from runs where run = ?", [run]) is None:
             names = [r for (r,) in con.execute("select run from runs order by run").fetchall()]
             raise ConfigError(f"no run {run!r} in the warehouse; `traceq runs` lists them: {', '.join(names) or 'none'}")
-        if "gpu_model" in given and "peak_tflops" not in given and "peak_tflops" not in settings(con, run):
+        peak_by_hand = settings(con, run).get("peak_tflops_source") == "user"
+        if "gpu_model" in given and "peak_tflops" not in given and not peak_by_hand:
             given["peak_tflops"] = peak_tflops_for(given["gpu_model"])
             given["peak_tflops_source"] = "table" if given["peak_tflops"] is not None else None
         elif "peak_tflops" in given:
@@ -165,13 +166,17 @@ def run_metadata(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
 
 def list_runs(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.DataFrame:
     """Runs in the warehouse: traces, ranks, the typed metadata and which values were set by hand."""
+    from traceq.metrics import require_side_tables
+
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
     try:
+        require_side_tables(con)
         meta = run_metadata(con)
         counts = con.sql(
             """
             select t.run, count(distinct t.trace_id) as traces, count(distinct s.rank) as ranks_with_steps,
-                   (select string_agg(key, ',' order by key) from run_settings as u where u.run = t.run) as set_by_user
+                   (select string_agg(key, ',' order by key) from run_settings as u
+                    where u.run = t.run and u.key <> 'peak_tflops_source') as set_by_user
             from traces as t
             left join steps as s using (trace_id)
             group by t.run

@@ -1,14 +1,35 @@
 """Files the collectors write beside each trace (``rank<r>.run.json``, ``rank<r>.power.jsonl``).
 
 :func:`load_side_files` is called by ingest, inside the trace's transaction, after the trace's
-events and steps are in the warehouse.
+events and steps are in the warehouse. It
+
+- stores the run metadata (whole file in ``run_files``; run-level values merged into
+  ``runs.metadata``, see :mod:`traceq.run_metadata`);
+- gives every step of the trace its wall-clock window (``step_windows``), using the collectors'
+  documented mapping ``wall_ns = ts_us * 1000 + offset_ns``: offset_ns is the trace's
+  ``baseTimeNanoseconds``, else run.json's ``trace_files[].offset_ns`` / ``clock.offset_ns`` for
+  this file, else 0 (older Kineto wrote epoch microseconds);
+- loads the power log (``power_logs`` header, ``power_samples`` readings). A log whose source is
+  ``unavailable`` is stored as such, with no samples: power metrics stay null, never invented.
+
+Formats: ``traceq.collectors.metadata`` (run.json) and ``traceq.collectors.power`` (power.jsonl).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
 
 import duckdb
+import pyarrow as pa
+
+from traceq.errors import TraceFormatError
+from traceq.run_metadata import merge_run_metadata, run_level
+from traceq.warehouse import fetch_one
+
+_CYCLE = re.compile(r"\.cycle\d+$")
 
 
 def side_file(trace_path: Path, suffix: str) -> Path:
@@ -20,9 +41,182 @@ def side_file(trace_path: Path, suffix: str) -> Path:
     return trace_path.with_name(name + suffix)
 
 
-def load_side_files(con: duckdb.DuckDBPyConnection, trace_id: int, trace_path: Path, run: str) -> list[str]:
-    """Load the run metadata and power log that sit beside ``trace_path``, if any.
+def find_side_file(trace_path: Path, suffix: str) -> Path | None:
+    """The side file of ``trace_path`` if it exists; ``rank0.cycle2.trace.json.gz`` shares rank0's."""
+    path = side_file(trace_path, suffix)
+    if path.is_file():
+        return path
+    stem = path.name[: -len(suffix)]
+    if _CYCLE.search(stem):
+        shared = path.with_name(_CYCLE.sub("", stem) + suffix)
+        if shared.is_file():
+            return shared
+    return None
 
-    Returns the names of the side files loaded.
+
+def load_side_files(con: duckdb.DuckDBPyConnection, trace_id: int, trace_path: Path, run: str) -> list[str]:
+    """Load the run metadata and power log that sit beside ``trace_path``, if any, and the steps'
+    wall-clock windows (always).
+
+    Returns the names of the side files loaded. Raises TraceFormatError for a side file that is
+    not in the collectors' format (the trace's whole ingest is then rolled back).
     """
-    return []
+    loaded: list[str] = []
+    file_rank, base_ns = fetch_one(con, "select file_rank, base_time_ns from traces where trace_id = ?", [trace_id])
+    meta: dict[str, Any] | None = None
+    meta_path = find_side_file(trace_path, ".run.json")
+    if meta_path is not None:
+        meta = read_run_file(meta_path)
+        con.execute(
+            "insert into run_files (trace_id, run, rank, path, metadata) values (?, ?, ?, ?, ?)",
+            [trace_id, run, _int(meta.get("rank")), str(meta_path.resolve()), json.dumps(meta)],
+        )
+        merge_run_metadata(con, run, run_level(meta))
+        loaded.append(meta_path.name)
+
+    offset_ns, source = clock_offset(base_ns, meta, trace_path.name)
+    con.execute(
+        """
+        insert into step_windows
+        select trace_id, rank, step, start_ns + $offset, end_ns + $offset, $offset, $source
+        from steps where trace_id = $trace_id
+        """,
+        {"offset": offset_ns, "source": source, "trace_id": trace_id},
+    )
+
+    power_path = find_side_file(trace_path, ".power.jsonl")
+    if power_path is None and meta and isinstance(meta.get("power_file"), str):
+        candidate = trace_path.with_name(Path(meta["power_file"]).name)
+        power_path = candidate if candidate.is_file() else None
+    if power_path is not None:
+        load_power_log(con, trace_id, file_rank, power_path)
+        loaded.append(power_path.name)
+    return loaded
+
+
+def read_run_file(path: Path) -> dict[str, Any]:
+    """A collector's run.json as a dict; TraceFormatError naming the file when it is not one."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TraceFormatError(f"{path}: not a readable run.json ({exc}); fix or remove it, then ingest again") from None
+    if not isinstance(meta, dict):
+        raise TraceFormatError(f"{path}: run.json must hold one JSON object; fix or remove it, then ingest again")
+    return meta
+
+
+def clock_offset(base_ns: int | None, meta: dict[str, Any] | None, trace_name: str) -> tuple[int, str]:
+    """(offset_ns, source) such that wall-clock ns = trace ns + offset_ns for this trace file."""
+    if base_ns is not None:
+        return int(base_ns), "baseTimeNanoseconds"
+    if meta:
+        for entry in meta.get("trace_files") or []:
+            if isinstance(entry, dict) and entry.get("file") == trace_name and _int(entry.get("offset_ns")) is not None:
+                return int(entry["offset_ns"]), "run.json"
+        clock = meta.get("clock") if isinstance(meta.get("clock"), dict) else {}
+        if meta.get("trace_file") == trace_name and _int(clock.get("offset_ns")) is not None:
+            return int(clock["offset_ns"]), "run.json"
+    return 0, "none (trace ts taken as epoch us)"
+
+
+def load_power_log(con: duckdb.DuckDBPyConnection, trace_id: int, file_rank: int | None, path: Path) -> str:
+    """Store one ``rank<r>.power.jsonl`` under the trace's rank (else its header's); returns its source.
+
+    A last line cut short by a crash is ignored (the collectors flush line by line); any other
+    malformed line raises TraceFormatError.
+    """
+    header, records = read_power_log(path)
+    rank = file_rank if file_rank is not None else _int(header.get("rank"))
+    power = [r for r in records if r.get("kind") == "power"]
+    energy = [r for r in records if r.get("kind") == "energy"]
+    errors = [r for r in records if r.get("kind") == "error"]
+    end = next((r for r in records if r.get("kind") == "end"), None)
+    source = str(header.get("source") or "unavailable")
+    if source != "nvml":  # the format says: no numbers follow; make sure none are used
+        power, energy = [], []
+    con.execute(
+        """
+        insert into power_logs (trace_id, rank, path, source, reason, interval_ms, gpus, note, end_wall_ns,
+            n_samples, n_energy, n_errors)
+        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        """,
+        [
+            trace_id, rank, str(path.resolve()), source, _text(header.get("reason")),
+            _float(header.get("interval_ms")), json.dumps(header.get("gpus") or []), _text(header.get("note")),
+            _int(end.get("wall_ns")) if end else None, len(power), len(energy), len(errors),
+        ],
+    )
+    rows = power + energy
+    if rows:
+        table = pa.table({
+            "gpu": pa.array([_int(r.get("gpu")) for r in rows], pa.int64()),
+            "kind": pa.array([r["kind"] for r in rows], pa.string()),
+            "wall_ns": pa.array([_int(r.get("wall_ns")) for r in rows], pa.int64()),
+            "step": pa.array([_int(r.get("step")) for r in rows], pa.int64()),
+            "power_w": pa.array([_float(r.get("power_w")) for r in rows], pa.float64()),
+            "energy_mj": pa.array([_int(r.get("energy_mj")) for r in rows], pa.int64()),
+        })
+        con.register("_power_rows", table)
+        con.execute(
+            """
+            insert into power_samples (trace_id, rank, gpu, kind, wall_ns, step, power_w, energy_mj)
+            select ?, ?, gpu, kind, wall_ns, step, power_w, energy_mj from _power_rows
+            where gpu is not null and wall_ns is not null
+            """,
+            [trace_id, rank],
+        )
+        con.unregister("_power_rows")
+    return source
+
+
+def read_power_log(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(header, records) of a power log in the ``traceq.collectors.power`` format."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: cannot read the power log ({exc})") from None
+    lines = text.split("\n")
+    complete_last = text.endswith("\n")
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines) and not complete_last:
+                break  # cut short by a crash: the format allows losing the last line
+            raise TraceFormatError(
+                f"{path}:{number}: not a JSON line; is this a traceq power log? (fix or remove it, then ingest again)"
+            ) from None
+        if not isinstance(record, dict):
+            raise TraceFormatError(f"{path}:{number}: each line must be a JSON object")
+        records.append(record)
+    if not records or records[0].get("kind") != "header":
+        raise TraceFormatError(
+            f"{path}: the first line is not a power log header ({{\"kind\": \"header\", ...}}); "
+            "was it written by traceq.collectors.PowerSampler?"
+        )
+    return records[0], records[1:]
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -31,6 +31,10 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
         wait_s: how long to wait for another process that holds the write lock.
     """
     path = str(db)
+    if path != ":memory:" and Path(path).is_dir():  # Parquet written by `traceq export` or a cluster ingest
+        from traceq.export import open_parquet
+
+        return open_parquet(path, read_only=read_only)
     if read_only and path != ":memory:" and not Path(path).exists():
         raise WarehouseError(f"{path}: no warehouse here; run `traceq ingest TRACES --db {path}` first")
     deadline = time.monotonic() + wait_s

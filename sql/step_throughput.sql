@@ -1,0 +1,60 @@
+-- step_throughput: one row per selected (trace_id, rank, step) with throughput, FLOPs and energy metrics.
+-- Expects temp table selected_steps, temp table step_power (sql/step_power.sql) and temp view
+-- run_metadata (sql/run_metadata.sql). The clock is the ProfilerStep#N CPU span (step_time_ns).
+--   run, world_size, tokens_per_step (global), flops_per_step (global), flops_source, peak_tflops, peak_source
+--   step_time_ns          ns
+--   tokens_per_s          tokens/s of one GPU: tokens_per_step / world_size / step time (the study's WPS per device)
+--   global_tokens_per_s   tokens/s of the whole run: tokens_per_step / step time
+--   tflops                model TFLOP/s of one GPU: flops_per_step / world_size / step time / 1e12
+--   mfu                   tflops / peak_tflops (ratio, 0..1)
+--   power_source, power_gpus, power_w (W), energy_j (J), energy_source   from step_power
+--   tokens_per_j          tokens of the GPUs in the power log / energy_j
+--                         (= tokens_per_step × power_gpus / world_size / energy_j)
+with base as (
+    select
+        s.trace_id,
+        s.rank,
+        s.step,
+        t.run,
+        st.step_time_ns,
+        nullif(st.step_time_ns, 0) / 1e9 as step_s,
+        m.world_size,
+        m.tokens_per_step,
+        m.flops_per_step,
+        m.flops_source,
+        m.peak_tflops,
+        m.peak_source
+    from selected_steps as s
+    inner join steps as st on st.trace_id = s.trace_id and st.rank = s.rank and st.step = s.step
+    inner join traces as t on t.trace_id = s.trace_id
+    left join run_metadata as m on m.run = t.run
+),
+
+final as (
+    select
+        b.trace_id,
+        b.rank,
+        b.step,
+        b.run,
+        b.world_size,
+        b.tokens_per_step,
+        b.flops_per_step,
+        b.flops_source,
+        b.peak_tflops,
+        b.peak_source,
+        b.step_time_ns,
+        b.tokens_per_step / b.world_size / b.step_s as tokens_per_s,
+        b.tokens_per_step / b.step_s as global_tokens_per_s,
+        b.flops_per_step / b.world_size / b.step_s / 1e12 as tflops,
+        b.flops_per_step / b.world_size / b.step_s / 1e12 / b.peak_tflops as mfu,
+        p.power_source,
+        p.power_gpus,
+        p.power_w,
+        p.energy_j,
+        p.energy_source,
+        b.tokens_per_step * p.power_gpus / b.world_size / nullif(p.energy_j, 0) as tokens_per_j
+    from base as b
+    left join step_power as p on p.trace_id = b.trace_id and p.rank = b.rank and p.step = b.step
+)
+
+select * from final

@@ -1,0 +1,135 @@
+"""Two processes on one warehouse. DuckDB lets one process write, and a read-only open conflicts with
+a writer too: a second `traceq ingest`, `report` or `check` waits for the lock (up to
+warehouse.connect's wait_s) and then works, or fails with one clear line. No corruption, no lost rows."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+import traceq.warehouse
+from tests.conftest import corpus_path
+from tests.test_bad_input import small_trace, table_counts
+from tests.test_interrupt import TRACEQ, wait_until_mid_file
+from traceq.cli import app
+from traceq.ingest import ingest_traces
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="needs Linux /proc to see the file offset")
+
+SMALL = "hta/trace_filter/sampled_rank-1.json.gz"
+
+
+@pytest.fixture(scope="module")
+def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~40 MB trace (a corpus trace's events repeated): a couple of seconds of ingest on one core."""
+    doc = json.loads(gzip.decompress(corpus_path("hta/trace_filter/sampled_rank-0.json.gz").read_bytes()))
+    events = json.dumps(doc["traceEvents"])[1:-1].encode()
+    path = tmp_path_factory.mktemp("long") / "rank0.json"
+    path.write_bytes(b'{"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": [' + b", ".join([events] * 22) + b"]}")
+    return path
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([small_trace().write(tmp_path / "small" / "rank0.json")], db, workers=0).ok
+    return db
+
+
+def _start(*args: object) -> subprocess.Popen:
+    return subprocess.Popen([TRACEQ, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _assert_complete(db: Path, n_traces: int) -> None:
+    """Every trace's rows are all there (counts stored at ingest = rows present), and nothing else."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        rows = con.execute(
+            "select count(*), count(*) filter (where n_gpu_events = (select count(*) from gpu_events g where g.trace_id = t.trace_id)"
+            " and n_host_events = (select count(*) from host_events h where h.trace_id = t.trace_id)) from traces t"
+        ).fetchone()
+        orphans = con.execute("select count(*) from gpu_events where trace_id not in (select trace_id from traces)").fetchone()
+    finally:
+        con.close()
+    assert rows == (n_traces, n_traces) and orphans == (0,)
+
+
+def test_two_ingests_on_one_warehouse_both_complete(long_trace: Path, db: Path) -> None:
+    first = _start("ingest", long_trace, "--db", db, "--workers", "0", "-q")
+    wait_until_mid_file(first, long_trace)
+    # the second process also brings the first one's file: it must be skipped, not loaded twice
+    other = small_trace(rank=1).write(db.parent / "other" / "rank1.json")
+    second = _start("ingest", corpus_path(SMALL), other, long_trace, "--db", db, "--workers", "0", "-q")
+    assert first.poll() is None  # the second started while the first held the lock
+    out1, err1 = first.communicate(timeout=120)
+    out2, err2 = second.communicate(timeout=120)
+    assert first.returncode == 0, err1
+    assert second.returncode == 0, err2
+    assert out1.splitlines()[-1].startswith("1 ingested, 0 skipped, 0 failed")
+    assert out2.splitlines()[-1].startswith("2 ingested, 1 skipped, 0 failed")
+    _assert_complete(db, 4)
+
+
+def test_report_while_an_ingest_runs_waits_and_sees_the_whole_file(long_trace: Path, db: Path) -> None:
+    ingest = _start("ingest", long_trace, "--db", db, "--workers", "0", "-q")
+    wait_until_mid_file(ingest, long_trace)
+    report = _start("report", "--db", db, "--by", "run,rank", "--window", "trace", "--format", "csv")
+    assert ingest.poll() is None
+    _, err = ingest.communicate(timeout=120)
+    out, report_err = report.communicate(timeout=120)
+    assert ingest.returncode == 0, err
+    assert report.returncode == 0, report_err
+    assert long_trace.parent.name in out  # the ingested file's run is in the report: it waited for the commit
+    _assert_complete(db, 2)
+
+
+class Locked:
+    """Another process holds the warehouse's write lock until :meth:`release`."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self.before = table_counts(db)
+        self.holder = subprocess.Popen(
+            [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+             "print('locked', flush=True); time.sleep(120)", str(db)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        assert self.holder.stdout is not None and self.holder.stdout.readline().strip() == "locked"
+
+    def release(self) -> None:
+        if self.holder.poll() is None:
+            self.holder.kill()
+        self.holder.wait()
+        if self.holder.stdout is not None:
+            self.holder.stdout.close()
+
+
+@pytest.fixture
+def locked(db: Path, monkeypatch: pytest.MonkeyPatch):
+    """The warehouse locked by another process; traceq waits 0.3 s for the lock instead of 10 s."""
+    lock = Locked(db)
+    monkeypatch.setitem(traceq.warehouse.connect.__kwdefaults__, "wait_s", 0.3)
+    yield lock
+    lock.release()
+
+
+@pytest.mark.parametrize("command", [["ingest", "TRACE", "--workers", "0"], ["report"], ["check"], ["runs"]])
+def test_a_command_that_cannot_get_the_lock_fails_with_one_clear_line(command: list[str], locked: Locked, tmp_path: Path) -> None:
+    trace = small_trace(rank=1).write(tmp_path / "rank1.json")
+    args = [str(trace) if a == "TRACE" else a for a in command]
+    result = CliRunner().invoke(app, [*args, "--db", str(locked.db)])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: {locked.db}: another traceq process holds the warehouse lock; wait for it to finish "
+        "(or use --db with another file)\n"
+    )
+    locked.release()
+    assert table_counts(locked.db) == locked.before
+    _assert_complete(locked.db, 1)

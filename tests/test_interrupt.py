@@ -1,0 +1,122 @@
+"""An ingest killed in the middle of a large file (SIGINT, SIGKILL) leaves nothing of that file; the
+warehouse opens afterwards and running the same command again completes the file."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import corpus_path
+from tests.test_bad_input import small_trace, table_counts
+from traceq.ingest import ingest_traces
+from traceq.warehouse import connect
+
+TRACEQ = Path(sys.executable).with_name("traceq")
+REPLICAS = 60  # x 1.8 MB of JSON: about 105 MB, 4-5 s to ingest on one core
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="needs Linux /proc to see the file offset")
+
+
+@pytest.fixture(scope="module")
+def big_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """(a ~100 MB trace made of a corpus trace's events repeated, its number of events)."""
+    doc = json.loads(gzip.decompress(corpus_path("hta/trace_filter/sampled_rank-0.json.gz").read_bytes()))
+    n_events = len(doc["traceEvents"])
+    events = json.dumps(doc["traceEvents"])[1:-1].encode()
+    path = tmp_path_factory.mktemp("big") / "rank0.json"
+    with open(path, "wb") as f:
+        f.write(b'{"distributedInfo": {"rank": 0, "world_size": 2, "backend": "nccl"}, "traceEvents": [')
+        f.write(b", ".join([events] * REPLICAS))
+        f.write(b"]}")
+    return path, n_events * REPLICAS
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """A warehouse holding one small trace already."""
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([small_trace().write(tmp_path / "small" / "rank0.json")], db, workers=0).ok
+    return db
+
+
+def _offset(pid: int, path: Path) -> tuple[str, int] | None:
+    """(fd, read offset) of the process's open descriptor on ``path``, if it has one."""
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                    return fd, next(int(line.split()[1]) for line in info if line.startswith("pos:"))
+    except (OSError, StopIteration):
+        pass
+    return None
+
+
+def wait_until_mid_file(proc: subprocess.Popen, path: Path, timeout_s: float = 60) -> None:
+    """Return once ``proc`` is reading ``path`` slowly between 15% and 85% of it: decoding and inserting.
+
+    Hashing the file also reads it, but at disk speed: it is past the end or closed 0.2 s later.
+    """
+    size = path.stat().st_size
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the ingest finished (exit {proc.returncode}) before it could be interrupted")
+        first = _offset(proc.pid, path)
+        if first is not None and 0.15 * size < first[1] < 0.6 * size:
+            time.sleep(0.2)
+            second = _offset(proc.pid, path)
+            if second is not None and second[0] == first[0] and second[1] < 0.85 * size:
+                return
+        time.sleep(0.01)
+    pytest.fail("the ingest never got to the middle of the file")
+
+
+def _ingest(trace: Path, db: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [TRACEQ, "ingest", trace, "--db", db, "-q", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _assert_rerun_completes(trace: Path, n_events: int, db: Path, before: dict[str, int]) -> None:
+    proc = _ingest(trace, db)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.splitlines()[-1].startswith("1 ingested, 0 skipped, 0 failed")
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        n, n_gpu, n_host, gpu_rows, host_rows = con.execute(
+            "select n_events, n_gpu_events, n_host_events,"
+            " (select count(*) from gpu_events g where g.trace_id = t.trace_id),"
+            " (select count(*) from host_events h where h.trace_id = t.trace_id)"
+            " from traces t where path = ?", [str(trace)]).fetchone()
+    finally:
+        con.close()
+    assert n == n_events and (gpu_rows, host_rows) == (n_gpu, n_host) and gpu_rows > 0
+    after = table_counts(db)
+    assert after["traces"] == before["traces"] + 1
+    assert after["gpu_events"] == before["gpu_events"] + gpu_rows
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_interrupted_ingest_leaves_nothing_and_rerun_completes(sig: signal.Signals, big_trace, db: Path) -> None:
+    trace, n_events = big_trace
+    before = table_counts(db)
+    proc = _ingest(trace, db, "--workers", "0")
+    wait_until_mid_file(proc, trace)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (-9 if sig == signal.SIGKILL else 130), err
+    assert "Traceback" not in err
+
+    connect(db).close()  # opens for writing (replaying its log after SIGKILL)
+    assert table_counts(db) == before
+    _assert_rerun_completes(trace, n_events, db, before)

@@ -1,0 +1,78 @@
+"""Data-quality findings about the traces in a warehouse: what to know before trusting a number.
+
+Each check is one query in ``sql/check_<name>.sql`` returning rows of the same shape (see
+:data:`COLUMNS`). Severity ``warning`` means a number computed from that trace or run may be
+wrong or missing unless the user acts; ``info`` is worth knowing but handled by traceq.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import polars as pl
+
+from traceq.warehouse import DEFAULT_DB, connect, sql_text
+
+# sql/check_<name>.sql, in report order: per-trace checks, then per-run checks.
+CHECKS = (
+    "dropped_events",
+    "duplicate_events",
+    "missing_rank",
+    "overlapping_kernels",
+    "kernels_without_launch",
+    "unattributed_kernels",
+    "incomplete_steps",
+    "missing_metadata",
+    "duplicate_ranks",
+    "step_counts",
+    "clock_skew",
+)
+COLUMNS = {
+    "run": pl.String,
+    "path": pl.String,
+    "rank": pl.Int64,
+    "check": pl.String,
+    "severity": pl.String,
+    "count": pl.Int64,
+    "detail": pl.String,
+}
+SEVERITIES = ("warning", "info")
+DEFAULT_SKEW_THRESHOLD_US = 50.0
+_PARAM = re.compile(r"\$([a-z_]+)")
+
+
+def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = DEFAULT_SKEW_THRESHOLD_US) -> pl.DataFrame:
+    """Run every data-quality check on the warehouse at ``db``; one row per finding.
+
+    Args:
+        db: DuckDB warehouse path (opened read-only).
+        skew_threshold_us: report a rank's clock skew only beyond this many microseconds.
+
+    Returns a frame with columns run, path (null for run-level findings), rank (null where it does
+    not apply, -1 unknown), check, severity (warning | info), count (of the things found) and detail,
+    warnings first. An empty frame means every check passed.
+    """
+    params = {"threshold_ns": skew_threshold_us * 1000}
+    con = connect(db, read_only=True)
+    try:
+        frames = []
+        for name in CHECKS:
+            query = sql_text(f"check_{name}.sql")
+            used = {p: params[p] for p in set(_PARAM.findall(query))}
+            frame = con.sql(query, params=used or None).pl()
+            frames.append(frame.select([pl.col(c).cast(t) for c, t in COLUMNS.items()]))
+    finally:
+        con.close()
+    findings = pl.concat(frames) if frames else pl.DataFrame(schema=COLUMNS)
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    return (
+        findings.with_columns(pl.col("severity").replace_strict(order, return_dtype=pl.Int8).alias("_order"))
+        .sort(["_order", "run", "path", "rank", "check"], nulls_last=True)
+        .drop("_order")
+    )
+
+
+def needs_attention(findings: pl.DataFrame) -> bool:
+    """Whether any finding is a warning (the CLI's exit code 1)."""
+    return findings.filter(pl.col("severity") == "warning").height > 0

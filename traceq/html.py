@@ -1,0 +1,214 @@
+"""One self-contained HTML report (plotly's JavaScript inline, works offline).
+
+:func:`report_data` gathers the frames from the warehouse, :func:`render_html` turns frames into
+the page (figures from :mod:`traceq.plots`), :func:`write_html_report` does both.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html as _html
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from traceq.errors import ConfigError
+from traceq.metrics import BREAKDOWN_NOTE, StepSelection, breakdown_metrics, step_metrics
+from traceq.scaling import SCALING_NOTES, per_run, scaling_from_runs
+from traceq.throughput import (
+    FLOPS_CONVENTION,
+    NVML_NOTE,
+    PEAK_NOTE,
+    peak_table_text,
+    power_series,
+    power_status,
+    step_wall_windows,
+    steps_used,
+)
+from traceq.warehouse import DEFAULT_DB, connect
+
+SUMMARY_COLUMNS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
+                   "tokens_per_j", "compute_us", "exposed_comm_us", "overlap_ratio", "idle_us")
+
+
+@dataclass
+class ReportData:
+    """Everything the HTML report shows, as frames."""
+
+    steps: pl.DataFrame
+    by_collective: pl.DataFrame
+    scaling: pl.DataFrame
+    power: pl.DataFrame
+    windows: pl.DataFrame
+    power_status: pl.DataFrame
+    scaling_by: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def report_data(
+    db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB,
+    *,
+    selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+    scaling_by: Sequence[str] = (),
+) -> ReportData:
+    """Read the frames of the HTML report for the selected steps of ``runs`` (default: all)."""
+    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
+    try:
+        steps = step_metrics(con, selection=selection, runs=runs)
+        if steps.height == 0:
+            raise ConfigError("no selected steps to report; ingest traces first (or loosen --steps/--skip-steps/--run)")
+        coll = breakdown_metrics(con, "exposed_comm_by_collective_us", selection=selection, runs=runs)
+        by_collective = coll.group_by("run", "collective_type").agg(pl.col("exposed_comm_by_collective_us").mean())
+        scaling = scaling_from_runs(per_run(steps, scaling_by), scaling_by)
+        chosen = steps["run"].unique().to_list()
+        data = ReportData(
+            steps=steps, by_collective=by_collective, scaling=scaling,
+            power=power_series(con, chosen), windows=step_wall_windows(con, chosen),
+            power_status=power_status(con).filter(pl.col("run").is_in(chosen)), scaling_by=list(scaling_by),
+        )
+    finally:
+        if con is not db:
+            con.close()
+    data.notes = steps_used(steps)
+    return data
+
+
+def write_html_report(
+    db: str | Path | duckdb.DuckDBPyConnection,
+    path: str | Path,
+    *,
+    selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+    scaling_by: Sequence[str] = (),
+) -> Path:
+    """Write the HTML report of the warehouse ``db`` to ``path``; returns the path."""
+    text = render_html(report_data(db, selection=selection, runs=runs, scaling_by=scaling_by))
+    out = Path(path)
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{out}: cannot write the HTML report ({exc.strerror}); check the directory") from None
+    return out
+
+
+def render_html(data: ReportData) -> str:
+    """The report page as one string: inline plotly.js, figures, tables and notes."""
+    from plotly.offline import get_plotlyjs
+
+    from traceq import plots
+
+    sections: list[str] = []
+    runs = sorted(data.steps["run"].unique().to_list())
+    sections.append(_section("Runs", _table(summary(data.steps)) + _notes([
+        *data.notes,
+        "means over the selected rank-steps (a rate here is the mean of per-step rates; the scaling table "
+        "divides tokens per step by the mean step time, so its tokens/s can be a little lower)",
+    ])))
+
+    gpu_rows = data.steps.filter(pl.col("window_us").is_not_null())
+    if gpu_rows.height:
+        fig = plots.step_breakdown_figure(gpu_rows)
+        body = _figure(fig, "steps") + _notes(["compute here is compute time without communication beside it; "
+                                              "compute + overlapped comm = compute_us; the stack adds up to the device window"])
+    else:
+        body = _figure(plots.step_time_figure(data.steps), "steps") + _notes(
+            ["no GPU activity in these traces (CPU-only run): the per-step device breakdown needs kernels"])
+    sections.append(_section("Per-step breakdown", body))
+
+    if data.by_collective.height:
+        body = _figure(plots.collective_figure(data.by_collective), "collectives") + _notes([BREAKDOWN_NOTE])
+    else:
+        body = _notes(["no communication kernels in the selected steps"])
+    sections.append(_section("Exposed communication by collective", body))
+
+    scaling = data.scaling
+    body = ""
+    if scaling["world_size"].drop_nulls().n_unique() >= 2 and scaling["global_tokens_per_s"].drop_nulls().len():
+        body += _figure(plots.scaling_figure(scaling, data.scaling_by), "scaling")
+    else:
+        body += _notes(["scaling curves need runs at two or more world sizes with tokens_per_step"])
+    body += _table(scaling) + _notes([*SCALING_NOTES, FLOPS_CONVENTION, PEAK_NOTE.format(table=peak_table_text())])
+    sections.append(_section("Scaling", body))
+
+    if data.power.height:
+        body = _figure(plots.power_figure(data.power, data.windows), "power") + _notes([NVML_NOTE])
+    else:
+        body = ""
+    missing = data.power_status.filter(pl.col("source") != "nvml")
+    if missing.height or not data.power.height:
+        lines = [f"run {r['run']}: power unavailable ("
+                 + (r["reason"] or "the log says NVML was absent" if r["source"] == "unavailable" else "no power log ingested")
+                 + ")" for r in missing.iter_rows(named=True)]
+        body += f'<p class="unavailable">Power unavailable for {len(missing)} of {len(runs)} run(s); no watts are shown ' \
+                "where NVML gave none.</p>" + _notes(lines)
+    sections.append(_section("Power", body))
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>traceq report: {_html.escape(', '.join(runs))}</title>"
+        f"<style>{_CSS}</style>\n<script type=\"text/javascript\">{get_plotlyjs()}</script>\n</head><body>\n"
+        f"<h1>traceq report</h1><p class=\"meta\">{len(runs)} run(s): {_html.escape(', '.join(runs))} · {stamp}</p>\n"
+        + "\n".join(sections)
+        + "\n</body></html>\n"
+    )
+
+
+def summary(steps: pl.DataFrame) -> pl.DataFrame:
+    """Per run: ranks, rank-steps and the mean of each headline metric over ranks and steps."""
+    present = [c for c in SUMMARY_COLUMNS if c in steps.columns]
+    per_step = steps.unique(subset=["run", "rank", "device", "step"], keep="first")
+    return (
+        per_step.group_by("run")
+        .agg(pl.col("world_size").first(), pl.col("rank").n_unique().alias("ranks"),
+             pl.len().alias("rank_steps"), *[pl.col(c).mean() for c in present])
+        .sort("run")
+    )
+
+
+def _section(title: str, body: str) -> str:
+    return f"<section><h2>{_html.escape(title)}</h2>\n{body}\n</section>"
+
+
+def _figure(fig: object, div_id: str) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,  # type: ignore[attr-defined]
+                       config={"displaylogo": False, "responsive": True})
+
+
+def _notes(lines: Sequence[str]) -> str:
+    if not lines:
+        return ""
+    return "<ul class=\"notes\">" + "".join(f"<li>{_html.escape(line)}</li>" for line in lines) + "</ul>"
+
+
+def _table(frame: pl.DataFrame) -> str:
+    head = "".join(f"<th>{_html.escape(c)}</th>" for c in frame.columns)
+    body = []
+    for row in frame.iter_rows():
+        cells = "".join(f"<td>{_html.escape(_cell(v))}</td>" for v in row)
+        body.append(f"<tr>{cells}</tr>")
+    return f"<div class=\"scroll\"><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 24px; color: #222; }
+h1 { margin-bottom: 0; } .meta { color: #666; margin-top: 4px; }
+section { margin: 28px 0; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; white-space: nowrap; }
+th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
+.scroll { overflow-x: auto; max-width: 100%; }
+.notes { color: #555; font-size: 13px; } .unavailable { color: #a33; font-weight: 600; }
+"""

@@ -1,0 +1,153 @@
+"""Plotly figures built from frames the library computed; nothing here reads the warehouse.
+
+Every function takes polars frames and returns a ``plotly.graph_objects.Figure`` (plotly is
+imported inside the functions so that ``import traceq`` stays light).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+# The stack of one step: the five parts add up to the device window.
+STACK = (
+    ("compute", "compute_only_us", "#4C78A8"),
+    ("overlapped comm", "overlapped_comm_us", "#72B7B2"),
+    ("exposed comm", "exposed_comm_us", "#E45756"),
+    ("exposed memcpy", "exposed_memcpy_us", "#F58518"),
+    ("idle", "idle_us", "#BAB0AC"),
+)
+_LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 60, "b": 60}, "height": 420}
+
+
+def _go() -> Any:
+    import plotly.graph_objects as go
+
+    return go
+
+
+def _rank_label(run: str, rank: int, runs: int) -> str:
+    return f"{run} r{rank}" if runs > 1 else f"rank {rank}"
+
+
+def pick_ranks(rows: pl.DataFrame, max_ranks: int) -> pl.DataFrame:
+    """At most ``max_ranks`` (run, rank) pairs: the slowest and fastest first, by mean step time."""
+    means = rows.group_by("run", "rank").agg(pl.col("step_time_ms").mean().alias("t")).sort("t", descending=True)
+    if means.height <= max_ranks:
+        return rows
+    half = max_ranks // 2
+    keep = pl.concat([means.head(max_ranks - half), means.tail(half)]).select("run", "rank")
+    return rows.join(keep, on=["run", "rank"], how="semi")
+
+
+def step_breakdown_figure(rows: pl.DataFrame, max_ranks: int = 16) -> Any:
+    """Stacked bars per (rank, step): compute / overlapped comm / exposed comm / exposed memcpy / idle (us).
+
+    ``rows``: step rows of :func:`traceq.metrics.step_metrics` that have GPU activity.
+    """
+    go = _go()
+    rows = pick_ranks(rows, max_ranks).with_columns(
+        (pl.col("compute_us") - pl.col("overlapped_comm_us")).alias("compute_only_us")
+    ).sort("run", "rank", "device", "step")
+    n_runs = rows["run"].n_unique()
+    labels = [_rank_label(r, k, n_runs) + (f" d{d}" if d not in (None, -1, 0) else "")
+              for r, k, d in rows.select("run", "rank", "device").iter_rows()]
+    x = [labels, [str(s) for s in rows["step"].to_list()]]
+    fig = go.Figure()
+    for name, column, color in STACK:
+        fig.add_trace(go.Bar(
+            name=name, x=x, y=rows[column].to_list(), marker_color=color,
+            hovertemplate=f"{name}: %{{y:,.1f}} us<br>%{{x}}<extra></extra>",
+        ))
+    fig.update_layout(
+        barmode="stack", title="Where each step's device time goes (per rank and ProfilerStep)",
+        yaxis_title="us (stack = device window)", xaxis_title="rank / step", **_LAYOUT,
+    )
+    return fig
+
+
+def step_time_figure(rows: pl.DataFrame, max_ranks: int = 16) -> Any:
+    """Bars of step_time_ms per (rank, step): the fallback when the traces have no GPU activity."""
+    go = _go()
+    rows = pick_ranks(rows.unique(subset=["run", "rank", "step"], keep="first"), max_ranks).sort("run", "rank", "step")
+    n_runs = rows["run"].n_unique()
+    x = [[_rank_label(r, k, n_runs) for r, k in rows.select("run", "rank").iter_rows()],
+         [str(s) for s in rows["step"].to_list()]]
+    fig = go.Figure(go.Bar(name="step time", x=x, y=rows["step_time_ms"].to_list(), marker_color="#4C78A8",
+                           hovertemplate="step time: %{y:,.2f} ms<br>%{x}<extra></extra>"))
+    fig.update_layout(title="Step time per rank and ProfilerStep (no GPU activity in these traces)",
+                      yaxis_title="ms", xaxis_title="rank / step", showlegend=True, **_LAYOUT)
+    return fig
+
+
+def collective_figure(by_collective: pl.DataFrame) -> Any:
+    """Grouped bars: mean exposed comm per step (us) by collective type, one bar colour per run.
+
+    ``by_collective``: columns run, collective_type, exposed_comm_by_collective_us.
+    """
+    go = _go()
+    fig = go.Figure()
+    for (run,), part in by_collective.sort("run", "collective_type").group_by("run", maintain_order=True):
+        fig.add_trace(go.Bar(name=str(run), x=part["collective_type"].to_list(),
+                             y=part["exposed_comm_by_collective_us"].to_list(),
+                             hovertemplate="%{x}: %{y:,.1f} us per step<extra>" + str(run) + "</extra>"))
+    fig.update_layout(barmode="group", title="Exposed communication by collective type (mean per rank and step)",
+                      yaxis_title="us per step", showlegend=True, **_LAYOUT)
+    return fig
+
+
+def scaling_figure(table: pl.DataFrame, group: list[str] | None = None) -> Any:
+    """Global tokens/s against world size, measured and ideal (linear from the smallest run)."""
+    go = _go()
+    group = group or []
+    fig = go.Figure()
+    parts = table.partition_by(group, maintain_order=True) if group else [table]
+    for part in parts:
+        part = part.filter(pl.col("global_tokens_per_s").is_not_null()).sort("world_size")
+        if part.height == 0:
+            continue
+        tag = " ".join(f"{c}={part[c][0]}" for c in group)
+        suffix = f" ({tag})" if tag else ""
+        fig.add_trace(go.Scatter(
+            name="measured" + suffix, x=part["world_size"].to_list(), y=part["global_tokens_per_s"].to_list(),
+            mode="lines+markers", text=part["run"].to_list(),
+            hovertemplate="%{text}<br>world size %{x}: %{y:,.0f} tokens/s<extra></extra>",
+        ))
+        fig.add_trace(go.Scatter(
+            name="ideal (linear)" + suffix, x=part["world_size"].to_list(), y=part["ideal_tokens_per_s"].to_list(),
+            mode="lines", line={"dash": "dash"}, hovertemplate="ideal at %{x}: %{y:,.0f} tokens/s<extra></extra>",
+        ))
+    fig.update_layout(title="Scaling: global tokens/s against world size", xaxis_title="world size (GPUs / ranks)",
+                      yaxis_title="global tokens/s", showlegend=True, **_LAYOUT)
+    fig.update_xaxes(type="log", dtick=0.30102999566)  # ticks at powers of two
+    return fig
+
+
+def power_figure(series: pl.DataFrame, windows: pl.DataFrame, max_lines: int = 16, max_steps: int = 200) -> Any:
+    """NVML power (W) over time, one line per (run, rank, GPU), with the first rank's step boundaries.
+
+    ``series``: run, rank, gpu, wall_ns, power_w; ``windows``: run, rank, step, start_wall_ns, end_wall_ns.
+    Time is seconds since the first sample of the run.
+    """
+    go = _go()
+    fig = go.Figure()
+    t0 = series.group_by("run").agg(pl.col("wall_ns").min().alias("t0"))
+    series = series.join(t0, on="run").with_columns(((pl.col("wall_ns") - pl.col("t0")) / 1e9).alias("t_s"))
+    for n, ((run, rank, gpu), part) in enumerate(series.group_by("run", "rank", "gpu", maintain_order=True)):
+        if n >= max_lines:
+            break
+        fig.add_trace(go.Scatter(name=f"{run} r{rank} gpu{gpu}", x=part["t_s"].to_list(), y=part["power_w"].to_list(),
+                                 mode="lines", hovertemplate="%{x:.2f} s: %{y:.0f} W<extra></extra>"))
+    first = windows.join(t0, on="run").sort("run", "rank", "step")
+    if first.height:
+        run0, rank0 = first.row(0, named=True)["run"], first.row(0, named=True)["rank"]
+        first = first.filter((pl.col("run") == run0) & (pl.col("rank") == rank0)).head(max_steps)
+        for r in first.iter_rows(named=True):
+            x = (r["start_wall_ns"] - r["t0"]) / 1e9
+            fig.add_vline(x=x, line_width=1, line_dash="dot", line_color="#888")
+        fig.add_trace(go.Scatter(name=f"step starts ({run0} r{rank0})", x=[None], y=[None], mode="lines",
+                                 line={"dash": "dot", "color": "#888"}))
+    fig.update_layout(title="GPU power over time (NVML; dotted lines: step starts)", xaxis_title="s since the first sample",
+                      yaxis_title="W", showlegend=True, **_LAYOUT)
+    return fig

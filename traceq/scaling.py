@@ -1,0 +1,147 @@
+"""Scaling across runs: global tokens/s against world size, the ideal linear line, efficiency,
+marginal tokens/s per added GPU, MFU and tokens per joule (DESIGN §5).
+
+Per run, over its selected steps: step_time_ms is the mean over ranks of each rank's mean step time,
+global_tokens_per_s = tokens_per_step / step time (total tokens over total time, not a mean of rates).
+Within each group of runs (``by``: metadata columns such as model or tp; default: all runs), the
+smallest run is the base of the ideal line: ideal = base global tokens/s × world_size / base world_size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from traceq.errors import ConfigError
+from traceq.metrics import META_COLUMNS, StepSelection, step_metrics
+from traceq.throughput import power_notes
+from traceq.warehouse import DEFAULT_DB, connect
+
+SCALING_NOTES = (
+    "ideal_tokens_per_s: the smallest run of the group scaled linearly (its global tokens/s × world_size / its world_size); "
+    "efficiency = global_tokens_per_s / ideal_tokens_per_s",
+    "marginal_tokens_per_s_per_gpu: (global tokens/s − that of the next smaller world size) / GPUs added",
+    "scaling: weak = same tokens per GPU per step as the base run, strong = same global tokens_per_step, mixed = neither",
+)
+
+
+def per_run(rows: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
+    """One row per run from :func:`traceq.metrics.step_metrics` rows: run-level throughput, MFU, power."""
+    steps = rows.unique(subset=["run", "rank", "step"], keep="first")  # one row per rank-step, not per device
+    ranks = steps.group_by("run", "rank").agg(
+        pl.col("step_time_ms").mean().alias("rank_step_time_ms"),
+        pl.col("power_w").mean().alias("rank_power_w"),
+        (pl.col("power_w") / pl.col("power_gpus")).mean().alias("rank_power_w_per_gpu"),
+    )
+    tokens_share = pl.col("tokens_per_step") * pl.col("power_gpus") / pl.col("world_size")
+    energy = steps.filter(pl.col("energy_j").is_not_null()).group_by("run").agg(
+        (tokens_share.sum() / pl.col("energy_j").sum()).alias("tokens_per_j")
+    )
+    comm = rows.group_by("run").agg(pl.col("exposed_comm_us").mean().alias("exposed_comm_us"))
+    facts = steps.group_by("run").agg(
+        *[pl.col(c).first() for c in ("world_size", "tokens_per_step", "flops_per_step", "peak_tflops",
+                                      *[m for m in by if m not in ("world_size", "tokens_per_step")])],
+        pl.col("step").n_unique().alias("steps"),
+    )
+    runs = (
+        ranks.group_by("run")
+        .agg(
+            pl.col("rank").n_unique().alias("ranks"),
+            pl.col("rank_step_time_ms").mean().alias("step_time_ms"),
+            pl.col("rank_power_w_per_gpu").mean().alias("power_w"),
+        )
+        .join(facts, on="run", how="left")
+        .join(energy, on="run", how="left")
+        .join(comm, on="run", how="left")
+    )
+    step_s = pl.col("step_time_ms") / 1e3
+    return runs.with_columns(
+        (pl.col("tokens_per_step") / step_s).alias("global_tokens_per_s"),
+        (pl.col("tokens_per_step") / step_s / pl.col("world_size")).alias("tokens_per_s"),
+        (pl.col("flops_per_step") / pl.col("world_size") / step_s / 1e12).alias("tflops"),
+        (pl.col("flops_per_step") / pl.col("world_size") / step_s / 1e12 / pl.col("peak_tflops")).alias("mfu"),
+    )
+
+
+def scaling_from_runs(runs: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
+    """Add the ideal line, efficiency, marginal tokens/s per added GPU and the scaling kind per group."""
+    group = list(by)
+    out = []
+    parts = runs.partition_by(group, maintain_order=True) if group else [runs]
+    for part in parts:
+        part = part.sort("world_size", "run", nulls_last=True)
+        known = part.filter(pl.col("world_size").is_not_null() & pl.col("global_tokens_per_s").is_not_null())
+        if known.height == 0:
+            out.append(part.with_columns(
+                pl.lit(None, pl.Float64).alias(c) for c in ("ideal_tokens_per_s", "efficiency", "marginal_tokens_per_s_per_gpu")
+            ).with_columns(pl.lit(None, pl.Utf8).alias("scaling")))
+            continue
+        base_ws = known["world_size"].min()
+        base = known.filter(pl.col("world_size") == base_ws)
+        base_tps = base["global_tokens_per_s"].mean()
+        base_tokens = base["tokens_per_step"][0]
+        by_ws = known.group_by("world_size").agg(pl.col("global_tokens_per_s").mean().alias("ws_tps")).sort("world_size")
+        prev = by_ws.with_columns(
+            pl.col("world_size").shift(1).alias("prev_ws"), pl.col("ws_tps").shift(1).alias("prev_tps")
+        ).select("world_size", "prev_ws", "prev_tps")
+        part = part.join(prev, on="world_size", how="left").with_columns(
+            (pl.lit(base_tps) * pl.col("world_size") / base_ws).alias("ideal_tokens_per_s"),
+        ).with_columns(
+            (pl.col("global_tokens_per_s") / pl.col("ideal_tokens_per_s")).alias("efficiency"),
+            ((pl.col("global_tokens_per_s") - pl.col("prev_tps")) / (pl.col("world_size") - pl.col("prev_ws")))
+            .alias("marginal_tokens_per_s_per_gpu"),
+            pl.when(pl.col("world_size") == base_ws).then(pl.lit("base"))
+            .when(pl.col("tokens_per_step") * base_ws == pl.lit(base_tokens) * pl.col("world_size")).then(pl.lit("weak"))
+            .when(pl.col("tokens_per_step") == pl.lit(base_tokens)).then(pl.lit("strong"))
+            .otherwise(pl.lit("mixed")).alias("scaling"),
+        ).drop("prev_ws", "prev_tps")
+        unknown = pl.col("global_tokens_per_s").is_null()  # no tokens_per_step: no place on the curve
+        part = part.with_columns(
+            *[pl.when(unknown).then(None).otherwise(pl.col(c)).alias(c)
+              for c in ("ideal_tokens_per_s", "efficiency", "marginal_tokens_per_s_per_gpu", "scaling")]
+        )
+        out.append(part)
+    columns = [*group, "run", "world_size", "ranks", "steps", "tokens_per_step", "step_time_ms", "global_tokens_per_s",
+               "ideal_tokens_per_s", "efficiency", "marginal_tokens_per_s_per_gpu", "tokens_per_s", "tflops", "mfu",
+               "power_w", "tokens_per_j", "exposed_comm_us", "scaling"]
+    return pl.concat(out, how="diagonal_relaxed").select(columns).sort([*group, "world_size", "run"], nulls_last=True)
+
+
+def scaling_table(
+    db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB,
+    *,
+    by: Sequence[str] = (),
+    selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+) -> tuple[pl.DataFrame, list[str]]:
+    """The scaling table across runs and the notes that explain it.
+
+    Args:
+        db: warehouse path or an open connection.
+        by: metadata columns that split runs into separate scaling series (e.g. model, tp).
+        selection: which steps of each run.
+        runs: only these runs.
+    """
+    bad = [c for c in by if c not in META_COLUMNS or c == "world_size"]
+    if bad:
+        raise ConfigError(f"--by {','.join(by)}: scaling groups by run metadata: {', '.join(c for c in META_COLUMNS if c != 'world_size')}")
+    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
+    try:
+        rows = step_metrics(con, selection=selection, runs=runs)
+        power = power_notes(con, sorted(rows["run"].unique().to_list()))
+    finally:
+        if con is not db:
+            con.close()
+    if rows.height == 0:
+        raise ConfigError("no selected steps in the warehouse; ingest traces first (or loosen --steps/--skip-steps)")
+    table = scaling_from_runs(per_run(rows, by), by)
+    notes = list(SCALING_NOTES)
+    missing = table.filter(pl.col("tokens_per_step").is_null())["run"].to_list()
+    if missing:
+        notes.append(f"no tokens_per_step for {', '.join(missing)}: set it with `traceq runs set RUN --tokens-per-step N`")
+    if table["mfu"].is_null().all():
+        notes.append("mfu is empty: no run has a peak (traceq runs set RUN --gpu NAME or --peak-tflops P)")
+    return table, [*notes, *power]
