@@ -158,3 +158,31 @@ def test_user_rules_reclassify_existing_data(tmp_path: Path) -> None:
     with connect(db, read_only=True) as con:
         assert con.sql("select collective_type from gpu_activity").fetchall() == [("AllReduce",)]
     assert isinstance(compute_metric(db, "comm"), pl.DataFrame)
+
+
+def test_cpu_gloo_communication_is_measured_on_cpu_only_traces(tmp_path: Path) -> None:
+    """Step 1 (0..100 us). Main thread: aten::mm [10,40] us, c10d::allreduce_ [40,41] (enqueue only,
+    not compute), aten::add [60,70]. pt_gloo_runloop thread: gloo:all_reduce [41,65].
+    comm 24 us; compute [10,40] + [60,70] = 40 us; overlapped [60,65] = 5 us; exposed 19 us;
+    window 10..70 = 60 us; busy [10,40] + [41,70] = 59 us; idle 1 us."""
+    t = TraceBuilder(rank=0)
+    t.step(1, 0, 100_000)
+
+    def op(cat: str, name: str, tid: int, start_ns: int, end_ns: int) -> None:
+        t.events.append({"ph": "X", "cat": cat, "name": name, "pid": 100, "tid": tid,
+                         "ts": start_ns / 1000, "dur": (end_ns - start_ns) / 1000, "args": {}})
+
+    op("cpu_op", "aten::mm", 1, 10_000, 40_000)
+    op("cpu_op", "c10d::allreduce_", 1, 40_000, 41_000)
+    op("cpu_op", "aten::add", 1, 60_000, 70_000)
+    op("user_annotation", "gloo:all_reduce", 2, 41_000, 65_000)
+    t.events.append({"ph": "M", "name": "thread_name", "pid": 100, "tid": 2, "args": {"name": "pt_gloo_runloop"}})
+    db = tmp_path / "w.duckdb"
+    ingest_traces([t.write(tmp_path / "cpu" / "rank0.json")], db, workers=0)
+    with connect(db) as con:
+        row = step_metrics(con).row(0, named=True)
+    assert row["activity"] == "cpu"
+    assert (row["comm_ns"], row["compute_ns"], row["overlapped_comm_ns"], row["exposed_comm_ns"]) == (
+        24_000, 40_000, 5_000, 19_000
+    )
+    assert (row["window_ns"], row["idle_ns"]) == (60_000, 1_000)

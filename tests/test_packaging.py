@@ -19,7 +19,7 @@ def test_wheel_installs_and_runs_ingest(tmp_path: Path) -> None:
     )
     wheel = next(dist.glob("traceq-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "traceq/sql/gpu_breakdown.sql" in names and "traceq/sql/kernel_rules.csv" in names
+    assert "traceq/sql/interval_breakdown.sql" in names and "traceq/sql/kernel_rules.csv" in names
     assert "traceq/collectors/__init__.py" in names
 
     target = tmp_path / "site"

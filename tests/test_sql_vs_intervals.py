@@ -1,4 +1,4 @@
-"""The SQL metrics (sql/gpu_breakdown.sql) and traceq.intervals agree on random kernel sets."""
+"""The SQL metrics (sql/interval_breakdown.sql) and traceq.intervals agree on random kernel sets."""
 
 from __future__ import annotations
 

@@ -34,6 +34,8 @@ TRACES = "traces"
 _ONE_ROW_PER = {"runs": ("run",), "run_settings": ("run", "key")}
 _NEWEST_FIRST = {"runs": "created_at", "run_settings": "set_at desc"}
 _TRACE_FILE = re.compile(r"^trace(\d+)_")
+# Tables of up to this many rows are copied into the in-memory database by open_parquet.
+IN_MEMORY_ROWS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -151,9 +153,14 @@ def open_parquet(directory: str | Path, *, read_only: bool = True) -> duckdb.Duc
     for name, query in _parquet_queries(con, root).items():
         if name == "kernel_rules":
             con.execute(f"insert into kernel_rules {query} where source = 'user'")
-        else:
-            con.execute(f"drop table {name}")
-            con.execute(f"create view {name} as {query}")
+            continue
+        rows = con.execute(
+            f"select coalesce(sum(num_rows), 0) from parquet_file_metadata({_literal(str(root / name / '**' / '*.parquet'))})"
+        ).fetchall()[0][0]
+        con.execute(f"drop table {name}")
+        # Small tables are read into memory once (reports join them repeatedly); the rest stay views.
+        kind = "table" if rows <= IN_MEMORY_ROWS else "view"
+        con.execute(f"create {kind} {name} as {query}")
     con.execute(sql_text("macros.sql"))
     con.execute(sql_text("gpu_activity.sql"))
     return con

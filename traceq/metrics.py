@@ -1,6 +1,6 @@
 """Metrics per (run, rank, step) from the warehouse, and their aggregation across steps, ranks and runs.
 
-The interval figures come from ``sql/gpu_breakdown.sql`` (integer ns); throughput, FLOPs and power
+The interval figures come from ``sql/interval_breakdown.sql`` (integer ns); throughput, FLOPs and power
 from ``sql/step_throughput.sql`` (with ``sql/step_power.sql`` and ``sql/run_metadata.sql``); the
 per-collective breakdown from ``sql/exposed_comm_by_collective.sql``. This module selects steps,
 converts to the units in the metric names and aggregates: steps first (mean, median, p10, p90),
@@ -173,6 +173,18 @@ def require_side_tables(con: duckdb.DuckDBPyConnection) -> None:
         )
 
 
+def interval_breakdown(con: duckdb.DuckDBPyConnection, whole_trace: bool) -> pl.DataFrame:
+    """Interval metrics (ns) per (trace, rank, device, step) from GPU kernels and, for traces with no
+    GPU activity, from CPU-side gloo communication (``activity`` column: gpu | cpu)."""
+    con.execute(sql_text("cpu_activity.sql"))
+    frames = []
+    for activity, view in (("gpu", "gpu_activity"), ("cpu", "cpu_activity_whole" if whole_trace else "cpu_activity")):
+        con.execute(f"create or replace temp view breakdown_input as select * from {view}")  # a fixed name
+        part = con.sql(sql_text("interval_breakdown.sql"), params={"whole_trace": whole_trace}).pl()
+        frames.append(part.with_columns(pl.lit(activity).alias("activity")))
+    return pl.concat(frames, how="vertical_relaxed")
+
+
 def step_metrics(
     con: duckdb.DuckDBPyConnection,
     *,
@@ -193,7 +205,7 @@ def step_metrics(
     whole = window == "trace"
     require_side_tables(con)
     select_steps(con, selection)
-    frame = con.sql(sql_text("gpu_breakdown.sql"), params={"whole_trace": whole}).pl()
+    frame = interval_breakdown(con, whole)
     meta = run_metadata_frame(con)
     if whole:
         traces = con.sql("select trace_id, run from traces").pl()

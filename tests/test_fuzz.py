@@ -1,0 +1,157 @@
+"""Fuzz the parser with mutated traces: truncated, flipped, inserted and deleted bytes, before or after
+gzip. Nothing may escape but TraceqError, whose message names the file; a file that fails leaves no rows.
+`benchmarks/fuzz_parser.py` runs the same idea for longer."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import re
+from pathlib import Path
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import CORPUS
+from tests.tracegen import TraceBuilder
+from traceq.decode import decode_chunk
+from traceq.errors import TraceqError
+from traceq.ingest import ingest_traces
+from traceq.reader import read_trace
+
+# Small real traces (when the corpus is here) and a hand-made one: the inputs that get mutated.
+CORPUS_SEEDS = (
+    "kineto_docs/after_fix_trace.json",
+    "hta/call_stack/backward_thread.json",
+    "hta/large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz",
+    "hta/triton_example/triton_example.json.gz",
+)
+TOKENS = (b"{", b"}", b"[", b"]", b",", b'"', b":", b"\\", b"NaN", b"-", b"null", b'"ts": ', b"\xff\xfe",
+          b"\x00", b"}, {", b'"traceEvents": [', b'"ph": "X"')
+# Valid JSON values of the wrong type or range, put in place of a value or as an extra array element.
+VALUES = (b'"12.5"', b'"NaN"', b"1e999", b"-1e999", b"-1", b"18446744073709551616", b"-9223372036854775809",
+          b"null", b"true", b"{}", b"[]", b"[1.5]", b'{"a": [1, {}]}', b'"\\ud800"', b"0.0000001", b"1e300")
+_VALUE = re.compile(rb'(?<=: )(-?\d[\d.eE+-]*|"(?:[^"\\]|\\.)*"|null|true|false)')
+_ELEMENT = re.compile(rb"\}\s*,\s*\{")
+
+
+def _hand_made() -> bytes:
+    b = TraceBuilder(rank=1)
+    b.step(1, 0, 100_000)
+    b.kernel("ampere_sgemm_128x64_nn", 10_000, 30_000, launch_ns=5_000)
+    b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 40_000, 60_000, stream=20, launch_ns=35_000,
+             **{"Collective name": "allreduce", "Seq": 1})
+    b.events.append({"ph": "M", "name": "thread_name", "pid": 100, "tid": 1, "args": {"name": "python"}})
+    return json.dumps(b.document()).encode()
+
+
+def _seeds() -> list[bytes]:
+    seeds = [_hand_made()]
+    for rel in CORPUS_SEEDS:
+        path = CORPUS / rel
+        if path.exists():
+            data = path.read_bytes()
+            seeds.append(gzip.decompress(data) if rel.endswith(".gz") else data)
+    return seeds
+
+
+SEEDS = _seeds()
+
+
+@st.composite
+def mutated_trace(draw: st.DrawFn) -> tuple[bytes, bool]:
+    """(file bytes, gzip?) from a seed with 1-4 mutations; gzip may be applied before a mutation."""
+    data = bytearray(draw(st.sampled_from(SEEDS)))
+    compressed = False
+    for _ in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(("truncate", "flip", "insert", "token", "delete", "duplicate", "gzip", "value", "element")))
+        pos = draw(st.integers(0, max(0, len(data) - 1)))
+        if op in ("value", "element"):  # structure-aware: stays valid JSON (unless gzip came first)
+            spots = list((_VALUE if op == "value" else _ELEMENT).finditer(data))
+            if spots:
+                m = spots[draw(st.integers(0, len(spots) - 1))]
+                value = draw(st.sampled_from(VALUES))
+                if op == "value":
+                    data[m.start() : m.end()] = value
+                else:
+                    data[m.start() + 1 : m.start() + 1] = b", " + value
+        elif op == "truncate":
+            del data[pos:]
+        elif op == "flip":
+            if data:
+                data[pos] ^= 1 << draw(st.integers(0, 7))
+        elif op == "insert":
+            data[pos:pos] = draw(st.binary(min_size=1, max_size=8))
+        elif op == "token":
+            data[pos:pos] = draw(st.sampled_from(TOKENS))
+        elif op == "delete":
+            del data[pos : pos + draw(st.integers(1, 64))]
+        elif op == "duplicate":
+            data[pos:pos] = data[pos : pos + draw(st.integers(1, 256))]
+        elif not compressed:
+            data = bytearray(gzip.compress(bytes(data), mtime=0))
+            compressed = True
+    return bytes(data), compressed
+
+
+def parse(path: Path, chunk_bytes: int) -> int:
+    """What ingest does before writing: read the header and decode every chunk. Returns the events."""
+    header, chunks = read_trace(path, chunk_bytes)
+    n = sum(decode_chunk(c).counts["events"] for c in chunks)
+    assert isinstance(header.fields, dict)
+    return n
+
+
+FUZZ = settings(max_examples=500, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(trace=mutated_trace(), chunk_bytes=st.sampled_from([64, 512, 4096, 1 << 20]))
+def test_parser_raises_nothing_but_traceq_error(trace: tuple[bytes, bool], chunk_bytes: int, tmp_path_factory) -> None:
+    data, compressed = trace
+    path = tmp_path_factory.getbasetemp() / ("fuzz.json.gz" if compressed else "fuzz.json")
+    path.write_bytes(data)
+    try:
+        parse(path, chunk_bytes)
+    except TraceqError as exc:
+        assert str(exc).startswith(f"{path}: ") and "\n" not in str(exc)
+
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def fuzz_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fuzz") / "w.duckdb"
+
+
+def _rows(db: Path) -> tuple[int, ...]:
+    if not db.exists():
+        return (0, 0, 0)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(
+            "select (select count(*) from traces), (select count(*) from gpu_events), (select count(*) from host_events)"
+        ).fetchone()
+    finally:
+        con.close()
+
+
+@settings(FUZZ, max_examples=30)
+@given(trace=mutated_trace())
+def test_ingest_ingests_or_fails_cleanly(trace: tuple[bytes, bool], fuzz_db: Path) -> None:
+    data, compressed = trace
+    path = fuzz_db.parent / f"rank{next(_names)}.json{'.gz' if compressed else ''}"
+    path.write_bytes(data)
+    before = _rows(fuzz_db)
+    summary = ingest_traces([path], fuzz_db, workers=0, chunk_bytes=256)  # raises only on a bug
+    (result,) = summary.files
+    assert result.status in ("ingested", "skipped", "failed")
+    if result.status == "failed":
+        assert result.message.startswith(f"{path}: ") and "\n" not in result.message
+        assert _rows(fuzz_db) == before
+    elif result.status == "ingested":
+        assert _rows(fuzz_db)[0] == before[0] + 1
