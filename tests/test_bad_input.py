@@ -224,6 +224,21 @@ def test_odd_values_that_are_kept(db: Path, tmp_path: Path) -> None:
     assert n_dropped == 0
 
 
+def test_header_values_out_of_range_are_unknown(db: Path, tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    path.write_bytes(_doc(small_trace().events).replace(
+        b'{"schemaVersion": 1,', b'{"schemaVersion": 1e400, "baseTimeNanoseconds": 1e999, '
+        b'"distributedInfo": {"rank": "zero", "world_size": -1e999},'))
+    code, out, err = ingest_cli(str(path), "--db", str(db), "--workers", "0")
+    assert code == 0, err
+    assert "rank unknown" in out[0]
+    con = duckdb.connect(str(db), read_only=True)
+    row = con.execute("select schema_version, base_time_ns, world_size, rank_source from traces where path = ?",
+                      [str(path.resolve())]).fetchone()
+    con.close()
+    assert row == (None, None, None, "unknown")
+
+
 def test_uint64_corpus_trace_ingests(db: Path) -> None:
     path = corpus_path("hta/large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz")
     code, out, err = ingest_cli(str(path), "--db", str(db), "--workers", "0")

@@ -125,7 +125,7 @@ def test_identity_holds_to_the_nanosecond_on_every_corpus_gpu(corpus_db: Path, w
 
 def test_sql_metrics_agree_with_the_interval_api_on_every_corpus_gpu(corpus_db: Path) -> None:
     with connect(corpus_db, read_only=True) as con:
-        sql = step_metrics(con, window="trace")
+        sql = step_metrics(con, window="trace").filter(pl.col("activity") == "gpu")
         activity = con.sql(
             "select trace_id, rank, coalesce(device, -1) as device, class, start_ns, end_ns from gpu_activity"
         ).pl()

@@ -64,7 +64,7 @@ def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = D
             frames.append(frame.select([pl.col(c).cast(t) for c, t in COLUMNS.items()]))
     finally:
         con.close()
-    findings = pl.concat(frames) if frames else pl.DataFrame(schema=COLUMNS)
+    findings = pl.concat(frames)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return (
         findings.with_columns(pl.col("severity").replace_strict(order, return_dtype=pl.Int8).alias("_order"))

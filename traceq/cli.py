@@ -409,6 +409,108 @@ def check(
         raise typer.Exit(code=1)
 
 
+@app.command()
+def export(
+    parquet: Annotated[Path, typer.Option("--parquet", help="Output directory (hive-style run=/rank= folders).")],
+    db: DbOption = Path(DEFAULT_DB),
+    overwrite: Annotated[bool, typer.Option(help="Replace an earlier export in the directory.")] = False,
+) -> None:
+    """Write the warehouse as Parquet, partitioned by run and rank.
+
+    Reports run on the directory directly (--db DIR); polars, DuckDB or Spark read it without
+    traceq, e.g. polars.scan_parquet("DIR/gpu_events/**/*.parquet").
+
+    Example:
+
+      traceq export --parquet runs_parquet --db runs.duckdb
+
+      traceq report --metric exposed_comm --db runs_parquet
+    """
+    from traceq.export import export_parquet
+
+    try:
+        written = export_parquet(db, parquet, overwrite=overwrite)
+    except TraceqError as exc:
+        _fail(str(exc))
+        return
+    tables = ", ".join(f"{name} {n:,}" for name, n in written.items() if n)
+    typer.echo(f"exported {db} -> {parquet} (rows: {tables})")
+
+
+@app.command("ingest-cluster")
+def ingest_cluster(
+    inputs: Annotated[list[str], typer.Argument(help="Trace files, globs or directories, at paths every worker can read.")],
+    parquet: Annotated[Path, typer.Option("--parquet", help="Output directory (same layout as `traceq export`), on storage every worker can write.")],
+    scheduler: Annotated[Optional[str], typer.Option(help="Dask scheduler address, e.g. tcp://10.0.0.5:8786 (default: a local cluster).")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Worker processes of the local cluster (default: one per CPU); ignored with --scheduler.")] = None,
+    run: Annotated[Optional[str], typer.Option(help="Run name for every file (default: the parent directory's name).")] = None,
+    rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none.")] = None,
+) -> None:
+    """Ingest traces on a Dask cluster, one task per file, into a Parquet directory.
+
+    Needs the dask extra (pip install "traceq[dask]") here and on every worker. Files already in
+    the directory are skipped. Report on the directory, or load it into a warehouse with
+    `traceq import-parquet`.
+
+    Example:
+
+      traceq ingest-cluster /shared/runs/job1 --parquet /shared/tq/job1 --scheduler tcp://head:8786
+
+      traceq report --metric exposed_comm --db /shared/tq/job1
+    """
+    from traceq.distributed import ingest_with_dask
+
+    try:
+        if scheduler is not None:
+            summary = ingest_with_dask(inputs, parquet, scheduler=scheduler, run=run, rank=rank)
+        else:
+            summary = _local_dask(lambda client: ingest_with_dask(inputs, parquet, client=client, run=run, rank=rank), workers)
+    except TraceqError as exc:
+        _fail(str(exc))
+        return
+    for f in summary.files:
+        if f.status == "failed":
+            typer.echo(f"failed {f.message}", err=True)
+        elif f.status == "skipped":
+            typer.echo(f"skipped {f.message}")
+    counts = {s: len(summary.by_status(s)) for s in ("ingested", "skipped", "failed")}
+    typer.echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {parquet}")
+    if not summary.ok:
+        raise typer.Exit(code=1)
+
+
+def _local_dask(work: Any, workers: Optional[int]) -> Any:
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        _fail('Dask is not installed; pip install "traceq[dask]" (or use `traceq ingest`)')
+        return None
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        with Client(cluster) as client:
+            return work(client)
+
+
+@app.command("import-parquet")
+def import_parquet_command(
+    parquet: Annotated[Path, typer.Argument(help="Parquet directory written by `traceq export` or `traceq ingest-cluster`.")],
+    db: DbOption = Path(DEFAULT_DB),
+) -> None:
+    """Load a Parquet directory into the warehouse (traces already in it are skipped).
+
+    Example:
+
+      traceq import-parquet /shared/tq/job1 --db runs.duckdb
+    """
+    from traceq.export import import_parquet
+
+    try:
+        added = import_parquet(parquet, db)
+    except TraceqError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"imported {added} trace(s) from {parquet} -> {db}")
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -3,16 +3,24 @@
 Two ways a file is decoded, both in worker processes, with the main process as the only writer:
 
 - a large file is cut by the main process into chunks of whole events (:mod:`traceq.reader`) and
-  its chunks are decoded in parallel (:mod:`traceq.decode`); memory stays bounded by the chunks in
-  flight, whatever the file's size;
+  its chunks are decoded in parallel (:mod:`traceq.decode`), at most
+  :data:`CHUNKS_IN_FLIGHT_PER_WORKER` per worker, each inserted as it comes back;
 - when several files are given, each file small enough to decode whole (:data:`WHOLE_FILE_BYTES`
   of JSON) is decoded by one worker from its path, so many rank files decode on all cores at once.
 
 Either way the main process writes one file per transaction, in the order the files were given.
+
+What keeps memory flat whatever the trace size (DESIGN §7; benchmarks/bench_scale.py measures it):
+chunks in flight are bounded; rows reach DuckDB as one-shot Arrow streams (a registered table
+would stay pinned until the commit); DuckDB's buffer pool is capped (:data:`INGEST_MEMORY_LIMIT`:
+appended row groups go to the file as they fill); ranks from ``distributedInfo`` are filled in as
+rows go in, not by an UPDATE afterwards; workers fork before duckdb is imported; glibc returns
+large buffers to the OS (:func:`release_large_buffers`).
 """
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import re
@@ -20,6 +28,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -53,7 +62,12 @@ WHOLE_FILE_BYTES = 32 << 20
 FILES_IN_FLIGHT_PER_WORKER = 2
 # DuckDB's buffer pool while ingesting: row groups are written to the file as they fill, so the
 # pool only needs room for one file's steps and step attribution (which spill beyond it).
-INGEST_MEMORY_LIMIT = "128MB"
+INGEST_MEMORY_LIMIT = "64MB"
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+# Decoding makes ~10 tracked objects per event, all alive until the chunk is converted: with the
+# default thresholds the cyclic GC scans them over and over (measured: msgspec decode 163 -> 273
+# MB/s per core, decode_chunk 89 -> 110 MB/s, with these). The objects hold no cycles.
+DECODE_GC_THRESHOLDS = (100_000, 50, 100)
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -137,6 +151,7 @@ def ingest_traces(
     content is already in the warehouse is a no-op reported as skipped.
     """
     paths = expand_inputs(inputs)
+    release_large_buffers()
     notify = progress or (lambda event, info: None)
     summary = IngestSummary()
     n_workers = (os.cpu_count() or 1) if workers is None else workers
@@ -153,11 +168,14 @@ def ingest_traces(
         raise
     try:
         con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT}'")
+        if pool is not None:
+            con.execute("set threads = 1")  # the workers have the other cores
         notify("start", {"files": len(paths), "bytes": sum(_size(p) for p in paths)})
         loader = _Loader(con, run, rank, pool, n_workers, chunk_bytes, notify)
-        for result in loader.load(paths):
-            summary.files.append(result)
-            notify("done", {"result": result})
+        with few_collections():  # matters when decoding here (workers=0); workers set it themselves
+            for result in loader.load(paths):
+                summary.files.append(result)
+                notify("done", {"result": result})
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -167,13 +185,45 @@ def ingest_traces(
 
 def _start_pool(n_workers: int) -> ProcessPoolExecutor:
     method = "fork" if sys.platform == "linux" else "spawn"
-    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context(method))
+    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context(method), initializer=_init_worker)
     list(pool.map(_noop, range(n_workers)))  # start every worker now
     return pool
 
 
 def _noop(_: int) -> None:
     return None
+
+
+def _init_worker() -> None:
+    release_large_buffers()
+    gc.set_threshold(*DECODE_GC_THRESHOLDS)
+
+
+@contextmanager
+def few_collections() -> Iterator[None]:
+    """Run the block with :data:`DECODE_GC_THRESHOLDS`, then restore the previous thresholds."""
+    previous = gc.get_threshold()
+    gc.set_threshold(*DECODE_GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)
+
+
+def release_large_buffers() -> None:
+    """Have glibc return buffers of 1 MB and more to the OS when freed (Linux only; else a no-op).
+
+    By default glibc raises its mmap threshold after the first large free, so the multi-MB chunk
+    buffers of an ingest end up in a heap that fragments and never shrinks: ~40 MB more peak RSS.
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+    except (OSError, AttributeError):
+        pass  # not glibc (e.g. musl)
 
 
 def _size(path: Path) -> int:
@@ -290,15 +340,32 @@ def decode_file(path: Path, chunk_bytes: int, option_rank: int | None, skip_dige
     _require_events(path, out.counts)
     out.fields = header.fields
     out.file_rank, out.rank_source = _rank_of(path, out.fields, option_rank, out.counts)
-    fill = pa.scalar(-1 if out.file_rank is None else out.file_rank, pa.int64())
     out.names = names.table()
     for key, tables in parts.items():
-        table = pa.concat_tables(tables).combine_chunks()
-        if table.column("rank").null_count:
-            table = table.set_column(table.schema.get_field_index("rank"), "rank", pc.fill_null(table.column("rank"), fill))
-        setattr(out, key, table)
+        setattr(out, key, _with_rank(pa.concat_tables(tables).combine_chunks(), -1 if out.file_rank is None else out.file_rank))
     out.seconds = time.perf_counter() - started
     return out
+
+
+def _with_rank(table: pa.Table, rank: int | None) -> pa.Table:
+    """``table`` with a null rank (the event named none) set to ``rank``."""
+    if rank is None or table.column("rank").null_count == 0:
+        return table
+    filled = pc.fill_null(table.column("rank"), pa.scalar(rank, pa.int64()))
+    return table.set_column(table.schema.get_field_index("rank"), "rank", filled)
+
+
+def _leading_fields(path: Path) -> dict[str, Any]:
+    """The top-level fields that come before the event array ({} if none or unreadable)."""
+    from traceq.reader import _find_array_start, _open  # TODO(reader): expose these on TraceHeader
+
+    try:
+        with _open(path) as stream:
+            prefix, _, bare = _find_array_start(stream, path)
+        fields = {} if bare else msgspec.json.decode(prefix + b"null}")
+    except (TraceqError, msgspec.DecodeError, OSError):
+        return {}  # read_trace names the problem
+    return fields if isinstance(fields, dict) else {}
 
 
 def _digest(path: Path) -> str:
@@ -392,6 +459,17 @@ def _finish_trace(
     return FileResult(
         str(path), "ingested", trace_id=trace_id, run=run_name, ranks=ranks, events=counts.events, gpu_events=counts.gpu
     )
+
+
+def ingest_in_process(
+    con: Any, path: Path, *, run: str | None = None, rank: int | None = None, chunk_bytes: int = INGEST_CHUNK_BYTES
+) -> FileResult:
+    """Ingest one file into the open warehouse ``con`` in this process, chunk by chunk (no workers).
+
+    The trace id comes from the warehouse's ``trace_ids`` sequence. One transaction.
+    """
+    with few_collections():
+        return next(_Loader(con, run, rank, None, 0, chunk_bytes, lambda event, info: None).load([path]))
 
 
 class _Loader:
@@ -504,6 +582,10 @@ class _Loader:
         con = self.con
         parse_start = time.perf_counter()
         trace_id = self._next_trace_id()
+        # Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in
+        # (an UPDATE of every row afterwards would hold a copy of the column in memory).
+        dist = _leading_fields(path).get("distributedInfo")
+        fill = to_int(dist.get("rank")) if isinstance(dist, dict) else None
         header, chunks = read_trace(path, self.chunk_bytes)
         names = _Names()
         counts = _Counts()
@@ -511,9 +593,9 @@ class _Loader:
         for ct in _decoded_chunks(_counting(chunks, self.notify, size), self.pool, self.n_workers):
             counts.add(ct)
             remap = names.remap(ct.names)
-            _insert(con, "gpu_events", _remapped(ct.gpu, remap), trace_id)
-            _insert(con, "host_events", _remapped(ct.host, remap), trace_id)
-            meta.append(ct.meta)
+            _insert(con, "gpu_events", _with_rank(_remapped(ct.gpu, remap), fill), trace_id)
+            _insert(con, "host_events", _with_rank(_remapped(ct.host, remap), fill), trace_id)
+            meta.append(_with_rank(ct.meta, fill))
         _require_events(path, counts)
         _insert(con, "names", names.table(), trace_id)
         _insert(con, "trace_threads", pa.concat_tables(meta), trace_id)
@@ -523,7 +605,7 @@ class _Loader:
             if skipped is not None:
                 return skipped
         file_rank, rank_source = _rank_of(path, header.fields, self.rank, counts)
-        if counts.rows_without_rank:  # the header (with distributedInfo) is complete only now
+        if counts.rows_without_rank and fill is None:  # the header is complete only now
             for table in ("gpu_events", "host_events", "trace_threads"):
                 con.execute(
                     f"update {table} set rank = ? where trace_id = ? and rank is null",
@@ -577,11 +659,11 @@ def _insert(con: Any, table: str, rows: pa.Table | None, trace_id: int) -> None:
     if rows is None or rows.num_rows == 0:
         return
     columns = ", ".join(rows.column_names)
-    # Read through DuckDB's replacement scan of this local variable: a table registered with
-    # con.register() stays referenced until the transaction ends, so memory would grow with the file.
-    arrow_rows = rows
-    con.execute(f"insert into {table} (trace_id, {columns}) select ?, {columns} from arrow_rows", [trace_id])
-    del arrow_rows
+    # Registered as a one-shot stream: a registered pa.Table stays referenced by DuckDB until the
+    # transaction ends, so the main process's memory would grow with the file.
+    con.register("_chunk", pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches()))
+    con.execute(f"insert into {table} (trace_id, {columns}) select ?, {columns} from _chunk", [trace_id])
+    con.unregister("_chunk")
 
 
 def _text(value: Any) -> str | None:

@@ -32,6 +32,7 @@ _SPLIT = re.compile(rb"\}\s*,\s*(?=\{)")
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 _MALFORMED = re.compile(r"JSON is malformed: (?!trailing characters).*\(byte (\d+)\)")
 _RAW = msgspec.json.Decoder(msgspec.Raw)
+_LENIENT_FLOATS = msgspec.json.Decoder(float_hook=float)
 _KEY = b'"traceEvents"'
 
 
@@ -255,7 +256,10 @@ def _parse_header(prefix: bytes, tail: bytes, path: Path, bare: bool) -> dict[st
             raise _not_json(path, "unexpected data after the event array")
         return {}
     try:
-        fields = msgspec.json.decode(prefix + b"null" + tail)
+        try:
+            fields = msgspec.json.decode(prefix + b"null" + tail)
+        except msgspec.ValidationError:  # a number beyond float64 (1e999): read it as inf
+            fields = _LENIENT_FLOATS.decode(prefix + b"null" + tail)
     except msgspec.DecodeError as exc:
         if "truncated" in str(exc):
             raise _truncated(path, "the file ends after the event array, inside the top-level object") from None

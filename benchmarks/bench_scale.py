@@ -1,0 +1,491 @@
+"""Scale figures for traceq: memory against trace size, speed, many ranks, Parquet, a Dask cluster.
+
+    python benchmarks/bench_scale.py                    # everything (~5 min on 2 cores; builds the traces once)
+    python benchmarks/bench_scale.py --only memory speed
+    python benchmarks/bench_scale.py --sizes 100 500    # smaller memory sweep
+
+Sections (each prints a table; all figures also go to ``benchmarks/out/bench_scale_<time>.json``):
+
+- ``memory``: ``traceq ingest`` of 100 MB, 500 MB and 1.5 GB traces (``make_large_trace.py``: the
+  steps of ``nccl_data.json.gz`` replicated with shifted times and fresh ids). Peak memory is
+  sampled every 20 ms from ``/proc`` over the whole process tree (main process + decode workers):
+  ``peak_rss_mb`` sums RSS (pages shared between the forked workers and the main process counted
+  once per process: an upper bound), ``peak_pss_mb`` sums PSS (shared pages split: what the tree
+  really holds). ``maxrss_mb`` is ``getrusage(RUSAGE_CHILDREN).ru_maxrss``: the largest process.
+- ``speed``: ingest + ``traceq report --metric exposed_comm --window trace`` of the 500 MB trace,
+  end to end (fresh processes), as MB/s and MB/s per core; against the parse-only limit of one core:
+  read (+ decompress) + msgspec typed decode (traceq's own Event Struct) of the whole file, with the
+  GC thresholds ingest workers use (and with Python's defaults), the same in the reader's chunks,
+  and the chunks decoded to Arrow (``decode_chunk``, what a worker does).
+- ``ranks``: a synthetic 64-rank run (``make_ranks.py``: nccl_data.json.gz under 64 rank numbers)
+  ingested with all cores and with one process (workers=0), then reported.
+- ``report2048``: a warehouse of 2048 ranks x 50 steps synthesised directly in SQL
+  (:func:`synthesize_run`), reported by run and by rank.
+- ``parquet``: ``traceq export --parquet`` of the 64-rank warehouse, and the report run on it.
+- ``dask``: ``traceq ingest-cluster`` of the 64 ranks on a local two-worker Dask cluster (skipped
+  when dask is not installed).
+
+1 MB = 1e6 bytes. Wall times are medians of ``--repeats`` runs; the machine may be shared, so
+CPU seconds are given beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "benchmarks" / "out"
+PY = sys.executable
+TRACEQ = str(Path(PY).with_name("traceq"))
+SOURCE = REPO.parent / "shared" / "corpus" / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
+CORES = os.cpu_count() or 1
+SAMPLE_S = 0.02
+
+# --------------------------------------------------------------------------------------------------
+# measuring a process tree without psutil
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(x) for x in f.read().split()]
+    except OSError:
+        return out
+    for k in kids:
+        out.append(k)
+        out.extend(_children(k))
+    return out
+
+
+def _tree_memory(pid: int) -> tuple[int, int]:
+    """(sum of RSS, sum of PSS) in bytes over ``pid`` and its descendants."""
+    rss = pss = 0
+    for p in [pid, *_children(pid)]:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return rss, pss
+
+
+def measure(cmd: list[str], **kwargs) -> dict:
+    """Run ``cmd`` in a fresh process; wall and CPU seconds, peak tree RSS/PSS, its stdout."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    peak_rss = peak_pss = 0
+    while proc.poll() is None:
+        rss, pss = _tree_memory(proc.pid)
+        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+        time.sleep(SAMPLE_S)
+    out, err = proc.communicate()
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-2000:]}")
+    return {
+        "seconds": wall,
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "peak_rss_mb": peak_rss / 2**20,
+        "peak_pss_mb": peak_pss / 2**20,
+        "maxrss_mb": after.ru_maxrss / 1024,
+        "stdout": out,
+    }
+
+
+def repeated(cmd_factory, repeats: int) -> dict:
+    """Median wall over ``repeats`` runs (``cmd_factory(i)`` -> (cmd, cleanup)); peaks are maxima."""
+    runs = []
+    for i in range(repeats):
+        cmd, cleanup = cmd_factory(i)
+        try:
+            runs.append(measure(cmd))
+        finally:
+            cleanup()
+    best = dict(runs[0])
+    best["seconds"] = statistics.median(r["seconds"] for r in runs)
+    best["cpu_s"] = statistics.median(r["cpu_s"] for r in runs)
+    for key in ("peak_rss_mb", "peak_pss_mb", "maxrss_mb"):
+        best[key] = max(r[key] for r in runs)
+    best["all_seconds"] = [round(r["seconds"], 2) for r in runs]
+    return best
+
+
+def _rm(*paths: Path) -> None:
+    for p in paths:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+            Path(str(p) + ".wal").unlink(missing_ok=True)
+
+
+def _rows(db: Path) -> dict[str, int]:
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: con.execute(f"select count(*) from {t}").fetchall()[0][0] for t in ("traces", "gpu_events", "host_events", "steps")}
+    finally:
+        con.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# inputs
+
+
+def large_trace(size_mb: int) -> Path:
+    path = OUT / f"nccl_data_{size_mb}mb.json"
+    if not path.exists():
+        print(f"building {path.name} ...", file=sys.stderr)
+        subprocess.run([PY, str(REPO / "benchmarks" / "make_large_trace.py"), "--size-mb", str(size_mb), "--out", str(path)],
+                       check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
+def rank_dir(ranks: int) -> Path:
+    out = OUT / f"ranks{ranks}"
+    if not (out / f"rank{ranks - 1}.trace.json.gz").exists():
+        print(f"building {out.name} ...", file=sys.stderr)
+        subprocess.run([PY, str(REPO / "benchmarks" / "make_ranks.py"), "--ranks", str(ranks), "--out", str(out)],
+                       check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def json_mb(paths: list[Path]) -> float:
+    from traceq.ingest import json_size
+
+    return sum(json_size(p) for p in paths) / 1e6
+
+
+def synthesize_run(db: str | Path, *, ranks: int, steps: int, run: str = "synthetic", kernels: int = 8) -> None:
+    """Write a run of ``ranks`` x ``steps`` straight into the warehouse at ``db`` (no trace files).
+
+    Each rank is one trace; each step (100 us CPU span) has ``kernels`` kernels on the device:
+    compute kernels covering 0-60 us of the step and comm kernels (ncclDevKernel AllReduce, with
+    collective args) covering 40-100 us, spread over several streams. So for every rank and step:
+    compute 60 us, comm 60 us, overlapped 20 us, exposed comm 40 us, idle 0.
+    """
+    from traceq.warehouse import connect
+
+    half = max(1, kernels // 2)
+    con = connect(db)
+    try:
+        con.begin()
+        first = con.execute("select coalesce(max(trace_id), 0) + 1 from traces").fetchall()[0][0]
+        con.execute("insert into runs (run) values (?) on conflict do nothing", [run])
+        con.execute(
+            """
+            insert into traces (trace_id, run, path, content_sha256, size_bytes, rank_source, file_rank, world_size,
+                n_events, n_gpu_events, n_host_events, n_dropped)
+            select $first + r, $run, 'synthetic/rank' || r, 'synthetic-' || $run || '-' || r, 0, 'distributedInfo', r,
+                $ranks, 0, 0, 0, 0
+            from range($ranks) as t(r)
+            """,
+            {"first": first, "run": run, "ranks": ranks},
+        )
+        con.execute(
+            """
+            insert into names (trace_id, name_id, name)
+            select $first + r, n.id, n.name
+            from range($ranks) as t(r)
+            cross join (values (0, 'void gemm_kernel<bf16>()'),
+                               (1, 'ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)'),
+                               (2, 'ProfilerStep#')) as n(id, name)
+            """,
+            {"first": first, "ranks": ranks},
+        )
+        con.execute(
+            """
+            insert into steps (trace_id, rank, step, start_ns, end_ns, step_time_ns, launches_without_gpu_work)
+            select $first + r, r, s, s * 100000, s * 100000 + 100000, 100000, 0
+            from range($ranks) as t(r) cross join range(1, $steps + 1) as u(s)
+            """,
+            {"first": first, "ranks": ranks, "steps": steps},
+        )
+        # kernel k < half: compute, [k*60/half, (k+1)*60/half] us with 2 us of overlap to the next;
+        # kernel k >= half: comm, [40 + j*60/half, 40 + (j+1)*60/half] us
+        con.execute(
+            """
+            insert into gpu_events (trace_id, rank, device, stream, kind, name_id, start_ns, dur_ns, correlation,
+                collective, pg_name, group_size, step, step_source)
+            select
+                $first + r, r, 0, 7 + k % 4, 1,
+                case when k < $half then 0 else 1 end,
+                s * 100000 + case when k < $half then (k * 60000) // $half else 40000 + ((k - $half) * 60000) // $half end,
+                60000 // $half + case when k + 1 = $half or k + 1 = 2 * $half then 0 else 2000 end,
+                (s * 1000 + k),
+                case when k >= $half then 'allreduce' end,
+                case when k >= $half then '0' end,
+                case when k >= $half then $ranks end,
+                s, 'launch'
+            from range($ranks) as t(r) cross join range(1, $steps + 1) as u(s) cross join range(2 * $half) as v(k)
+            """,
+            {"first": first, "ranks": ranks, "steps": steps, "half": half},
+        )
+        con.execute(
+            """
+            insert into host_events (trace_id, rank, cat, name_id, pid, tid, start_ns, dur_ns)
+            select $first + r, r, 'user_annotation', 2, 1, 1, s * 100000, 100000
+            from range($ranks) as t(r) cross join range(1, $steps + 1) as u(s)
+            """,
+            {"first": first, "ranks": ranks, "steps": steps},
+        )
+        con.commit()
+    finally:
+        con.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# sections
+
+
+def bench_memory(sizes: list[int], repeats: int, tmp: Path) -> list[dict]:
+    rows = []
+    for size in sizes:
+        trace = large_trace(size)
+        mb = trace.stat().st_size / 1e6
+        db = tmp / f"mem{size}.duckdb"
+        res = repeated(lambda i: ([TRACEQ, "ingest", str(trace), "--db", str(db), "-q"], lambda: None if i == repeats - 1 else _rm(db)), repeats)
+        rows.append({
+            "trace_mb": round(mb), "seconds": round(res["seconds"], 2), "cpu_s": round(res["cpu_s"], 2),
+            "mb_per_s": round(mb / res["seconds"], 1),
+            "peak_rss_mb": round(res["peak_rss_mb"]), "peak_pss_mb": round(res["peak_pss_mb"]),
+            "maxrss_mb": round(res["maxrss_mb"]),
+            "rss_bytes_per_json_byte": round(res["peak_rss_mb"] * 2**20 / (mb * 1e6), 3),
+            **_rows(db),
+        })
+        _rm(db)
+    return rows
+
+
+def _parse_limit(path: Path) -> dict:
+    """Seconds of one core to read + decode ``path`` with traceq's typed decoder, and to Arrow."""
+    code = f"""
+import gc, json, time
+from pathlib import Path
+gc.set_threshold(100_000, 50, 100)  # what ingest workers use (traceq.ingest.DECODE_GC_THRESHOLDS)
+from traceq.decode import _FAST, decode_chunk
+from traceq.reader import read_trace
+from traceq.ingest import INGEST_CHUNK_BYTES
+t0 = time.process_time(); n = 0
+header, chunks = read_trace(Path({str(path)!r}), INGEST_CHUNK_BYTES)
+read_s = decode_s = arrow_s = 0.0
+while True:
+    t = time.process_time()
+    c = next(chunks, None)
+    read_s += time.process_time() - t
+    if c is None:
+        break
+    t = time.process_time(); events = _FAST.decode(b"[" + c + b"]"); decode_s += time.process_time() - t
+    n += len(events); del events
+    t = time.process_time(); decode_chunk(c); arrow_s += time.process_time() - t
+print(json.dumps({{"read_s": read_s, "decode_s": decode_s, "arrow_s": arrow_s, "events": n}}))
+"""
+    res = measure([PY, "-c", code])
+    return json.loads(res["stdout"])
+
+
+def _raw_parse_limit(path: Path) -> dict:
+    """Decompress + typed msgspec decode of the whole file in one piece (no chunking), one core."""
+    code = f"""
+import gzip, json, time
+from traceq.decode import Event
+import msgspec
+class Doc(msgspec.Struct):
+    traceEvents: list[Event]
+t = time.process_time()
+raw = open({str(path)!r}, "rb").read()
+data = gzip.decompress(raw) if raw[:2] == b"\\x1f\\x8b" else raw
+read_s = time.process_time() - t
+t = time.process_time()
+doc = msgspec.json.decode(data, type=Doc)
+decode_s = time.process_time() - t
+n = len(doc.traceEvents)
+del doc
+import gc
+gc.set_threshold(100_000, 50, 100)  # what ingest workers use (traceq.ingest.DECODE_GC_THRESHOLDS)
+t = time.process_time()
+doc = msgspec.json.decode(data, type=Doc)
+print(json.dumps({{"read_s": read_s, "decode_s": decode_s, "decode_tuned_gc_s": time.process_time() - t, "events": n}}))
+"""
+    return json.loads(measure([PY, "-c", code])["stdout"])
+
+
+def bench_speed(repeats: int, tmp: Path) -> dict:
+    trace = large_trace(500)
+    mb = trace.stat().st_size / 1e6
+    db = tmp / "speed.duckdb"
+    ingest = repeated(lambda i: ([TRACEQ, "ingest", str(trace), "--db", str(db), "-q"], lambda: None if i == repeats - 1 else _rm(db)), repeats)
+    report = repeated(lambda i: ([TRACEQ, "report", "--metric", "exposed_comm", "--window", "trace", "--db", str(db), "--format", "csv"], lambda: None), repeats)
+    rows = _rows(db)
+    _rm(db)
+    chunked = _parse_limit(trace)
+    whole = _raw_parse_limit(trace)
+    total_s = ingest["seconds"] + report["seconds"]
+    limit_core_s = whole["read_s"] + whole["decode_tuned_gc_s"]
+    return {
+        "trace_mb": round(mb),
+        "ingest_s": round(ingest["seconds"], 2), "ingest_cpu_s": round(ingest["cpu_s"], 2),
+        "ingest_all_s": ingest["all_seconds"],
+        "report_s": round(report["seconds"], 2),
+        "total_s": round(total_s, 2),
+        "mb_per_s": round(mb / total_s, 1),
+        "mb_per_s_per_core": round(mb / total_s / CORES, 1),
+        "mb_per_cpu_s": round(mb / (ingest["cpu_s"] + report["cpu_s"]), 1),
+        "peak_rss_mb": round(max(ingest["peak_rss_mb"], report["peak_rss_mb"])),
+        "parse_limit_mb_per_core_s": round(mb / limit_core_s, 1),
+        "parse_limit_default_gc_mb_per_core_s": round(mb / (whole["read_s"] + whole["decode_s"]), 1),
+        "parse_limit_chunked_mb_per_core_s": round(mb / (chunked["read_s"] + chunked["decode_s"]), 1),
+        "decode_to_arrow_mb_per_core_s": round(mb / (chunked["read_s"] + chunked["arrow_s"]), 1),
+        "ingest_share_of_parse_limit": round((mb / total_s / CORES) / (mb / limit_core_s), 2),
+        "hta_reference_s": "~60 s, 2.7 GB (DESIGN.md section 7; bench_ingest.py measures it in the same run)",
+        **rows,
+    }
+
+
+def bench_ranks(repeats: int, tmp: Path, ranks: int = 64) -> dict:
+    folder = rank_dir(ranks)
+    files = sorted(folder.glob("*.json.gz"))
+    mb = json_mb(files)
+    db = tmp / "ranks.duckdb"
+    serial = repeated(lambda i: ([TRACEQ, "ingest", str(folder), "--db", str(db), "-q", "--workers", "0"], lambda: _rm(db)), 1)
+    parallel = repeated(lambda i: ([TRACEQ, "ingest", str(folder), "--db", str(db), "-q"], lambda: None if i == repeats - 1 else _rm(db)), repeats)
+    report = repeated(lambda i: ([TRACEQ, "report", "--metric", "exposed_comm", "--by", "run", "--db", str(db), "--format", "csv"], lambda: None), repeats)
+    rows = _rows(db)
+    return {
+        "ranks": ranks, "json_mb": round(mb), "files": len(files),
+        "serial_s": round(serial["seconds"], 2), "parallel_s": round(parallel["seconds"], 2),
+        "speedup": round(serial["seconds"] / parallel["seconds"], 2),
+        "parallel_mb_per_s": round(mb / parallel["seconds"], 1),
+        "parallel_cpu_s": round(parallel["cpu_s"], 1),
+        "peak_rss_mb": round(parallel["peak_rss_mb"]), "peak_pss_mb": round(parallel["peak_pss_mb"]),
+        "report_s": round(report["seconds"], 2),
+        "report_line": report["stdout"].strip().splitlines()[-1][:160],
+        **rows,
+    }
+
+
+def bench_report2048(repeats: int, tmp: Path, ranks: int = 2048, steps: int = 50) -> dict:
+    db = tmp / "synthetic2048.duckdb"
+    _rm(db)
+    started = time.perf_counter()
+    synthesize_run(db, ranks=ranks, steps=steps, run=f"synthetic{ranks}")
+    build_s = time.perf_counter() - started
+    by_run = repeated(lambda i: ([TRACEQ, "report", "--metric", "exposed_comm", "--by", "run", "--db", str(db), "--format", "csv"], lambda: None), repeats)
+    by_rank = repeated(lambda i: ([TRACEQ, "report", "--metric", "exposed_comm", "--by", "run,rank", "--db", str(db), "--format", "csv"], lambda: None), repeats)
+    rows = _rows(db)
+    _rm(db)
+    return {
+        "ranks": ranks, "steps": steps, "metric_rows": ranks * steps, "build_s": round(build_s, 2),
+        "report_by_run_s": round(by_run["seconds"], 2), "report_by_rank_s": round(by_rank["seconds"], 2),
+        "peak_rss_mb": round(max(by_run["peak_rss_mb"], by_rank["peak_rss_mb"])),
+        "by_run_line": by_run["stdout"].strip().splitlines()[-1][:160],
+        **rows,
+    }
+
+
+def bench_parquet(repeats: int, tmp: Path) -> dict:
+    db = tmp / "ranks.duckdb"
+    if not db.exists():
+        bench_ranks(1, tmp)
+    out = tmp / "ranks_parquet"
+    _rm(out)
+    export = measure([TRACEQ, "export", "--parquet", str(out), "--db", str(db)])
+    size_mb = sum(f.stat().st_size for f in out.rglob("*.parquet")) / 1e6
+    reports = {}
+    for name, source in (("duckdb", db), ("parquet", out)):
+        reports[name] = repeated(lambda i: ([TRACEQ, "report", "--metric", "exposed_comm", "--by", "run,rank", "--db", str(source), "--format", "csv"], lambda: None), repeats)
+    return {
+        "export_s": round(export["seconds"], 2), "parquet_mb": round(size_mb, 1),
+        "files": sum(1 for _ in out.rglob("*.parquet")),
+        "warehouse_mb": round(db.stat().st_size / 1e6, 1),
+        "report_duckdb_s": round(reports["duckdb"]["seconds"], 2),
+        "report_parquet_s": round(reports["parquet"]["seconds"], 2),
+        "same_report": reports["duckdb"]["stdout"] == reports["parquet"]["stdout"],
+    }
+
+
+def bench_dask(tmp: Path, ranks: int = 64) -> dict:
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        return {"skipped": "dask[distributed] is not installed (pip install 'traceq[dask]')"}
+    folder = rank_dir(ranks)
+    out = tmp / "dask_parquet"
+    _rm(out)
+    res = measure([TRACEQ, "ingest-cluster", str(folder), "--parquet", str(out), "--workers", str(min(2, CORES))])
+    report = measure([TRACEQ, "report", "--metric", "exposed_comm", "--by", "run", "--db", str(out), "--format", "csv"])
+    mb = json_mb(sorted(folder.glob("*.json.gz")))
+    return {
+        "workers": min(2, CORES), "json_mb": round(mb), "seconds_incl_cluster_start": round(res["seconds"], 2),
+        "mb_per_s": round(mb / res["seconds"], 1), "report_s": round(report["seconds"], 2),
+        "report_line": report["stdout"].strip().splitlines()[-1][:160],
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def _print_table(title: str, rows: list[dict] | dict) -> None:
+    rows = rows if isinstance(rows, list) else [rows]
+    print(f"\n== {title}")
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    for k in keys:
+        print(f"  {k:36s} " + "  ".join(f"{str(r.get(k, '')):>14s}" for r in rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sections = ["memory", "speed", "ranks", "report2048", "parquet", "dask"]
+    ap.add_argument("--only", nargs="*", choices=sections, default=sections)
+    ap.add_argument("--sizes", nargs="*", type=int, default=[100, 500, 1500], help="memory sweep, MB of JSON")
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    results: dict = {"cores": CORES, "python": sys.version.split()[0], "loadavg_start": os.getloadavg()}
+    with tempfile.TemporaryDirectory(prefix="bench_scale_") as tmp_name:
+        tmp = Path(tmp_name)
+        if "memory" in args.only:
+            results["memory"] = bench_memory(args.sizes, args.repeats, tmp)
+            _print_table("memory: traceq ingest of one trace (peak over main + workers)", results["memory"])
+        if "speed" in args.only:
+            results["speed"] = bench_speed(args.repeats, tmp)
+            _print_table(f"speed: ingest + report --window trace, 500 MB trace, {CORES} cores", results["speed"])
+        if "ranks" in args.only or "parquet" in args.only:
+            results["ranks"] = bench_ranks(args.repeats, tmp)
+            _print_table("ranks: 64 rank files (nccl_data.json.gz renumbered)", results["ranks"])
+        if "report2048" in args.only:
+            results["report2048"] = bench_report2048(args.repeats, tmp)
+            _print_table("report2048: 2048 ranks x 50 steps synthesised in the warehouse", results["report2048"])
+        if "parquet" in args.only:
+            results["parquet"] = bench_parquet(args.repeats, tmp)
+            _print_table("parquet: export of the 64-rank warehouse, report on it", results["parquet"])
+        if "dask" in args.only:
+            results["dask"] = bench_dask(tmp)
+            _print_table("dask: ingest-cluster of the 64 ranks, local 2-worker cluster", results["dask"])
+    results["loadavg_end"] = os.getloadavg()
+    path = OUT / f"bench_scale_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    path.write_text(json.dumps(results, indent=1, default=str))
+    print(f"\nloadavg start {results['loadavg_start']} end {results['loadavg_end']}; figures in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Ingest on a Dask cluster (a local one with two worker processes): each task writes one file's
+Parquet partitions; reports on the directory equal a local ingest's; re-runs skip; failures leave
+nothing behind."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("distributed", reason='Dask is optional: pip install "traceq[dask]" to run the cluster tests')
+
+from distributed import Client, LocalCluster  # noqa: E402
+
+from tests.conftest import corpus_path  # noqa: E402
+from tests.test_parquet import rank_trace  # noqa: E402
+from traceq.cli import app  # noqa: E402
+from traceq.distributed import ingest_with_dask  # noqa: E402
+from traceq.errors import ConfigError  # noqa: E402
+from traceq.export import import_parquet  # noqa: E402
+from traceq.ingest import ingest_traces  # noqa: E402
+from traceq.metrics import compute_metric  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    with Client(cluster) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("dask")
+    files = [rank_trace(r).write(root / "job" / f"rank{r}.json.gz") for r in range(4)]
+    return [*files, corpus_path("hta/trace_filter/sampled_rank-0.json.gz")]
+
+
+def test_cluster_ingest_reports_equal_a_local_ingest(client: Client, traces: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "pq"
+    summary = ingest_with_dask(traces, out, client=client)
+    assert [f.status for f in summary.files] == ["ingested"] * 5
+    assert sorted(f.trace_id for f in summary.files) == [1, 2, 3, 4, 5]
+    assert [f.ranks for f in summary.files[:4]] == [[0], [1], [2], [3]]
+    assert not list(out.glob(".staging-*"))
+    db = tmp_path / "local.duckdb"
+    assert ingest_traces(traces, db, workers=0).ok
+    for by in (("run",), ("run", "rank"), ("run", "rank", "step")):
+        assert compute_metric(out, "exposed_comm", by=by).equals(compute_metric(db, "exposed_comm", by=by))
+
+
+def test_cluster_ingest_again_skips_and_adds_new_files(client: Client, traces: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "pq"
+    assert ingest_with_dask(traces[:3], out, client=client).ok
+    files_before = sorted(out.rglob("*.parquet"))
+    again = ingest_with_dask(traces, out, client=client)
+    assert [f.status for f in again.files] == ["skipped"] * 3 + ["ingested"] * 2
+    assert min(f.trace_id for f in again.files[3:]) > 3  # new ids never reuse one in the directory
+    assert set(files_before) <= set(out.rglob("*.parquet"))
+    assert compute_metric(out, "exposed_comm", by=("run",))["ranks"].to_list() == [4, 1]
+
+
+def test_cluster_ingest_of_the_same_content_twice_keeps_one(client: Client, traces: list[Path], tmp_path: Path) -> None:
+    copy = tmp_path / "other" / "rank0.json.gz"
+    copy.parent.mkdir()
+    copy.write_bytes(traces[0].read_bytes())
+    out = tmp_path / "pq"
+    summary = ingest_with_dask([traces[0], copy], out, client=client)
+    assert [f.status for f in summary.files] == ["ingested", "skipped"]
+    assert not list(out.rglob("trace2_*.parquet"))
+
+
+def test_failed_file_leaves_no_partition(client: Client, traces: list[Path], tmp_path: Path) -> None:
+    bad = tmp_path / "job" / "rank7.json.gz"
+    bad.parent.mkdir()
+    bad.write_bytes(gzip.compress(gzip.decompress(traces[1].read_bytes())[:-300]))
+    out = tmp_path / "pq"
+    summary = ingest_with_dask([traces[0], bad], out, client=client)
+    assert [f.status for f in summary.files] == ["ingested", "failed"]
+    assert str(bad) in summary.files[1].message
+    assert not list(out.rglob("trace2_*.parquet"))
+
+
+def test_the_warehouse_loads_what_the_cluster_wrote(client: Client, traces: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "pq"
+    assert ingest_with_dask(traces, out, client=client).ok
+    db = tmp_path / "w.duckdb"
+    assert import_parquet(out, db) == 5
+    assert compute_metric(db, "exposed_comm", by=("run", "rank")).equals(compute_metric(out, "exposed_comm", by=("run", "rank")))
+
+
+def test_cli_ingest_cluster_with_a_scheduler_address(cluster: LocalCluster, traces: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "pq"
+    result = CliRunner().invoke(app, ["ingest-cluster", *map(str, traces[:2]), "--parquet", str(out), "--scheduler", cluster.scheduler_address])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().endswith(f"2 ingested, 0 skipped, 0 failed -> {out}")
+
+
+def test_a_client_or_scheduler_is_required(traces: list[Path], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="scheduler"):
+        ingest_with_dask(traces, tmp_path / "pq")

@@ -1,0 +1,158 @@
+"""Ingest on a Dask cluster: each task decodes one whole trace file into Parquet partitions.
+
+Every task runs :func:`ingest_file_to_parquet` on a worker: it ingests the file into a private
+in-memory DuckDB with the local ingest's own code (chunk by chunk, so memory stays bounded; steps
+and step attribution by traceq's SQL),
+and writes the result under the output directory in the layout of ``traceq export --parquet``
+(files named ``trace<id>_<i>.parquet``; the ``traces`` file last). The client only hands out
+paths and trace ids and collects one :class:`~traceq.ingest.FileResult` per file. A report then
+runs on the directory (``traceq report --db DIR``), or :func:`traceq.export.import_parquet` loads
+it into a warehouse.
+
+Needs ``dask[distributed]`` (the ``traceq[dask]`` extra) on the client and on every worker, and the
+trace files and the output directory at the same paths on every machine (a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from traceq.errors import ConfigError, TraceqError
+from traceq.ingest import INGEST_CHUNK_BYTES, FileResult, IngestSummary, expand_inputs
+from traceq.reader import file_digest
+
+
+def ingest_file_to_parquet(
+    path: str,
+    trace_id: int,
+    out_dir: str,
+    *,
+    run: str | None = None,
+    rank: int | None = None,
+    skip_digests: frozenset[str] = frozenset(),
+    chunk_bytes: int = INGEST_CHUNK_BYTES,
+) -> tuple[FileResult, str | None]:
+    """Decode one trace file into Parquet partitions under ``out_dir`` as trace ``trace_id``.
+
+    Runs on a cluster worker. Returns the file's result and its content digest (None if it failed).
+    Files are written to a staging folder first and moved into place with the ``traces`` file
+    last, so a task that dies leaves no trace that a report reads.
+    """
+    from traceq.export import TRACES, write_partitions
+    from traceq.ingest import ingest_in_process
+    from traceq.warehouse import connect
+
+    started = time.perf_counter()
+    trace_path = Path(path)
+    if skip_digests:
+        try:
+            digest = file_digest(trace_path)
+        except OSError:
+            digest = None  # the ingest below names the problem
+        if digest in skip_digests:
+            return FileResult(path, "skipped", f"{path}: already in {out_dir}"), digest
+    root = Path(out_dir)
+    staging = root / f".staging-trace{trace_id}"
+    shutil.rmtree(staging, ignore_errors=True)
+    con = connect(":memory:")
+    try:
+        con.execute("set threads = 1")  # a task per worker thread already
+        con.execute("drop sequence trace_ids")
+        con.execute(f"create sequence trace_ids start {int(trace_id)}")
+        result = ingest_in_process(con, trace_path, run=run, rank=rank, chunk_bytes=chunk_bytes)
+        if result.status != "ingested":
+            return result, None
+        digest = con.execute("select content_sha256 from traces").fetchall()[0][0]
+        write_partitions(con, staging, file_prefix=f"trace{trace_id}")
+    finally:
+        con.close()
+    # the traces file last: a trace counts once its traces row is in place
+    files = sorted(staging.rglob("*.parquet"), key=lambda f: f.relative_to(staging).parts[0] == TRACES)
+    for f in files:
+        target = root / f.relative_to(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        f.replace(target)
+    shutil.rmtree(staging, ignore_errors=True)
+    result.seconds = time.perf_counter() - started
+    return result, digest
+
+
+def ingest_with_dask(
+    inputs: Iterable[str | Path],
+    out_dir: str | Path,
+    *,
+    client: Any = None,
+    scheduler: str | None = None,
+    run: str | None = None,
+    rank: int | None = None,
+    chunk_bytes: int = INGEST_CHUNK_BYTES,
+) -> IngestSummary:
+    """Ingest trace files into a Parquet directory with one Dask task per file.
+
+    Args:
+        inputs: files, globs or directories (as for :func:`traceq.ingest.ingest_traces`), at paths
+            every worker can read.
+        out_dir: the Parquet directory (created; files already in it are skipped by content).
+        client: a ``distributed.Client``; else one is made for ``scheduler``.
+        scheduler: address of a running scheduler, e.g. ``tcp://10.0.0.5:8786``.
+        run, rank: as for ``ingest_traces``.
+        chunk_bytes: decode chunk size (bytes of JSON).
+
+    Returns one result per file, in input order.
+    """
+    from traceq.export import known_digests, next_trace_id
+
+    if client is None and scheduler is None:
+        raise ConfigError("pass a Dask client or a scheduler address (e.g. tcp://host:8786)")
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ConfigError('Dask is not installed; pip install "traceq[dask]" on the client and every worker') from None
+    paths = [p.resolve() for p in expand_inputs(inputs)]
+    root = Path(out_dir).resolve()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{root}: is a file; pass a directory for the Parquet output")
+    root.mkdir(parents=True, exist_ok=True)
+    known = known_digests(root)
+    first_id = next_trace_id(root)
+    own = client is None
+    if own:
+        client = Client(scheduler)
+    try:
+        futures = [
+            client.submit(
+                ingest_file_to_parquet, str(p), first_id + i, str(root), run=run, rank=rank,
+                skip_digests=frozenset(known.get(p.stat().st_size, ())) if p.exists() else frozenset(),
+                chunk_bytes=chunk_bytes, pure=False,
+            )
+            for i, p in enumerate(paths)
+        ]
+        results = client.gather(futures)
+    finally:
+        if own:
+            client.close()
+    return IngestSummary(files=_drop_duplicates(root, results))
+
+
+def _drop_duplicates(root: Path, results: list[tuple[FileResult, str | None]]) -> list[FileResult]:
+    """Files with the same content given twice in one call: keep the first, remove the others' files."""
+    from traceq.export import TRACES
+
+    first: dict[str, FileResult] = {}
+    out = []
+    for result, digest in results:
+        if result.status == "ingested" and digest is not None:
+            if digest in first:
+                # its traces file first, so that no reader sees half of it
+                files = root.rglob(f"trace{result.trace_id}_*.parquet")
+                for f in sorted(files, key=lambda f: f.relative_to(root).parts[0] != TRACES):
+                    f.unlink()
+                result = FileResult(result.path, "skipped", f"{result.path}: same content as {first[digest].path}")
+            else:
+                first[digest] = result
+        out.append(result)
+    return out
