@@ -87,15 +87,19 @@ def _tree_memory(pid: int) -> tuple[int, int]:
 def measure(cmd: list[str], **kwargs) -> dict:
     """Run ``cmd`` in a fresh process; wall and CPU seconds, peak tree RSS/PSS, its stdout."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
-    peak_rss = peak_pss = 0
-    while proc.poll() is None:
-        rss, pss = _tree_memory(proc.pid)
-        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
-        time.sleep(SAMPLE_S)
-    out, err = proc.communicate()
-    wall = time.perf_counter() - started
+    # files, not pipes: a pipe nobody reads while we sample would block a talkative command
+    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, text=True, **kwargs)
+        peak_rss = peak_pss = 0
+        while proc.poll() is None:
+            rss, pss = _tree_memory(proc.pid)
+            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+            time.sleep(SAMPLE_S)
+        wall = time.perf_counter() - started
+        out_f.seek(0)
+        err_f.seek(0)
+        out, err = out_f.read(), err_f.read()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-2000:]}")
@@ -393,7 +397,7 @@ def bench_report2048(repeats: int, tmp: Path, ranks: int = 2048, steps: int = 50
     rows = _rows(db)
     _rm(db)
     return {
-        "ranks": ranks, "steps": steps, "metric_rows": ranks * steps, "build_s": round(build_s, 2),
+        "ranks": ranks, "steps_per_rank": steps, "metric_rows": ranks * steps, "build_s": round(build_s, 2),
         "report_by_run_s": round(by_run["seconds"], 2), "report_by_rank_s": round(by_rank["seconds"], 2),
         "peak_rss_mb": round(max(by_run["peak_rss_mb"], by_rank["peak_rss_mb"])),
         "by_run_line": by_run["stdout"].strip().splitlines()[-1][:160],

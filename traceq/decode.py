@@ -305,31 +305,47 @@ def _valid_spans(rows: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return start, dur, keep
 
 
+def _int_list(values: list[Any]) -> list[Any]:
+    """``values`` as ints or None: unchanged when they already are (the common case, checked at C
+    speed), else through :func:`to_int`. Ints beyond int64 are caught when the Arrow array is built."""
+    if all(v is None or type(v) is int for v in values):
+        return values
+    return [to_int(v) for v in values]
+
+
 def _args_column(rows: list[Event], attr: str, as_int: bool) -> list[Any]:
-    conv = to_int if as_int else _to_text
-    return [None if e.args is None else conv(getattr(e.args, attr)) for e in rows]
+    values = [None if e.args is None else getattr(e.args, attr) for e in rows]
+    return _int_list(values) if as_int else [_to_text(v) for v in values]
 
 
-def _external_ids(rows: list[Event]) -> list[int | None]:
-    out: list[int | None] = []
-    for e in rows:
-        a = e.args
-        if a is None:
-            out.append(None)
-        else:
-            out.append(to_int(a.external_id if a.external_id is not None else a.external_id_2021))
-    return out
+def _external_ids(rows: list[Event]) -> list[Any]:
+    return _int_list([
+        None if e.args is None else (e.args.external_id if e.args.external_id is not None else e.args.external_id_2021)
+        for e in rows
+    ])
 
 
 def _collective_columns(rows: list[Event]) -> dict[str, list[Any]]:
-    has = [e.args is not None and e.args.collective is not None for e in rows]
-    if not any(has):
-        return {f: [None] * len(rows) for f in _COLL_FIELDS}
-    return {f: _args_column(rows, f, f in _INT_COLL) for f in _COLL_FIELDS}
+    """Collective arguments, filled only for the (few) events that name a collective."""
+    cols: dict[str, list[Any]] = {f: [None] * len(rows) for f in _COLL_FIELDS}
+    for i, e in enumerate(rows):
+        a = e.args
+        if a is not None and a.collective is not None:
+            for f in _COLL_FIELDS:
+                v = getattr(a, f)
+                cols[f][i] = to_int(v) if f in _INT_COLL else _to_text(v)
+    return cols
+
+
+def _array(values: Any, type_: pa.DataType) -> pa.Array:
+    try:
+        return pa.array(values, type=type_)
+    except OverflowError:  # an int beyond int64 (e.g. a uint64 id): unknown, like to_int says
+        return pa.array([to_int(v) for v in values], type=type_)
 
 
 def _filtered(table: dict[str, Any], keep: np.ndarray, schema: pa.Schema) -> pa.Table:
-    arrays = [pa.array(table[f.name], type=f.type) for f in schema]
+    arrays = [_array(table[f.name], f.type) for f in schema]
     result = pa.Table.from_arrays(arrays, schema=schema)
     if not keep.all():
         result = result.filter(pa.array(keep))
@@ -366,8 +382,8 @@ def _host_table(rows: list[Event], names: dict[str, int]) -> tuple[pa.Table, int
         "cat": [e.cat if isinstance(e.cat, str) else None for e in rows],
         "name_id": _intern(rows, names),
         "rank": _args_column(rows, "rank", True),
-        "pid": [to_int(e.pid) for e in rows],
-        "tid": [to_int(e.tid) for e in rows],
+        "pid": _int_list([e.pid for e in rows]),
+        "tid": _int_list([e.tid for e in rows]),
         "start_ns": start,
         "dur_ns": dur,
         "correlation": _args_column(rows, "correlation", True),
