@@ -221,6 +221,7 @@ class ConstantNVML:
 
     def __init__(self) -> None:
         self.t0 = time.time_ns()
+        self.energy_reads_ns: list[int] = []  # the clock this fake counter integrates over, per read
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
@@ -230,7 +231,9 @@ class ConstantNVML:
     def nvmlDeviceGetUUID(self, handle: int) -> str: return "GPU-0000"
     def nvmlDeviceGetPowerUsage(self, handle: int) -> int: return 250_000
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
-        return 10_000_000 + (time.time_ns() - self.t0) * 250 // 1_000_000
+        now = time.time_ns()
+        self.energy_reads_ns.append(now)
+        return 10_000_000 + (now - self.t0) * 250 // 1_000_000
 
 
 def test_collector_trace_maps_into_wall_clock_and_joins_its_power_log(tmp_path: Path, monkeypatch) -> None:
@@ -242,8 +245,9 @@ def test_collector_trace_maps_into_wall_clock_and_joins_its_power_log(tmp_path: 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     x = torch.randn(64, 64)
+    nvml = ConstantNVML()
     with TraceCollector(out_dir=tmp_path, run="real", wait=0, warmup=1, active=3, warmup_steps=0,
-                        tokens_per_step=4096, power_interval_ms=5, nvml=ConstantNVML()) as tc:
+                        tokens_per_step=4096, power_interval_ms=5, nvml=nvml) as tc:
         for _ in range(5):
             for _ in range(20):
                 x = torch.tanh(x @ x)
@@ -256,7 +260,9 @@ def test_collector_trace_maps_into_wall_clock_and_joins_its_power_log(tmp_path: 
     with connect(db, read_only=True) as con:
         windows = con.sql("select step, start_wall_ns, end_wall_ns, offset_source from step_windows order by step").fetchall()
         rows = step_metrics(con).sort("step").to_dicts()
-        reads = dict(con.sql("select step, wall_ns from power_samples where kind = 'energy'").fetchall())
+        read_steps = [step for (step,) in con.sql(
+            "select step from power_samples where kind = 'energy' order by wall_ns").fetchall()]
+    assert len(read_steps) == len(nvml.energy_reads_ns)  # one log record per counter read, in order
     assert [w[0] for w in windows] == [1, 2, 3]
     for _, start, end, source in windows:
         assert source == "baseTimeNanoseconds"
@@ -265,9 +271,11 @@ def test_collector_trace_maps_into_wall_clock_and_joins_its_power_log(tmp_path: 
     for r in rows:
         assert r["power_w"] == pytest.approx(250.0)
         assert r["energy_source"] == "energy counter"
-        # energy of step N: the counter read at step N+1's start minus at step N's start (the fake
-        # counter integrates 250 W over wall time, so that is 250 W x the time between the two reads)
-        between_s = (reads[r["step"] + 1] - reads[r["step"]]) / 1e9
+        # energy of step N: the counter read at step N+1's start minus at step N's start. The fake
+        # counter integrates 250 W over its own clock reads (not the sampler's wall_ns stamps, which a
+        # loaded machine can delay), so that is 250 W x the time between those two reads, +-1 mJ rounding.
+        k = read_steps.index(r["step"])
+        between_s = (nvml.energy_reads_ns[k + 1] - nvml.energy_reads_ns[k]) / 1e9
         assert r["energy_j"] == pytest.approx(250.0 * between_s, abs=0.002)
         assert r["tokens_per_j"] == pytest.approx(4096 / r["energy_j"])
     assert compute_metric(db, "power_w", by=["run"])["power_w"].to_list() == [pytest.approx(250.0)]

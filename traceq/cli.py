@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from traceq.errors import TraceqError
-from traceq.warehouse import DEFAULT_DB
+from traceq.ingest import DEFAULT_DB  # duckdb-free: ingest workers fork before duckdb loads
 
 app = typer.Typer(
     name="traceq",

@@ -28,7 +28,7 @@ _FLOAT_EXACT_LIMIT_US = float(2**43)
 Scalar = Any
 
 
-class Args(msgspec.Struct):
+class Args(msgspec.Struct, gc=False):
     external_id: Scalar = msgspec.field(name="External id", default=None)
     external_id_2021: Scalar = msgspec.field(name="external id", default=None)
     correlation: Scalar = None
@@ -49,7 +49,7 @@ class Args(msgspec.Struct):
     labels: Scalar = None
 
 
-class Event(msgspec.Struct):
+class Event(msgspec.Struct, gc=False):
     ph: Scalar = None
     cat: Scalar = None
     name: Scalar = None

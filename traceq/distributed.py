@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from traceq.errors import ConfigError, TraceqError
+from traceq.errors import ConfigError
 from traceq.ingest import INGEST_CHUNK_BYTES, FileResult, IngestSummary, expand_inputs
 from traceq.reader import file_digest
 

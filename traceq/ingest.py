@@ -518,7 +518,7 @@ class _Loader:
 
     def load(self, paths: list[Path]) -> Iterator[FileResult]:
         """Ingest ``paths``, yielding each file's result in input order."""
-        window: deque[tuple[Path, float, Future[DecodedFile]]] = deque()
+        window: deque[tuple[Path, Future[DecodedFile]]] = deque()
         for path in paths:
             if self.pool is None or len(paths) == 1 or json_size(path) > WHOLE_FILE_BYTES:
                 while window:
@@ -526,9 +526,9 @@ class _Loader:
                 yield self._load_chunked(path)
                 continue
             skip = frozenset(self.known.get(_size(path), ()))
-            window.append((path, time.perf_counter(), self.pool.submit(decode_file, path, self.chunk_bytes, self.rank, skip)))
+            window.append((path, self.pool.submit(decode_file, path, self.chunk_bytes, self.rank, skip)))
             # write what is ready; wait only when the window of decoded files is full
-            while window and (len(window) > FILES_IN_FLIGHT_PER_WORKER * self.n_workers or window[0][2].done()):
+            while window and (len(window) > FILES_IN_FLIGHT_PER_WORKER * self.n_workers or window[0][1].done()):
                 yield self._write_whole(*window.popleft())
         while window:
             yield self._write_whole(*window.popleft())
@@ -540,7 +540,7 @@ class _Loader:
         self.notify("bytes", {"bytes": _size(path)})
         return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]})", run=known[0][1])
 
-    def _write_whole(self, path: Path, started: float, future: Future[DecodedFile]) -> FileResult:
+    def _write_whole(self, path: Path, future: Future[DecodedFile]) -> FileResult:
         try:
             dec = future.result()
         except TraceqError as exc:
@@ -550,6 +550,7 @@ class _Loader:
         if skipped is not None:
             return skipped
         self.notify("file_read", {"bytes": dec.size})
+        started = time.perf_counter()  # seconds = the worker's decoding + this write, not the wait in between
         con = self.con
         con.begin()
         try:
@@ -559,7 +560,7 @@ class _Loader:
             con.rollback()
             raise
         self.known.setdefault(dec.size, set()).add(dec.digest)
-        result.seconds = time.perf_counter() - started
+        result.seconds = dec.seconds + time.perf_counter() - started
         return result
 
     def _load_chunked(self, path: Path) -> FileResult:

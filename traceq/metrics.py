@@ -162,8 +162,10 @@ SIDE_TABLES = ("run_files", "run_settings", "step_windows", "power_logs", "power
 
 def require_side_tables(con: duckdb.DuckDBPyConnection) -> None:
     """Raise WarehouseError when the warehouse predates the run metadata and power tables."""
+    # information_schema lists views too: a Parquet directory is opened as views (traceq.export)
     have = {name for (name,) in con.execute(
-        "select table_name from duckdb_tables() where schema_name = 'main' and database_name = current_database()"
+        "select table_name from information_schema.tables where table_schema = 'main' "
+        "and table_catalog = current_database()"
     ).fetchall()}
     missing = [t for t in SIDE_TABLES if t not in have]
     if missing:
@@ -342,7 +344,8 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
     if "rank" in by:
         return per_rank.sort(by)
     per_run = (
-        per_rank.sort("step_time_ms_mean", descending=True, nulls_last=True)
+        # ties go to the lowest rank, so the answer does not change between runs
+        per_rank.sort(["step_time_ms_mean", "rank"], descending=[True, False], nulls_last=True)
         .group_by(["run", *others], maintain_order=True)
         .agg(
             pl.len().alias("ranks"),
@@ -358,7 +361,7 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
             [c for c in by if c in per_run.columns] or ["run"]
         )
     return (
-        per_run.sort("slowest_step_time_ms", descending=True, nulls_last=True)
+        per_run.sort(["slowest_step_time_ms", "run"], descending=[True, False], nulls_last=True)
         .group_by(others, maintain_order=True)
         .agg(
             pl.len().alias("runs"),
