@@ -29,14 +29,14 @@ import time
 import traceback
 from pathlib import Path
 
-import duckdb
 
-from traceq.decode import decode_chunk
 from traceq.errors import TraceqError
 from traceq.ingest import ingest_traces
-from traceq.reader import read_trace
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tests.fuzzing import parse, row_counts  # noqa: E402  (shared with tests/test_fuzz.py)
+
 CORPUS = REPO.parent / "shared" / "corpus"
 CORPUS_SEEDS = (
     "kineto_docs/after_fix_trace.json",
@@ -112,28 +112,10 @@ def mutate(rng: random.Random, data: bytes) -> tuple[bytes, bool]:
     return bytes(buf), compressed
 
 
-def parse(path: Path, chunk_bytes: int) -> None:
-    header, chunks = read_trace(path, chunk_bytes)
-    for chunk in chunks:
-        decode_chunk(chunk)
-    assert isinstance(header.fields, dict)
-
-
 def kind_of(message: str, path: Path) -> str:
     """A failure message without the file name and the details: what kind of failure it was."""
     text = message.removeprefix(f"{path}: ")
     return re.sub(r"\d[\d,]*", "N", re.split(r" \(|;|: ", text, maxsplit=1)[0])
-
-
-def rows(db: Path) -> tuple[int, ...]:
-    if not db.exists():
-        return (0, 0, 0)
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute("select (select count(*) from traces), (select count(*) from gpu_events),"
-                           " (select count(*) from host_events)").fetchone()
-    finally:
-        con.close()
 
 
 def main() -> int:
@@ -158,9 +140,9 @@ def main() -> int:
             path.write_bytes(data)
             try:
                 if args.ingest_every and i % args.ingest_every == 0:
-                    before = rows(db)
+                    before = row_counts(db)
                     result = ingest_traces([path], db, workers=0, chunk_bytes=256).files[0]
-                    after = rows(db)
+                    after = row_counts(db)
                     whole = after[0] == before[0] + 1 if result.status == "ingested" else after == before
                     if not whole or (result.status == "failed" and not result.message.startswith(f"{path}: ")):
                         raise AssertionError(f"ingest {result.status}: rows {before} -> {after}: {result.message}")

@@ -6,7 +6,7 @@
 --   comm_ns             |U(comm of key)|, ns
 --   exposed_comm_ns     |U(comm of key) − U(compute)|, ns
 -- Every key seen on a GPU gets a row in each of its steps (0 when absent), so means over steps are right.
--- These do not add up to exposed_comm_ns of gpu_breakdown: where collectives of two keys overlap each
+-- These do not add up to exposed_comm_ns of interval_breakdown.sql: where collectives of two keys overlap each
 -- other, that time counts once for each key (so the sum can be larger than the total).
 with activity as (
     select

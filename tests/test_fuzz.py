@@ -10,17 +10,15 @@ import json
 import re
 from pathlib import Path
 
-import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CORPUS
+from tests.fuzzing import parse, row_counts
 from tests.tracegen import TraceBuilder
-from traceq.decode import decode_chunk
 from traceq.errors import TraceqError
 from traceq.ingest import ingest_traces
-from traceq.reader import read_trace
 
 # Small real traces (when the corpus is here) and a hand-made one: the inputs that get mutated.
 CORPUS_SEEDS = (
@@ -97,14 +95,6 @@ def mutated_trace(draw: st.DrawFn) -> tuple[bytes, bool]:
     return bytes(data), compressed
 
 
-def parse(path: Path, chunk_bytes: int) -> int:
-    """What ingest does before writing: read the header and decode every chunk. Returns the events."""
-    header, chunks = read_trace(path, chunk_bytes)
-    n = sum(decode_chunk(c).counts["events"] for c in chunks)
-    assert isinstance(header.fields, dict)
-    return n
-
-
 FUZZ = settings(max_examples=500, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -128,30 +118,18 @@ def fuzz_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz") / "w.duckdb"
 
 
-def _rows(db: Path) -> tuple[int, ...]:
-    if not db.exists():
-        return (0, 0, 0)
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(
-            "select (select count(*) from traces), (select count(*) from gpu_events), (select count(*) from host_events)"
-        ).fetchone()
-    finally:
-        con.close()
-
-
 @settings(FUZZ, max_examples=30)
 @given(trace=mutated_trace())
 def test_ingest_ingests_or_fails_cleanly(trace: tuple[bytes, bool], fuzz_db: Path) -> None:
     data, compressed = trace
     path = fuzz_db.parent / f"rank{next(_names)}.json{'.gz' if compressed else ''}"
     path.write_bytes(data)
-    before = _rows(fuzz_db)
+    before = row_counts(fuzz_db)
     summary = ingest_traces([path], fuzz_db, workers=0, chunk_bytes=256)  # raises only on a bug
     (result,) = summary.files
     assert result.status in ("ingested", "skipped", "failed")
     if result.status == "failed":
         assert result.message.startswith(f"{path}: ") and "\n" not in result.message
-        assert _rows(fuzz_db) == before
+        assert row_counts(fuzz_db) == before
     elif result.status == "ingested":
-        assert _rows(fuzz_db)[0] == before[0] + 1
+        assert row_counts(fuzz_db)[0] == before[0] + 1

@@ -177,8 +177,6 @@ def _steps_note(selection: Any) -> str:
 
 
 def _emit(frame: Any, fmt: Format) -> None:
-    import polars as pl
-
     if fmt is Format.csv:
         buf = io.StringIO()
         frame.write_csv(buf)
@@ -197,7 +195,6 @@ def _emit(frame: Any, fmt: Format) -> None:
         for row in rows:
             table.add_row(*row)
         Console(width=sum(widths) + 3 * len(widths) + 1, soft_wrap=False).print(table)
-        del pl
 
 
 def _cell(value: Any) -> str:

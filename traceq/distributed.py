@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from traceq.errors import ConfigError
+from traceq.errors import ConfigError, TraceFormatError
 from traceq.ingest import INGEST_CHUNK_BYTES, FileResult, IngestSummary, expand_inputs
 from traceq.reader import file_digest
 
@@ -51,7 +51,7 @@ def ingest_file_to_parquet(
     if skip_digests:
         try:
             digest = file_digest(trace_path)
-        except OSError:
+        except TraceFormatError:
             digest = None  # the ingest below names the problem
         if digest in skip_digests:
             return FileResult(path, "skipped", f"{path}: already in {out_dir}"), digest

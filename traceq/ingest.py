@@ -340,7 +340,7 @@ def decode_file(path: Path, chunk_bytes: int, option_rank: int | None, skip_dige
     Runs in a worker process. Raises :class:`TraceFormatError` naming the file.
     """
     started = time.perf_counter()
-    digest = _digest(path)
+    digest = file_digest(path)
     out = DecodedFile(digest=digest, size=_size(path))
     if digest in skip_digests:
         out.skipped = True
@@ -371,30 +371,6 @@ def _with_rank(table: pa.Table, rank: int | None) -> pa.Table:
         return table
     filled = pc.fill_null(table.column("rank"), pa.scalar(rank, pa.int64()))
     return table.set_column(table.schema.get_field_index("rank"), "rank", filled)
-
-
-def _leading_fields(path: Path) -> dict[str, Any]:
-    """The top-level fields that come before the event array ({} if none or unreadable)."""
-    from traceq.reader import _find_array_start, _open  # TODO(reader): expose these on TraceHeader
-
-    try:
-        with _open(path) as stream:
-            prefix, _, bare = _find_array_start(stream, path)
-        fields = {} if bare else msgspec.json.decode(prefix + b"null}")
-    except (TraceqError, msgspec.DecodeError, OSError):
-        return {}  # read_trace names the problem
-    return fields if isinstance(fields, dict) else {}
-
-
-def _digest(path: Path) -> str:
-    try:
-        return file_digest(path)
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: no such file; check the path or glob") from None
-    except IsADirectoryError:
-        raise TraceFormatError(f"{path}: is a directory; pass the trace files or the directory to ingest") from None
-    except OSError as exc:
-        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror})") from None
 
 
 def _require_events(path: Path, counts: _Counts) -> None:
@@ -569,12 +545,12 @@ class _Loader:
         digest: str | Future[str]
         try:
             if self.known.get(size) or self.pool is None:
-                digest = _digest(path)
+                digest = file_digest(path)
                 skipped = self._already(path, digest)
                 if skipped is not None:
                     return skipped
             else:
-                digest = self.pool.submit(_digest, path)
+                digest = self.pool.submit(file_digest, path)
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
         con = self.con
@@ -601,11 +577,11 @@ class _Loader:
         con = self.con
         parse_start = time.perf_counter()
         trace_id = self._next_trace_id()
+        header, chunks = read_trace(path, self.chunk_bytes)
         # Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in
         # (an UPDATE of every row afterwards would hold a copy of the column in memory).
-        dist = _leading_fields(path).get("distributedInfo")
+        dist = header.leading.get("distributedInfo")
         fill = to_int(dist.get("rank")) if isinstance(dist, dict) else None
-        header, chunks = read_trace(path, self.chunk_bytes)
         names = _Names()
         counts = _Counts()
         meta: list[pa.Table] = []

@@ -38,27 +38,40 @@ _KEY = b'"traceEvents"'
 
 @dataclass
 class TraceHeader:
-    """Top-level fields of a trace other than ``traceEvents`` (filled in after the last chunk)."""
+    """Top-level fields of a trace other than ``traceEvents``.
+
+    ``leading`` holds those written before the event array (Kineto writes ``distributedInfo`` there)
+    and is known as soon as :func:`read_trace` returns; ``fields`` holds all of them once the last
+    chunk has been read.
+    """
 
     fields: dict[str, Any] = field(default_factory=dict)
+    leading: dict[str, Any] = field(default_factory=dict)
     bare_array: bool = False
 
 
 def file_digest(path: Path) -> str:
-    """SHA-256 of the file's bytes as stored (compressed or not), hex."""
-    with open(path, "rb") as f:
+    """SHA-256 of the file's bytes as stored (compressed or not), hex.
+
+    Raises :class:`TraceFormatError` naming the file when it cannot be read.
+    """
+    with _open_raw(path) as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _open(path: Path) -> BinaryIO:
+def _open_raw(path: Path) -> BinaryIO:
     try:
-        raw = open(path, "rb")
+        return open(path, "rb")
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: no such file; check the path or glob") from None
     except IsADirectoryError:
         raise TraceFormatError(f"{path}: is a directory; pass the trace files or the directory to ingest") from None
     except OSError as exc:
         raise TraceFormatError(f"{path}: cannot be read ({exc.strerror})") from None
+
+
+def _open(path: Path) -> BinaryIO:
+    raw = _open_raw(path)
     magic = raw.read(2)
     raw.seek(0)
     if magic == b"\x1f\x8b":
@@ -115,6 +128,18 @@ def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool]
             search_from = pos + 1
         if not more:
             raise _not_json(path, 'no "traceEvents" array')
+
+
+def _leading_fields(prefix: bytes) -> dict[str, Any]:
+    """The top-level fields before the event array ({} for a bare array or when unreadable: the
+    full header parse after the last chunk names any problem)."""
+    if not prefix:
+        return {}
+    try:
+        fields = _LENIENT_FLOATS.decode(prefix + b"null}")
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return {}
+    return fields if isinstance(fields, dict) else {}
 
 
 def _is_top_level_key(prefix: bytes) -> bool:
@@ -196,6 +221,7 @@ def read_trace(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[TraceHeader,
         stream.close()
         raise
     header.bare_array = bare
+    header.leading = _leading_fields(prefix)
     try:
         rest = _first_event(stream, path, rest)
     except BaseException:
