@@ -20,3 +20,11 @@ create or replace temp macro collective_type(s) as (
 
 -- ProfilerStep#12 -> 12
 create or replace temp macro profiler_step(name) as try_cast(regexp_extract(name, '^ProfilerStep#(\d+)$', 1) as bigint);
+
+-- An int64 from a JSON scalar read as text by DuckDB's JSON reader (traceq.decode.to_int):
+-- 7, "7", 7.0, "0x1f", "stream 7" (older Kineto stream ids) -> the integer; true, "abc", an int beyond
+-- int64 -> null. (A fraction would be rounded: sql/read_events.sql sends such ids to traceq.decode.)
+create or replace temp macro json_int(s) as try_cast(case when starts_with(s, 'stream ') then s[8:] else s end as bigint);
+-- A JSON value as JSON text -> the number it holds; null for a string ("12.5"), boolean, list, object.
+create or replace temp macro json_number(j) as
+    case when not starts_with(j, '"') and j not in ('true', 'false') then try_cast(j as double) end;

@@ -28,11 +28,11 @@ SMALL = "hta/trace_filter/sampled_rank-1.json.gz"
 
 @pytest.fixture(scope="module")
 def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ~40 MB trace (a corpus trace's events repeated): a couple of seconds of ingest on one core."""
+    """A ~300 MB trace (a corpus trace's events repeated): a few seconds of ingest on one core."""
     doc = json.loads(gzip.decompress(corpus_path("hta/trace_filter/sampled_rank-0.json.gz").read_bytes()))
     events = json.dumps(doc["traceEvents"])[1:-1].encode()
     path = tmp_path_factory.mktemp("long") / "rank0.json"
-    path.write_bytes(b'{"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": [' + b", ".join([events] * 22) + b"]}")
+    path.write_bytes(b'{"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": [' + b", ".join([events] * 170) + b"]}")
     return path
 
 

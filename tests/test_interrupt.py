@@ -21,7 +21,7 @@ from traceq.ingest import ingest_traces
 from traceq.warehouse import connect
 
 TRACEQ = Path(sys.executable).with_name("traceq")
-REPLICAS = 60  # x 1.8 MB of JSON: about 105 MB, 4-5 s to ingest on one core
+REPLICAS = 170  # x 1.8 MB of JSON: about 300 MB, a few seconds to ingest on one core
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="needs Linux /proc to see the file offset")
 

@@ -67,6 +67,8 @@ _ANY_EXACT = msgspec.json.Decoder(float_hook=Decimal)
 
 GPU_KINDS = {"kernel": 1, "Kernel": 1, "gpu_memcpy": 2, "Memcpy": 2, "gpu_memset": 3, "Memset": 3}
 RUNTIME_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
+# CPU operators: kept for CPU-only traces, left out of GPU traces unless they carry collective args.
+OP_CATS = frozenset({"cpu_op", "Operator", "python_function"})
 
 GPU_SCHEMA = pa.schema(
     [
@@ -133,6 +135,7 @@ class ChunkTables:
     host: pa.Table
     meta: pa.Table
     counts: dict[str, int] = field(default_factory=dict)
+    inexact: bool = False  # float64 rounded a time (|ts| >= 2**43 us with a fraction): decode exactly
 
 
 def to_int(value: Any) -> int | None:
@@ -164,8 +167,9 @@ def _to_text(value: Any) -> str | None:
     return msgspec.json.encode(value).decode()
 
 
-def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Integer ns and a validity mask from Kineto microsecond values.
+def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Integer ns, a validity mask and whether float64 rounding made any value inexact, from
+    Kineto microsecond values.
 
     Numbers (int, float, Decimal) within +-2**62 ns are valid; None, strings, booleans, lists and
     objects are not (the event is dropped and counted, not guessed at).
@@ -175,8 +179,11 @@ def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
         valid = np.isfinite(us) & (np.abs(us) < _TIME_LIMIT_NS / 1000)
         us = np.where(valid, us, 0.0)
         whole = np.floor(us)
+        # a float (JSON written with a fraction) this large may have lost its ns; ints are exact
+        large = np.flatnonzero(np.abs(us) >= _FLOAT_EXACT_LIMIT_US)
+        inexact = any(type(values[i]) is float for i in large)
         ns = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
-        return ns, valid
+        return ns, valid, inexact
     out = np.zeros(len(values), dtype=np.int64)
     valid = np.zeros(len(values), dtype=bool)
     for i, v in enumerate(values):
@@ -190,15 +197,7 @@ def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
         if -_TIME_LIMIT_NS < ns < _TIME_LIMIT_NS:
             out[i] = ns
             valid[i] = True
-    return out, valid
-
-
-def _needs_exact(events: list[Event]) -> bool:
-    for e in events:
-        ts = e.ts
-        if isinstance(ts, float) and abs(ts) >= _FLOAT_EXACT_LIMIT_US and ts != math.floor(ts):
-            return True
-    return False
+    return out, valid, False
 
 
 def decode_events(data: bytes) -> list[Event]:
@@ -206,28 +205,30 @@ def decode_events(data: bytes) -> list[Event]:
 
     Elements that are not event objects are left out; :func:`decode_chunk` counts them as dropped.
     """
-    return _decode_lenient(data)[0]
+    events, _, exact = _decode_lenient(data)
+    if not exact and _time_ns([e.ts for e in events])[2]:
+        events = _decode_lenient(data, exact=True)[0]
+    return events
 
 
-def _decode_lenient(data: bytes) -> tuple[list[Event], int]:
-    """(events, elements left out). Invalid UTF-8 in a string becomes U+FFFD rather than an error."""
+def _decode_lenient(data: bytes, exact: bool = False) -> tuple[list[Event], int, bool]:
+    """(events, elements left out, whether floats are Decimal). Invalid UTF-8 in a string becomes
+    U+FFFD rather than an error."""
     try:
-        return _decode_typed(data)
+        return _decode_typed(data, exact)
     except UnicodeDecodeError:
-        return _decode_typed(data.decode("utf-8", "replace").encode())
+        return _decode_typed(data.decode("utf-8", "replace").encode(), exact)
 
 
-def _decode_typed(data: bytes) -> tuple[list[Event], int]:
+def _decode_typed(data: bytes, exact: bool) -> tuple[list[Event], int, bool]:
     """The fast typed decode, else Decimal floats, else an element-by-element rescue."""
+    if not exact:
+        try:
+            return _FAST.decode(data), 0, False
+        except msgspec.ValidationError:
+            pass  # a number beyond float64, or an element or args that is not an object
     try:
-        events = _FAST.decode(data)
-        if _needs_exact(events):
-            events = _EXACT.decode(data)
-        return events, 0
-    except msgspec.ValidationError:
-        pass  # a number beyond float64, or an element or args that is not an object
-    try:
-        return _EXACT.decode(data), 0
+        return _EXACT.decode(data), 0, True
     except msgspec.ValidationError:
         pass
     items = _ITEMS.decode(data)
@@ -239,70 +240,97 @@ def _decode_typed(data: bytes) -> tuple[list[Event], int]:
         if not isinstance(value.get("args"), dict):
             value["args"] = None
         events.append(msgspec.convert(value, Event))
-    return events, len(items) - len(events)
+    return events, len(items) - len(events), True
 
 
-def decode_chunk(chunk: bytes) -> ChunkTables:
+def decode_chunk(chunk: bytes, all_ops: bool = True) -> ChunkTables:
     """Decode ``chunk`` (whole events joined by commas, without the enclosing brackets).
 
     The reader has checked the JSON syntax; values of the wrong type never raise here: an element
     that is not an object, or an event without ``ph`` or without numeric ``ts``/``dur`` (for
-    complete events), is counted in ``counts["dropped"]``.
+    complete events), is counted in ``counts["dropped"]``. With ``all_ops=False`` the CPU operators
+    that no metric of a GPU trace reads are left out (see :func:`events_to_tables`).
     """
-    events, left_out = _decode_lenient(b"[" + chunk + b"]")
-    tables = events_to_tables(events)
+    data = b"[" + chunk + b"]"
+    events, left_out, exact = _decode_lenient(data)
+    tables = events_to_tables(events, all_ops)
+    if tables.inexact and not exact:  # epoch-microsecond times with a fraction: decode them exactly
+        events, left_out, _ = _decode_lenient(data, exact=True)
+        tables = events_to_tables(events, all_ops)
     tables.counts["events"] += left_out
     tables.counts["dropped"] += left_out
     return tables
 
 
-def events_to_tables(events: list[Event]) -> ChunkTables:
-    """Split decoded events into GPU activity, host spans and thread/process metadata tables."""
+def events_to_tables(events: list[Event], all_ops: bool = True) -> ChunkTables:
+    """Split decoded events into GPU activity, host spans and thread/process metadata tables.
+
+    ``all_ops=False`` (traces with GPU activity) leaves out the CPU operators (``cpu_op``,
+    ``python_function``) that carry no collective arguments and are not a ``ProfilerStep#N``: the
+    metrics of a GPU trace read the runtime launches, annotations and ``record_param_comms`` only,
+    and the operators are most of a trace's events. They are counted in ``counts["skipped_ops"]``.
+    CPU-only traces need them (they are the compute, ``sql/cpu_activity.sql``).
+    """
     names: dict[str, int] = {}
     gpu_rows: list[Event] = []
     gpu_kind: list[int] = []
     host_rows: list[Event] = []
     meta_rows: list[Event] = []
-    counts = {"events": len(events), "dropped": 0, "other": 0}
+    counts = {"events": len(events), "dropped": 0, "other": 0, "skipped_ops": 0}
     no_phase = 0
     for e in events:
         ph = e.ph
         if ph == "X":
-            kind = GPU_KINDS.get(e.cat) if isinstance(e.cat, str) else None
+            cat = e.cat
+            kind = GPU_KINDS.get(cat) if isinstance(cat, str) else None
             if kind is not None:
                 gpu_rows.append(e)
                 gpu_kind.append(kind)
-            else:
+            elif all_ops or not _is_plain_op(e):
                 host_rows.append(e)
+            else:
+                counts["skipped_ops"] += 1
         elif ph == "M":
             meta_rows.append(e)
-        elif not isinstance(ph, str):
+        elif ph is None:
             no_phase += 1
         else:
             counts["other"] += 1
 
-    gpu, dropped_gpu = _gpu_table(gpu_rows, gpu_kind, names)
-    host, dropped_host = _host_table(host_rows, names)
+    gpu, dropped_gpu, inexact_gpu = _gpu_table(gpu_rows, gpu_kind, names)
+    host, dropped_host, inexact_host = _host_table(host_rows, names)
     counts["dropped"] = dropped_gpu + dropped_host + no_phase
     counts["gpu"] = gpu.num_rows
     counts["host"] = host.num_rows
-    return ChunkTables(names=list(names), gpu=gpu, host=host, meta=_meta_table(meta_rows), counts=counts)
+    return ChunkTables(
+        names=list(names), gpu=gpu, host=host, meta=_meta_table(meta_rows), counts=counts,
+        inexact=inexact_gpu or inexact_host,
+    )
+
+
+def _is_plain_op(e: Event) -> bool:
+    """A CPU operator that GPU-trace metrics do not read (see :func:`events_to_tables`)."""
+    return (
+        isinstance(e.cat, str) and e.cat in OP_CATS
+        and (e.args is None or e.args.collective is None)
+        and not (isinstance(e.name, str) and e.name.startswith("ProfilerStep#"))
+    )
 
 
 def _intern(rows: list[Event], names: dict[str, int]) -> np.ndarray:
     setdefault = names.setdefault
     return np.fromiter(
-        (setdefault(e.name if isinstance(e.name, str) else str(e.name), len(names)) for e in rows),
+        (setdefault(e.name if isinstance(e.name, str) else _to_text(e.name) or "", len(names)) for e in rows),
         dtype=np.int32,
         count=len(rows),
     )
 
 
-def _valid_spans(rows: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    start, ok_start = _time_ns([e.ts for e in rows])
-    dur, ok_dur = _time_ns([e.dur for e in rows])
+def _valid_spans(rows: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    start, ok_start, inexact = _time_ns([e.ts for e in rows])
+    dur, ok_dur, _ = _time_ns([e.dur for e in rows])
     keep = ok_start & ok_dur & (dur >= 0)
-    return start, dur, keep
+    return start, dur, keep, inexact
 
 
 def _int_list(values: list[Any]) -> list[Any]:
@@ -352,8 +380,8 @@ def _filtered(table: dict[str, Any], keep: np.ndarray, schema: pa.Schema) -> pa.
     return result
 
 
-def _gpu_table(rows: list[Event], kinds: list[int], names: dict[str, int]) -> tuple[pa.Table, int]:
-    start, dur, keep = _valid_spans(rows)
+def _gpu_table(rows: list[Event], kinds: list[int], names: dict[str, int]) -> tuple[pa.Table, int, bool]:
+    start, dur, keep, inexact = _valid_spans(rows)
     device = _args_column(rows, "device", True)
     stream = _args_column(rows, "stream", True)
     for i, e in enumerate(rows):  # fall back to the trace viewer's pid (device) / tid (stream)
@@ -373,13 +401,13 @@ def _gpu_table(rows: list[Event], kinds: list[int], names: dict[str, int]) -> tu
         "external_id": _external_ids(rows),
         **_collective_columns(rows),
     }
-    return _filtered(cols, keep, GPU_SCHEMA), int((~keep).sum())
+    return _filtered(cols, keep, GPU_SCHEMA), int((~keep).sum()), inexact
 
 
-def _host_table(rows: list[Event], names: dict[str, int]) -> tuple[pa.Table, int]:
-    start, dur, keep = _valid_spans(rows)
+def _host_table(rows: list[Event], names: dict[str, int]) -> tuple[pa.Table, int, bool]:
+    start, dur, keep, inexact = _valid_spans(rows)
     cols: dict[str, Any] = {
-        "cat": [e.cat if isinstance(e.cat, str) else None for e in rows],
+        "cat": [e.cat if isinstance(e.cat, str) else _to_text(e.cat) for e in rows],
         "name_id": _intern(rows, names),
         "rank": _args_column(rows, "rank", True),
         "pid": _int_list([e.pid for e in rows]),
@@ -391,7 +419,7 @@ def _host_table(rows: list[Event], names: dict[str, int]) -> tuple[pa.Table, int
         "device": _host_devices(rows),
         **_collective_columns(rows),
     }
-    return _filtered(cols, keep, HOST_SCHEMA), int((~keep).sum())
+    return _filtered(cols, keep, HOST_SCHEMA), int((~keep).sum()), inexact
 
 
 def _host_devices(rows: list[Event]) -> list[int | None]:

@@ -26,12 +26,10 @@ import os
 import re
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +38,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceq.decode import ChunkTables, decode_chunk, to_int
+from traceq.decode import OP_CATS, ChunkTables, decode_chunk, to_int
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
-from traceq.reader import file_digest, read_trace
+from traceq.native import (
+    BatchCounts, NotNative, batch_files, drop_scratch, parse_batch, prefetch, remove, scratch_dir, write_batch,
+)
+from traceq.reader import TraceHeader, file_digest, read_trace
 
 # duckdb (via traceq.warehouse and traceq.sidecar) is imported only once the workers have forked:
 # a forked worker's resident memory includes every module its parent had loaded.
@@ -51,18 +52,11 @@ DEFAULT_DB = "traceq.duckdb"  # == traceq.warehouse.DEFAULT_DB
 TRACE_SUFFIXES = (".json", ".json.gz")
 SIDE_FILE_SUFFIXES = (".run.json", ".power.jsonl")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-# Chunks of a large file handed to workers (bytes of JSON). Smaller chunks cut the main process's
-# buffers and each worker's working set (measured: 4 MB chunks peak ~100 MB lower than 8 MB, at
-# the same speed); the decoded tables are a fraction of the chunk.
-INGEST_CHUNK_BYTES = 4 << 20
-CHUNKS_IN_FLIGHT_PER_WORKER = 2
-# Files of up to this many bytes of JSON are decoded whole by one worker when several files are
-# given; a worker holds at most a few such files' tables and the main process writes them in order.
-WHOLE_FILE_BYTES = 32 << 20
-FILES_IN_FLIGHT_PER_WORKER = 2
+# Chunks the reader cuts a file into (bytes of JSON); traceq.native parses several per statement.
+INGEST_CHUNK_BYTES = 8 << 20
 # DuckDB's buffer pool while ingesting: row groups are written to the file as they fill, so the
 # pool only needs room for one file's steps and step attribution (which spill beyond it).
-INGEST_MEMORY_LIMIT = "64MB"
+INGEST_MEMORY_LIMIT = "256MB"
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 # Decoding makes ~10 tracked objects per event, all alive until the chunk is converted: with the
 # default thresholds the cyclic GC scans them over and over (measured: msgspec decode 163 -> 273
@@ -135,6 +129,7 @@ def ingest_traces(
     workers: int | None = None,
     chunk_bytes: int = INGEST_CHUNK_BYTES,
     progress: Progress | None = None,
+    native: bool = True,
 ) -> IngestSummary:
     """Ingest trace files into the warehouse at ``db``.
 
@@ -143,9 +138,11 @@ def ingest_traces(
         db: DuckDB warehouse path (created if missing).
         run: run name for every file (default: each file's parent directory name).
         rank: rank for files that name none (no distributedInfo.rank, no per-event rank).
-        workers: decoding processes (default: the number of CPUs; 0 decodes in this process).
-        chunk_bytes: size of the event chunks handed to workers (bytes of JSON).
+        workers: cores DuckDB parses on (default: the number of CPUs; 0 or 1: one).
+        chunk_bytes: size of the event chunks the file is cut into (bytes of JSON).
         progress: called as ``progress(event, info)`` for "start", "bytes", "file_read" and "done".
+        native: parse with DuckDB where it reads a file the same (:mod:`traceq.native`); False
+            decodes every file with :mod:`traceq.decode` (the reference the tests compare with).
 
     A file that fails leaves nothing behind; the others still ingest. Re-ingesting a file whose
     content is already in the warehouse is a no-op reported as skipped.
@@ -154,65 +151,26 @@ def ingest_traces(
     release_large_buffers()
     notify = progress or (lambda event, info: None)
     summary = IngestSummary()
-    n_workers = (os.cpu_count() or 1) if workers is None else workers
-    # Workers start before DuckDB opens its threads, so forking them is safe (and unlike spawn,
-    # fork does not re-run the caller's __main__ module).
-    pool = _start_pool(n_workers) if n_workers > 0 else None
-    try:
-        from traceq.warehouse import connect
+    from traceq.warehouse import connect
 
-        con = connect(db)
-    except BaseException:
-        if pool is not None:
-            pool.shutdown()
-        raise
+    con = connect(db)
+    loader = _Loader(con, run, rank, chunk_bytes, notify, native)
     try:
         con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT}'")
-        if pool is not None:
-            con.execute("set threads = 1")  # the workers have the other cores
+        con.execute(f"set threads = {max(1, (os.cpu_count() or 1) if workers is None else workers)}")
         notify("start", {"files": len(paths), "bytes": sum(_size(p) for p in paths)})
-        loader = _Loader(con, run, rank, pool, n_workers, chunk_bytes, notify)
-        with few_collections():  # matters when decoding here (workers=0); workers set it themselves
+        with few_collections():  # matters when traceq.decode runs
             for result in loader.load(paths):
                 summary.files.append(result)
                 notify("done", {"result": result})
+    except RuntimeError as exc:  # DuckDB stops a query on SIGINT with "Query interrupted"
+        if "interrupted" in str(exc).lower():
+            raise KeyboardInterrupt from None
+        raise
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+        loader.close()
         con.close()
     return summary
-
-
-def _start_pool(n_workers: int) -> ProcessPoolExecutor:
-    method = "fork" if sys.platform == "linux" else "spawn"
-    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context(method), initializer=_init_worker)
-    list(pool.map(_noop, range(n_workers)))  # start every worker now
-    return pool
-
-
-def _noop(_: int) -> None:
-    return None
-
-
-def _init_worker() -> None:
-    _exit_with_parent()
-    gc.set_threshold(*DECODE_GC_THRESHOLDS)
-
-
-def _exit_with_parent() -> None:
-    """Linux: have the kernel kill this worker when the ingest process dies (even by SIGKILL)."""
-    if sys.platform != "linux":
-        return
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the parent died before prctl took effect
-            os._exit(1)
-    except (OSError, AttributeError):
-        pass
 
 
 @contextmanager
@@ -304,65 +262,54 @@ class _Counts:
     dropped: int = 0
     rows_with_rank: int = 0  # events carrying their own args.rank
     rows_without_rank: int = 0
+    skipped_ops: int = 0  # CPU operators left out while decoding (all_ops=False)
+    kept_ops: bool = False  # some chunk was decoded with all_ops=True
 
-    def add(self, ct: ChunkTables) -> None:
+    def add_batch(self, b: BatchCounts, all_ops: bool) -> None:
+        self.events += b.events
+        self.gpu += b.gpu
+        self.host += b.host
+        self.dropped += b.dropped
+        self.skipped_ops += b.skipped_ops
+        self.kept_ops = self.kept_ops or all_ops
+        self.rows_without_rank += b.rows_without_rank
+        self.rows_with_rank += b.rows_with_rank
+
+    def add(self, ct: ChunkTables, all_ops: bool) -> None:
         self.events += ct.counts.get("events", 0)
         self.gpu += ct.counts.get("gpu", 0)
         self.host += ct.counts.get("host", 0)
         self.dropped += ct.counts.get("dropped", 0)
+        self.skipped_ops += ct.counts.get("skipped_ops", 0)
+        self.kept_ops = self.kept_ops or all_ops
         for t in (ct.gpu, ct.host, ct.meta):
             self.rows_without_rank += t.column("rank").null_count
         for t in (ct.gpu, ct.host):
             self.rows_with_rank += t.num_rows - t.column("rank").null_count
 
 
-@dataclass
-class DecodedFile:
-    """A whole trace file decoded by one worker: its tables (ranks filled in) and header facts."""
+class OpsPolicy:
+    """Whether the chunks of one file are decoded with every CPU operator (``all_ops``).
 
-    digest: str
-    size: int
-    skipped: bool = False
-    fields: dict[str, Any] = field(default_factory=dict)
-    names: pa.Table | None = None
-    gpu: pa.Table | None = None
-    host: pa.Table | None = None
-    meta: pa.Table | None = None
-    counts: _Counts = field(default_factory=_Counts)
-    file_rank: int | None = None
-    rank_source: str = "unknown"
-    seconds: float = 0.0
-
-
-def decode_file(path: Path, chunk_bytes: int, option_rank: int | None, skip_digests: frozenset[str]) -> DecodedFile:
-    """Decode the whole trace at ``path`` into Arrow tables, unless its digest is in ``skip_digests``.
-
-    Runs in a worker process. Raises :class:`TraceFormatError` naming the file.
+    CPU operators are most of a trace's events, yet on a trace with GPU activity no metric reads
+    them (:func:`traceq.decode.events_to_tables`). A file starts without them when its header has
+    ``deviceProperties`` (Kineto writes it before the events on CUDA/ROCm machines) and switches to
+    without them once a chunk shows GPU activity. Afterwards, ops kept in the chunks decoded before
+    are deleted if the file has GPU activity (:func:`_drop_plain_ops`), and a file that was decoded
+    without them and shows no GPU activity after all is decoded again with them (:class:`_NeedsOps`).
     """
-    started = time.perf_counter()
-    digest = file_digest(path)
-    out = DecodedFile(digest=digest, size=_size(path))
-    if digest in skip_digests:
-        out.skipped = True
-        return out
-    header, chunks = read_trace(path, chunk_bytes)
-    names = _Names()
-    parts: dict[str, list[pa.Table]] = {"gpu": [], "host": [], "meta": []}
-    for chunk in chunks:
-        ct = decode_chunk(chunk)
-        out.counts.add(ct)
-        remap = names.remap(ct.names)
-        parts["gpu"].append(_remapped(ct.gpu, remap))
-        parts["host"].append(_remapped(ct.host, remap))
-        parts["meta"].append(ct.meta)
-    _require_events(path, out.counts)
-    out.fields = header.fields
-    out.file_rank, out.rank_source = _rank_of(path, out.fields, option_rank, out.counts)
-    out.names = names.table()
-    for key, tables in parts.items():
-        setattr(out, key, _with_rank(pa.concat_tables(tables).combine_chunks(), -1 if out.file_rank is None else out.file_rank))
-    out.seconds = time.perf_counter() - started
-    return out
+
+    def __init__(self, leading: dict[str, Any], all_ops: bool | None = None) -> None:
+        self.all_ops = not leading.get("deviceProperties") if all_ops is None else all_ops
+        self.fixed = all_ops is not None
+
+    def saw(self, gpu_rows: int) -> None:
+        if gpu_rows and not self.fixed:
+            self.all_ops = False
+
+
+class _NeedsOps(Exception):
+    """A file decoded without CPU operators turned out to have no GPU activity: decode it again."""
 
 
 def _with_rank(table: pa.Table, rank: int | None) -> pa.Table:
@@ -401,15 +348,6 @@ def run_name_of(path: Path, run: str | None) -> str:
     return run or path.resolve().parent.name or "default"
 
 
-def write_decoded(con: Any, path: Path, dec: DecodedFile, run_name: str, trace_id: int) -> FileResult:
-    """Write a decoded file as trace ``trace_id`` (inside the caller's transaction)."""
-    for table, rows in (("names", dec.names), ("gpu_events", dec.gpu), ("host_events", dec.host), ("trace_threads", dec.meta)):
-        _insert(con, table, rows, trace_id)
-    return _finish_trace(
-        con, path, trace_id, run_name, dec.digest, dec.size, dec.fields, dec.counts, dec.file_rank, dec.rank_source, dec.seconds
-    )
-
-
 def _finish_trace(
     con: Any,
     path: Path,
@@ -427,6 +365,8 @@ def _finish_trace(
     from traceq.sidecar import load_side_files
     from traceq.warehouse import sql_text
 
+    if counts.gpu and counts.kept_ops:
+        counts.host -= _drop_plain_ops(con, trace_id)
     dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
     con.execute("insert into runs (run) values (?) on conflict do nothing", [run_name])
     con.execute(
@@ -455,59 +395,62 @@ def _finish_trace(
     )
 
 
+def _drop_plain_ops(con: Any, trace_id: int) -> int:
+    """Delete the CPU operators of a trace with GPU activity that were decoded before the policy
+    switched (the rows :func:`traceq.decode._is_plain_op` leaves out); returns how many."""
+    ops = ", ".join("?" for _ in OP_CATS)
+    return con.execute(
+        f"""
+        delete from host_events as h
+        where h.trace_id = ? and h.cat in ({ops}) and h.collective is null
+            and h.name_id not in (select name_id from names where trace_id = ? and starts_with(name, 'ProfilerStep#'))
+        """,
+        [trace_id, *sorted(OP_CATS), trace_id],
+    ).fetchall()[0][0]
+
+
 def ingest_in_process(
     con: Any, path: Path, *, run: str | None = None, rank: int | None = None, chunk_bytes: int = INGEST_CHUNK_BYTES
 ) -> FileResult:
-    """Ingest one file into the open warehouse ``con`` in this process, chunk by chunk (no workers).
+    """Ingest one file into the open warehouse ``con`` (one transaction).
 
-    The trace id comes from the warehouse's ``trace_ids`` sequence. One transaction.
+    The trace id comes from the warehouse's ``trace_ids`` sequence.
     """
-    with few_collections():
-        return next(_Loader(con, run, rank, None, 0, chunk_bytes, lambda event, info: None).load([path]))
+    loader = _Loader(con, run, rank, chunk_bytes, lambda event, info: None)
+    try:
+        with few_collections():
+            return next(loader.load([path]))
+    finally:
+        loader.close()
 
 
 class _Loader:
-    """Schedules decoding on the pool and writes each file in one transaction, in input order."""
+    """Writes each file in one transaction, in input order: parsed by DuckDB (:mod:`traceq.native`),
+    else decoded by :mod:`traceq.decode`."""
 
     def __init__(
-        self,
-        con: Any,
-        run: str | None,
-        rank: int | None,
-        pool: ProcessPoolExecutor | None,
-        n_workers: int,
-        chunk_bytes: int,
-        notify: Progress,
+        self, con: Any, run: str | None, rank: int | None, chunk_bytes: int, notify: Progress, native: bool = True
     ) -> None:
         self.con = con
+        self.native = native
         self.run = run
         self.rank = rank
-        self.pool = pool
-        self.n_workers = n_workers
         self.chunk_bytes = chunk_bytes
         self.notify = notify
-        # Digests by file size: a file is hashed before it is decoded only when a file of its size
-        # is already in the warehouse (else the hash is taken beside the decoding).
+        self.hasher = ThreadPoolExecutor(1, thread_name_prefix="traceq-hash")  # hashlib releases the GIL
+        # Digests by file size: a file is hashed before it is read only when a file of its size is
+        # already in the warehouse (else the hash is taken beside the parsing).
         self.known: dict[int, set[str]] = {}
         for size, digest in con.execute("select size_bytes, content_sha256 from traces").fetchall():
             self.known.setdefault(size, set()).add(digest)
 
+    def close(self) -> None:
+        self.hasher.shutdown(cancel_futures=True)
+
     def load(self, paths: list[Path]) -> Iterator[FileResult]:
         """Ingest ``paths``, yielding each file's result in input order."""
-        window: deque[tuple[Path, Future[DecodedFile]]] = deque()
         for path in paths:
-            if self.pool is None or len(paths) == 1 or json_size(path) > WHOLE_FILE_BYTES:
-                while window:
-                    yield self._write_whole(*window.popleft())
-                yield self._load_chunked(path)
-                continue
-            skip = frozenset(self.known.get(_size(path), ()))
-            window.append((path, self.pool.submit(decode_file, path, self.chunk_bytes, self.rank, skip)))
-            # write what is ready; wait only when the window of decoded files is full
-            while window and (len(window) > FILES_IN_FLIGHT_PER_WORKER * self.n_workers or window[0][1].done()):
-                yield self._write_whole(*window.popleft())
-        while window:
-            yield self._write_whole(*window.popleft())
+            yield self._load(path)
 
     def _already(self, path: Path, digest: str) -> FileResult | None:
         known = self.con.execute("select path, run from traces where content_sha256 = ?", [digest]).fetchall()
@@ -516,84 +459,117 @@ class _Loader:
         self.notify("bytes", {"bytes": _size(path)})
         return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]})", run=known[0][1])
 
-    def _write_whole(self, path: Path, future: Future[DecodedFile]) -> FileResult:
-        try:
-            dec = future.result()
-        except TraceqError as exc:
-            self.notify("file_read", {"bytes": _size(path)})
-            return FileResult(str(path), "failed", str(exc))
-        skipped = self._already(path, dec.digest)
-        if skipped is not None:
-            return skipped
-        self.notify("file_read", {"bytes": dec.size})
-        started = time.perf_counter()  # seconds = the worker's decoding + this write, not the wait in between
-        con = self.con
-        con.begin()
-        try:
-            result = write_decoded(con, path, dec, run_name_of(path, self.run), self._next_trace_id())
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
-        self.known.setdefault(dec.size, set()).add(dec.digest)
-        result.seconds = dec.seconds + time.perf_counter() - started
-        return result
-
-    def _load_chunked(self, path: Path) -> FileResult:
+    def _load(self, path: Path) -> FileResult:
         started = time.perf_counter()
         size = _size(path)
         digest: str | Future[str]
         try:
-            if self.known.get(size) or self.pool is None:
+            if self.known.get(size):
                 digest = file_digest(path)
                 skipped = self._already(path, digest)
                 if skipped is not None:
                     return skipped
             else:
-                digest = self.pool.submit(file_digest, path)
+                digest = self.hasher.submit(file_digest, path)
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
-        con = self.con
-        con.begin()
         try:
-            result = self._chunked(path, digest, size)
-            if result.status == "skipped":
-                con.rollback()
-            else:
-                con.commit()
+            result = self._in_transaction(path, digest, size)
         except TraceqError as exc:
-            con.rollback()
             return FileResult(str(path), "failed", str(exc))
-        except BaseException:
-            con.rollback()
-            raise
         if result.status == "ingested":
             self.known.setdefault(size, set()).add(digest if isinstance(digest, str) else digest.result())
         result.seconds = time.perf_counter() - started
         return result
 
-    def _chunked(self, path: Path, digest: str | Future[str], size: int) -> FileResult:
-        """Decode ``path`` chunk by chunk on the pool, inserting as chunks come back."""
+    def _in_transaction(self, path: Path, digest: str | Future[str], size: int) -> FileResult:
+        """Read ``path`` in one transaction: with DuckDB, else (:class:`NotNative`) roll back and
+        decode with :mod:`traceq.decode`; on :class:`_NeedsOps` roll back and read again with every
+        CPU operator."""
+        con = self.con
+        native, all_ops, reason = self.native, None, "native=False"
+        while True:
+            con.begin()
+            try:
+                read = self._native if native else self._chunked
+                result = read(path, digest, size, all_ops)
+            except NotNative as why:
+                con.rollback()
+                native, reason = False, str(why)
+                continue
+            except _NeedsOps:
+                con.rollback()
+                all_ops = True
+                continue
+            except BaseException:
+                con.rollback()
+                raise
+            if result.status == "skipped":
+                con.rollback()
+            else:
+                con.commit()
+                if not native:
+                    result.message = f"read by traceq.decode: {reason}"
+            return result
+
+    def _native(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
+        """Parse ``path`` with DuckDB, batch by batch (:mod:`traceq.native`)."""
+        con = self.con
+        parse_start = time.perf_counter()
+        trace_id = self._next_trace_id()
+        header, chunks = read_trace(path, self.chunk_bytes, verify=False)
+        fill = _leading_rank(header)
+        counts = _Counts()
+        policy = OpsPolicy(header.leading, all_ops)
+        n_names = 0
+        with scratch_dir() as scratch:
+            try:
+                for files in prefetch(batch_files(_counting(chunks, self.notify, size), scratch)):
+                    used = policy.all_ops
+                    batch = parse_batch(con, files, used)
+                    n_names += write_batch(con, trace_id, n_names, fill)
+                    remove(files)
+                    counts.add_batch(batch, used)
+                    policy.saw(batch.gpu)
+            finally:
+                drop_scratch(con)
+        return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
+
+    def _chunked(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
+        """Decode ``path`` chunk by chunk with :mod:`traceq.decode` in this process."""
         con = self.con
         parse_start = time.perf_counter()
         trace_id = self._next_trace_id()
         header, chunks = read_trace(path, self.chunk_bytes)
-        # Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in
-        # (an UPDATE of every row afterwards would hold a copy of the column in memory).
-        dist = header.leading.get("distributedInfo")
-        fill = to_int(dist.get("rank")) if isinstance(dist, dict) else None
+        fill = _leading_rank(header)
         names = _Names()
         counts = _Counts()
         meta: list[pa.Table] = []
-        for ct in _decoded_chunks(_counting(chunks, self.notify, size), self.pool, self.n_workers):
-            counts.add(ct)
+        policy = OpsPolicy(header.leading, all_ops)
+        for c in _counting(chunks, self.notify, size):
+            used = policy.all_ops
+            ct = decode_chunk(c, used)
+            policy.saw(ct.counts.get("gpu", 0))
+            counts.add(ct, used)
             remap = names.remap(ct.names)
             _insert(con, "gpu_events", _with_rank(_remapped(ct.gpu, remap), fill), trace_id)
             _insert(con, "host_events", _with_rank(_remapped(ct.host, remap), fill), trace_id)
             meta.append(_with_rank(ct.meta, fill))
         _require_events(path, counts)
         _insert(con, "names", names.table(), trace_id)
-        _insert(con, "trace_threads", pa.concat_tables(meta), trace_id)
+        if meta:
+            _insert(con, "trace_threads", pa.concat_tables(meta), trace_id)
+        return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
+
+    def _finish_file(
+        self, path: Path, trace_id: int, header: TraceHeader, digest: str | Future[str], size: int, counts: _Counts,
+        fill: int | None, parse_start: float,
+    ) -> FileResult:
+        """After the events of a file are in: the rank, the traces row, steps, attribution."""
+        con = self.con
+        _require_events(path, counts)
+        if counts.skipped_ops and not counts.gpu:
+            raise _NeedsOps
         if isinstance(digest, Future):
             digest = digest.result()
             skipped = self._already(path, digest)
@@ -606,44 +582,20 @@ class _Loader:
                     f"update {table} set rank = ? where trace_id = ? and rank is null",
                     [-1 if file_rank is None else file_rank, trace_id],
                 )
-        if self.pool is not None:  # the workers are idle now: steps and attribution get every core
-            con.execute("reset threads")
-        try:
-            return _finish_trace(
-                con, path, trace_id, run_name_of(path, self.run), digest, size, header.fields, counts, file_rank,
-                rank_source, time.perf_counter() - parse_start,
-            )
-        finally:
-            if self.pool is not None:
-                con.execute("set threads = 1")
+        return _finish_trace(
+            con, path, trace_id, run_name_of(path, self.run), digest, size, header.fields, counts, file_rank,
+            rank_source, time.perf_counter() - parse_start,
+        )
 
     def _next_trace_id(self) -> int:
         return self.con.execute("select nextval('trace_ids')").fetchall()[0][0]
 
 
-def _decoded_chunks(
-    chunks: Iterator[bytes], pool: ProcessPoolExecutor | None, n_workers: int
-) -> Iterator[ChunkTables]:
-    """Decode chunks, in worker processes when there is more than one chunk; bounded in flight."""
-    first = next(chunks, None)
-    if first is None:
-        return
-    second = next(chunks, None)
-    if second is None or pool is None:
-        yield decode_chunk(first)
-        if second is not None:
-            yield decode_chunk(second)
-            for c in chunks:
-                yield decode_chunk(c)
-        return
-    in_flight: deque[Future[ChunkTables]] = deque([pool.submit(decode_chunk, first), pool.submit(decode_chunk, second)])
-    limit = max(2, CHUNKS_IN_FLIGHT_PER_WORKER * n_workers)
-    for c in chunks:
-        in_flight.append(pool.submit(decode_chunk, c))
-        while len(in_flight) >= limit:
-            yield in_flight.popleft().result()
-    while in_flight:
-        yield in_flight.popleft().result()
+def _leading_rank(header: TraceHeader) -> int | None:
+    """Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in (an
+    UPDATE of every row afterwards would hold a copy of the column in memory)."""
+    dist = header.leading.get("distributedInfo")
+    return to_int(dist.get("rank")) if isinstance(dist, dict) else None
 
 
 def _counting(chunks: Iterator[bytes], notify: Progress, size: int) -> Iterator[bytes]:

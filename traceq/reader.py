@@ -28,6 +28,7 @@ from traceq.errors import TraceFormatError
 
 CHUNK_BYTES = 8 << 20
 _READ_BYTES = 1 << 20
+_UNVERIFIED_WINDOW = 64 << 10  # where the last boundary is looked for first
 _SPLIT = re.compile(rb"\}\s*,\s*(?=\{)")
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 _MALFORMED = re.compile(r"JSON is malformed: (?!trailing characters).*\(byte (\d+)\)")
@@ -150,16 +151,21 @@ def _is_top_level_key(prefix: bytes) -> bool:
         return False
 
 
-def _cut(buf: bytes, path: Path, offset: int) -> int:
+def _cut(buf: bytes, path: Path, offset: int, verify: bool = True) -> int:
     """Index just past the last verified event boundary in ``buf`` (0 if none).
 
     A candidate cut inside a string or a nested array fails as *truncated*; a syntax error before
     the cut fails as *malformed* at a byte inside the data, and is reported at once (otherwise the
-    reader would buffer the rest of the file looking for a boundary that verifies).
+    reader would buffer the rest of the file looking for a boundary that verifies). Unverified
+    (``verify=False``), the cut is the last candidate: the caller must parse each chunk strictly
+    (a wrong cut leaves both chunks invalid JSON) and read the file again verified if one fails.
     """
-    candidates = [m.start() + 1 for m in _SPLIT.finditer(buf, max(0, len(buf) - (CHUNK_BYTES // 4)))]
-    if not candidates:
-        candidates = [m.start() + 1 for m in _SPLIT.finditer(buf)]
+    for window in ((CHUNK_BYTES // 4) if verify else _UNVERIFIED_WINDOW, len(buf)):
+        candidates = [m.start() + 1 for m in _SPLIT.finditer(buf, max(0, len(buf) - window))]
+        if candidates:
+            break
+    if not verify:
+        return candidates[-1] if candidates else 0
     for end in reversed(candidates):
         try:
             _RAW.decode(b"[" + buf[:end] + b"]")
@@ -207,11 +213,12 @@ def _malformed(path: Path, buf: bytes, index: int, offset: int) -> TraceFormatEr
     )
 
 
-def read_trace(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[TraceHeader, Iterator[bytes]]:
+def read_trace(path: Path, chunk_bytes: int = CHUNK_BYTES, verify: bool = True) -> tuple[TraceHeader, Iterator[bytes]]:
     """Open ``path`` and return its header (complete once the iterator is exhausted) and event chunks.
 
     Each chunk holds whole events separated by commas, without the enclosing brackets.
     Raises :class:`TraceFormatError` naming the file for anything that is not a readable trace.
+    ``verify=False`` skips checking each cut (see :func:`_cut`).
     """
     stream = _open(path)
     header = TraceHeader()
@@ -227,7 +234,7 @@ def read_trace(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[TraceHeader,
     except BaseException:
         stream.close()
         raise
-    return header, _chunks(stream, path, prefix, rest, header, chunk_bytes)
+    return header, _chunks(stream, path, prefix, rest, header, chunk_bytes, verify)
 
 
 def _first_event(stream: BinaryIO, path: Path, rest: bytes) -> bytes:
@@ -244,7 +251,7 @@ def _first_event(stream: BinaryIO, path: Path, rest: bytes) -> bytes:
 
 
 def _chunks(
-    stream: BinaryIO, path: Path, prefix: bytes, rest: bytes, header: TraceHeader, chunk_bytes: int
+    stream: BinaryIO, path: Path, prefix: bytes, rest: bytes, header: TraceHeader, chunk_bytes: int, verify: bool
 ) -> Iterator[bytes]:
     with stream:
         offset = len(prefix) + 1  # uncompressed offset of rest[0], give or take leading whitespace
@@ -258,7 +265,7 @@ def _chunks(
                 rest += more
             if eof:
                 break
-            end = _cut(rest, path, offset)
+            end = _cut(rest, path, offset, verify)
             if end == 0:  # one event larger than a chunk: read on
                 more = _read(stream, path, chunk_bytes)
                 if not more:

@@ -1,0 +1,104 @@
+-- One batch of event chunks ($files: JSON arrays of whole events, cut from a trace's traceEvents by
+-- traceq.reader), parsed by DuckDB's JSON reader into the temp table _events, one row per element.
+-- Rows that become warehouse rows (`keep`) get the columns of traceq.decode's tables, with the name as
+-- text (sql/load_events.sql interns it), the others only count.
+--   kind: 1 kernel, 2 memcpy, 3 memset, 0 other complete (X) event, null for any other phase
+--   plain_op: a CPU operator that no GPU-trace metric reads (cat in $op_cats, no collective args,
+--     not a ProfilerStep#N), kept only when $all_ops (CPU-only traces: they are the compute)
+--   valid: ts and dur are JSON numbers within +-2**62 ns and dur >= 0 (else the span is dropped and
+--     counted). The JSON reader is lenient where traceq is strict (a string "12.5" passes for a
+--     number), so ph, cat, name, ts and dur are read as JSON text and typed here.
+--   odd: a kept row that traceq.decode would read differently: a name or cat that is not a string,
+--     an id with a fraction, a time float64 may not hold to the ns (|ts| >= 2**43 us written with a
+--     fraction or exponent: epoch microseconds with ns). A batch with an odd row goes to
+--     traceq.decode instead.
+create or replace temp table _events as
+with raw as (
+    select *
+    from read_json(
+        $files,
+        format = 'array',
+        maximum_object_size = $max_object_bytes,
+        columns = {
+            ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR', tid: 'VARCHAR', ts: 'JSON', dur: 'JSON',
+            args: 'STRUCT("External id" VARCHAR, correlation VARCHAR, device VARCHAR, stream VARCHAR, rank VARCHAR,
+                "Collective name" VARCHAR, "Process Group Name" VARCHAR, "Process Group Description" VARCHAR,
+                "Process Group Ranks" VARCHAR, "Group size" VARCHAR, "In msg nelems" VARCHAR,
+                "Out msg nelems" VARCHAR, dtype VARCHAR, "Seq" VARCHAR, name VARCHAR, labels VARCHAR)'
+        }
+    )
+),
+
+classified as (
+    select
+        *,
+        case
+            when ph is distinct from 'X' then null
+            when cat in ('kernel', 'Kernel') then 1
+            when cat in ('gpu_memcpy', 'Memcpy') then 2
+            when cat in ('gpu_memset', 'Memset') then 3
+            else 0
+        end as kind,
+        ph = 'M' and name in ('process_name', 'thread_name', 'process_labels') and args is not null as meta
+    from raw
+),
+
+flagged as (
+    select
+        *,
+        coalesce(kind = 0 and list_contains($op_cats, cat) and args."Collective name" is null
+            and not starts_with(name, 'ProfilerStep#'), false) as plain_op
+    from classified
+),
+
+spans as (
+    select
+        *,
+        kind > 0 or (kind = 0 and ($all_ops or not plain_op)) as span,
+        case when span then json_number(ts) end as ts_us,
+        case when span then json_number(dur) end as dur_us
+    from flagged
+),
+
+final as (
+    select
+        kind,
+        ph is null as no_phase,
+        plain_op,
+        meta,
+        span,
+        case when span or meta then coalesce(name, '') end as name,
+        case when span then cat end as cat,
+        case when span or meta then json_int(args.rank) end as rank,
+        case when span or meta then json_int(pid) end as pid,
+        case when span or meta then json_int(tid) end as tid,
+        case when span then json_int(args.device) end as device,
+        case when span then json_int(args.stream) end as stream,
+        case when span then json_int(args.correlation) end as correlation,
+        case when span then json_int(args."External id") end as external_id,
+        case when span then args."Collective name" end as collective,
+        case when span and collective is not null then args."Process Group Name" end as pg_name,
+        case when span and collective is not null then args."Process Group Description" end as pg_desc,
+        case when span and collective is not null then args."Process Group Ranks" end as pg_ranks,
+        case when span and collective is not null then json_int(args."Group size") end as group_size,
+        case when span and collective is not null then json_int(args."In msg nelems") end as in_nelems,
+        case when span and collective is not null then json_int(args."Out msg nelems") end as out_nelems,
+        case when span and collective is not null then args.dtype end as dtype,
+        case when span and collective is not null then json_int(args."Seq") end as seq,
+        case when meta then coalesce(args.name, args.labels) end as meta_value,
+        case when span then
+            coalesce(isfinite(ts_us) and abs(ts_us) < 4.611686018427388e15 and isfinite(dur_us)
+                and abs(dur_us) < 4.611686018427388e15 and dur_us >= 0, false)
+        end as valid,
+        -- integer ns: floor + rounded fraction, exact while |ts| < 2**43 us (traceq.decode._time_ns)
+        case when valid then floor(ts_us)::bigint * 1000 + round((ts_us - floor(ts_us)) * 1000)::bigint end as start_ns,
+        case when valid then floor(dur_us)::bigint * 1000 + round((dur_us - floor(dur_us)) * 1000)::bigint end as dur_ns,
+        case when span then
+            coalesce(valid and abs(ts_us) >= 8796093022208 and regexp_matches(ts, '[.eE]'), false)
+            or contains(args.correlation, '.') or contains(args."External id", '.')
+            or contains(args.stream, '.') or contains(args.device, '.') or contains(args.rank, '.')
+        end as odd
+    from spans
+)
+
+select * from final;

@@ -1,0 +1,124 @@
+"""DuckDB's JSON reader (traceq.native, the default) writes exactly the rows traceq.decode writes.
+
+traceq.decode is the reference: typed msgspec decoding, exact times, tested against json/Decimal
+parses in test_corpus.py. Every table of every corpus trace is compared row for row (names resolved,
+since name ids are assigned in a different order), and hand-made traces cover what the corpus lacks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import CORPUS
+from tests.tracegen import TraceBuilder
+from traceq.ingest import ingest_traces
+
+TABLES = {
+    "gpu_events": "select t.path, g.* exclude (trace_id, name_id), n.name from gpu_events g "
+    "join names n using (trace_id, name_id) join traces t using (trace_id)",
+    "host_events": "select t.path, h.* exclude (trace_id, name_id), n.name from host_events h "
+    "join names n using (trace_id, name_id) join traces t using (trace_id)",
+    "trace_threads": "select t.path, x.* exclude (trace_id) from trace_threads x join traces t using (trace_id)",
+    "steps": "select t.path, s.* exclude (trace_id) from steps s join traces t using (trace_id)",
+    "traces": "select path, rank_source, file_rank, world_size, n_events, n_gpu_events, n_host_events, n_dropped "
+    "from traces",
+}
+
+
+def _rows(db: Path, query: str) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return sorted(con.execute(query).fetchall(), key=repr)
+    finally:
+        con.close()
+
+
+def _both(paths: list[Path], tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    native, decoded = tmp_path / "native.duckdb", tmp_path / "decode.duckdb"
+    summary = ingest_traces(paths, native, workers=2)
+    assert summary.ok, [f.message for f in summary.files]
+    assert ingest_traces(paths, decoded, native=False).ok
+    return native, decoded, {f.path: f.message for f in summary.files}
+
+
+def test_native_rows_equal_decode_rows_on_the_corpus(tmp_path: Path) -> None:
+    if not CORPUS.is_dir():
+        pytest.skip(f"corpus not found at {CORPUS} (needs ../shared/corpus beside the repository)")
+    native, decoded, messages = _both([CORPUS], tmp_path)
+    for table, query in TABLES.items():
+        a, b = _rows(native, query), _rows(decoded, query)
+        assert len(a) == len(b), table
+        assert a == b, table
+    # every corpus trace takes the fast path but two: epoch-microsecond times with ns fractions need
+    # exact decimals, and a 2021 trace spells "external id" in lower case
+    fell_back = {Path(p).name: m for p, m in messages.items() if m}
+    assert sorted(fell_back) == ["rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", "worker0.pt.trace.json.gz"], messages
+    assert "epoch microseconds" in fell_back["rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"]
+    assert "external id" in fell_back["worker0.pt.trace.json.gz"]
+
+
+def _odd_trace() -> dict:
+    b = TraceBuilder(rank=3)
+    b.step(1, 0, 100_000)
+    b.kernel("ampere_sgemm", 10_000, 30_000, launch_ns=5_000)
+    b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 40_000, 60_000, stream=20, launch_ns=35_000,
+             **{"Collective name": "allreduce", "Seq": 4, "Process Group Ranks": [0, 1], "Group size": 2})
+    b.events += [
+        {"ph": "X", "cat": "kernel", "name": "no_args", "pid": 0, "tid": "stream 9", "ts": 70.0, "dur": 1.5},
+        {"ph": "X", "cat": "kernel", "name": "string_ts", "pid": 0, "tid": 7, "ts": "12.5", "dur": 1.0},
+        {"ph": "X", "cat": "kernel", "name": "bool_dur", "pid": 0, "tid": 7, "ts": 12.5, "dur": True},
+        {"ph": "X", "cat": "kernel", "name": "negative_dur", "pid": 0, "tid": 7, "ts": 12.5, "dur": -1},
+        {"ph": "X", "cat": "kernel", "name": "huge", "pid": 0, "tid": 7, "ts": 1e300, "dur": 1},
+        {"ph": "X", "cat": "kernel", "name": "hex_correlation", "pid": 0, "tid": 7, "ts": 80, "dur": 1,
+         "args": {"correlation": "0x1f", "device": "1", "stream": "stream 3"}},
+        {"ph": "X", "cat": "kernel", "name": "u64_correlation", "pid": 0, "tid": 7, "ts": 81, "dur": 1,
+         "args": {"correlation": 2**64 - 1, "External id": 2**63}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 5, "dur": 10, "args": {"External id": 3}},
+        {"ph": "X", "cat": "user_annotation", "name": "unicode \u00e9\u4e2d \"quoted\"", "pid": 1, "tid": 1, "ts": 5, "dur": 1},
+        {"ph": "X", "name": "no_cat", "pid": 1, "tid": 1, "ts": 6, "dur": 1},
+        {"ph": "X", "cat": 5, "name": 12, "pid": "x", "tid": None, "ts": 6, "dur": 1},
+        {"ph": 7, "cat": "kernel", "name": "numeric_ph", "ts": 6, "dur": 1},
+        {"ph": "i", "cat": "instant", "name": "i", "pid": 1, "tid": 1, "ts": 6},
+        {"cat": "kernel", "name": "no_ph", "ts": 6, "dur": 1},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "python"}},
+        {"ph": "M", "name": "process_labels", "pid": 1, "args": {"labels": "CPU"}},
+    ]
+    return b.document()
+
+
+@pytest.mark.parametrize("device_properties", [True, False])
+def test_native_rows_equal_decode_rows_on_odd_values(tmp_path: Path, device_properties: bool) -> None:
+    doc = _odd_trace()
+    if device_properties:
+        doc = {"deviceProperties": [{"id": 0}], **doc}
+    path = tmp_path / "job" / "trace.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(doc))
+    native, decoded, messages = _both([path], tmp_path)
+    assert messages == {str(path): ""}  # the fast path read it
+    for table, query in TABLES.items():
+        assert _rows(native, query) == _rows(decoded, query), table
+
+
+@pytest.mark.parametrize(
+    ("label", "event"),
+    [
+        ("epoch microseconds with a fraction", {"ts": 1712195495519689.047}),
+        ("args that are not an object", {"args": 5}),
+        ("a fractional id", {"args": {"correlation": 7.5}}),
+    ],
+)
+def test_what_duckdb_would_read_differently_goes_to_decode(tmp_path: Path, label: str, event: dict) -> None:
+    doc = _odd_trace()
+    doc["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "odd", "pid": 0, "tid": 7, "ts": 90, "dur": 1, **event})
+    path = tmp_path / "job" / "trace.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(doc))
+    native, decoded, messages = _both([path], tmp_path)
+    assert messages[str(path)].startswith("read by traceq.decode"), label
+    for table, query in TABLES.items():
+        assert _rows(native, query) == _rows(decoded, query), table

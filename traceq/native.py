@@ -1,0 +1,183 @@
+"""Parse event chunks with DuckDB's JSON reader, straight into the warehouse (the fast path).
+
+The reader (:mod:`traceq.reader`) cuts a trace's event array into chunks of whole events; here a
+batch of chunks is written as JSON array files to a scratch directory (in memory where ``/dev/shm``
+exists) and parsed by DuckDB on every core (``sql/read_events.sql``), then written as rows
+(``sql/load_events.sql``): no Python touches an event. Whatever that path would read differently
+from :mod:`traceq.decode` (an element that is not an object, args that are not an object, epoch
+microseconds with a fraction, ...) raises :class:`NotNative`, and ingest decodes the file with
+:mod:`traceq.decode` instead, which handles every case.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from traceq.decode import OP_CATS
+
+# Bytes of JSON parsed per statement: several files, so that DuckDB parses them on all its threads.
+BATCH_BYTES = 48 << 20
+_PARAM = re.compile(r"\$(\w+)")
+_LOWERCASE_EXTERNAL_ID = b'"external id"'
+
+
+class NotNative(Exception):
+    """This file needs :mod:`traceq.decode` (the message says why)."""
+
+
+@dataclass
+class BatchCounts:
+    """What one batch held (``sql/load_events.sql``, statement 1)."""
+
+    events: int
+    gpu: int
+    host: int
+    dropped: int
+    skipped_ops: int
+    rows_without_rank: int
+    rows_with_rank: int
+    odd: bool
+
+
+@cache
+def _statements(name: str) -> list[str]:
+    from traceq.warehouse import sql_text
+
+    statements = []
+    for text in sql_text(name).split(";"):
+        code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--")).strip()
+        if code:
+            statements.append(code)
+    return statements
+
+
+def _run(con: Any, statement: str, params: dict[str, Any]) -> list[tuple]:
+    """Execute ``statement`` with the named parameters it uses."""
+    import duckdb
+
+    try:
+        return con.execute(statement, {k: params[k] for k in set(_PARAM.findall(statement))}).fetchall()
+    except duckdb.Error as exc:
+        raise NotNative(str(exc).splitlines()[0]) from None
+    except RuntimeError as exc:  # DuckDB stops a query on SIGINT with "Query interrupted"
+        if "interrupted" in str(exc).lower():
+            raise KeyboardInterrupt from None
+        raise
+
+
+def scratch_dir() -> tempfile.TemporaryDirectory[str]:
+    """A private directory for batch files, in memory (``/dev/shm``) where the machine has one."""
+    shm = Path("/dev/shm")
+    base = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return tempfile.TemporaryDirectory(prefix="traceq-", dir=base)
+
+
+def batch_files(chunks: Iterator[bytes], directory: str, batch_bytes: int = BATCH_BYTES) -> Iterator[list[str]]:
+    """Write chunks as JSON array files, yielding the files of each batch of about ``batch_bytes``
+    (the consumer deletes them, :func:`remove`)."""
+    files: list[str] = []
+    size = 0
+    for n, chunk in enumerate(chunks):
+        if _LOWERCASE_EXTERNAL_ID in chunk:  # one struct type cannot hold both spellings
+            raise NotNative('args with "external id" (2021 traces), which the JSON reader does not read')
+        name = os.path.join(directory, f"{n}.json")
+        with open(name, "wb") as f:
+            f.write(b"[")
+            f.write(chunk)
+            f.write(b"]")
+        files.append(name)
+        size += len(chunk)
+        if size >= batch_bytes:
+            yield files
+            files, size = [], 0
+    if files:
+        yield files
+
+
+def remove(files: list[str]) -> None:
+    for name in files:
+        os.unlink(name)
+
+
+def prefetch(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, produced one ahead in a thread (reading and cutting overlap DuckDB's parsing)."""
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(("item", item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(("end", None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            q.put(("error", exc))
+
+    thread = threading.Thread(target=produce, name="traceq-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = q.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
+        while thread.is_alive():  # let the producer see `stop` (it may be blocked on a full queue)
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
+            thread.join(timeout=0.05)
+
+
+def parse_batch(con: Any, files: list[str], all_ops: bool) -> BatchCounts:
+    """Parse ``files`` into the temp table ``_events`` and count what they hold.
+
+    Raises :class:`NotNative` when DuckDB cannot parse them or a row needs :mod:`traceq.decode`.
+    """
+    (read,) = _statements("read_events.sql")
+    largest = max(os.path.getsize(f) for f in files)  # no event is larger than its file
+    _run(con, read, {"files": files, "all_ops": all_ops, "op_cats": sorted(OP_CATS), "max_object_bytes": largest + 1})
+    counts = BatchCounts(*_run(con, _statements("load_events.sql")[0], {})[0])
+    if counts.odd:
+        raise NotNative("values that DuckDB's JSON reader would read differently (e.g. epoch microseconds with a fraction)")
+    return counts
+
+
+def write_batch(con: Any, trace_id: int, next_name_id: int, fill_rank: int | None) -> int:
+    """Write the parsed batch as rows of ``trace_id``; returns how many new names it added."""
+    params = {"trace_id": trace_id, "next_name_id": next_name_id, "fill_rank": fill_rank}
+    names, *rows = _statements("load_events.sql")[1:]
+    added = _run(con, names, params)[0][0]
+    for statement in rows:
+        _run(con, statement, params)
+    return added
+
+
+def drop_scratch(con: Any) -> None:
+    """Drop the batch table (after an error the transaction is aborted: its rollback drops it)."""
+    import duckdb
+
+    try:
+        con.execute("drop table if exists _events")
+    except duckdb.Error:
+        pass
+
