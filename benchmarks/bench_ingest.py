@@ -13,7 +13,9 @@ Every measurement runs in a fresh subprocess:
   ``traceq report --metric exposed_comm --window trace --db TMP.duckdb --format csv`` (a fresh
   database per repeat; ``traceq total`` = both, seconds summed, peak = the larger);
 - ``msgspec parse``: decompress + ``msgspec.json.decode`` into a typed Struct that keeps only
-  ph/cat/name/pid/tid/ts/dur and a few args: what one core can do at best with the file.
+  ph/cat/name/pid/tid/ts/dur and a few args: what one core can do at best with the file;
+- ``duckdb parse``: the reader's chunks as batch files + DuckDB's JSON reader on every core reading
+  the columns traceq reads, aggregated (no typing, filtering or writing): the engine's parse limit.
 
 Reported per tool: median wall seconds over the repeats (interpreter start-up included), CPU seconds
 (user+sys of the process and its children, less sensitive to other load on the machine), MB/s of
@@ -172,6 +174,41 @@ t2 = time.perf_counter()
 n_kernels = sum(1 for e in events if e.cat in ("kernel", "Kernel"))
 print(json.dumps({"events": len(events), "kernels": n_kernels, "read_s": t1 - t0, "decode_s": t2 - t1}))
 """
+
+
+# The parse-only limit of the engine traceq ingests with: the reader's chunks written as batch files
+# (traceq.native) and DuckDB's JSON reader (every core) reading the columns traceq reads, aggregated
+# instead of typed, filtered and written.
+DUCKDB_PARSE_CHILD = r"""
+import json, sys, time
+from pathlib import Path
+import duckdb
+from traceq.native import batch_files, remove, scratch_dir
+from traceq.reader import read_trace
+
+ARGS = ('STRUCT("External id" VARCHAR, correlation VARCHAR, device VARCHAR, stream VARCHAR, rank VARCHAR, '
+        '"Collective name" VARCHAR, "Process Group Name" VARCHAR, "Process Group Description" VARCHAR, '
+        '"Process Group Ranks" VARCHAR, "Group size" VARCHAR, "In msg nelems" VARCHAR, "Out msg nelems" VARCHAR, '
+        'dtype VARCHAR, "Seq" VARCHAR, name VARCHAR, labels VARCHAR)')
+QUERY = ("select count(*), max(ph), max(cat), max(name), max(pid), max(tid), max(ts), max(dur), max(args) "
+         "from read_json(?, format='array', maximum_object_size=16777216, columns={ph: 'VARCHAR', cat: 'VARCHAR', "
+         "name: 'VARCHAR', pid: 'VARCHAR', tid: 'VARCHAR', ts: 'JSON', dur: 'JSON', args: '" + ARGS + "'})")
+con = duckdb.connect()
+events = 0
+t0 = time.perf_counter()
+with scratch_dir() as scratch:
+    header, chunks = read_trace(Path(sys.argv[1]), 8 << 20, verify=False)
+    for files in batch_files(chunks, scratch):
+        events += con.execute(QUERY, [files]).fetchall()[0][0]
+        remove(files)
+print(json.dumps({"events": events, "seconds": time.perf_counter() - t0}))
+"""
+
+
+def run_duckdb_parse(path: Path) -> dict:
+    r = measure([PY, "-c", DUCKDB_PARSE_CHILD, str(path)])
+    r["result"] = _last_json(r["stdout"])
+    return r
 
 
 def run_hta(path: Path, rank: int | None) -> dict:
@@ -335,6 +372,8 @@ def bench_file(path: Path, args) -> dict:
     if not args.skip_parse:
         rows["msgspec parse"] = summarize([run_parse(path) for _ in range(args.repeats)])
         print(f"   msgspec parse: {_brief(rows['msgspec parse'])}", file=sys.stderr, flush=True)
+        rows["duckdb parse"] = summarize([run_duckdb_parse(path) for _ in range(args.repeats)])
+        print(f"   duckdb parse: {_brief(rows['duckdb parse'])}", file=sys.stderr, flush=True)
     return {"file": name, "path": str(path), "mb": mb, "tools": rows}
 
 

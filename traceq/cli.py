@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from traceq.errors import TraceqError
-from traceq.ingest import DEFAULT_DB  # duckdb-free: ingest workers fork before duckdb loads
+from traceq.warehouse import DEFAULT_DB
 
 app = typer.Typer(
     name="traceq",
@@ -54,7 +54,7 @@ def ingest(
     db: DbOption = Path(DEFAULT_DB),
     run: Annotated[Optional[str], typer.Option(help="Run name for every file (default: the parent directory's name).")] = None,
     rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none (no distributedInfo, no per-event rank, none in the file name).")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Decoding processes (default: one per CPU; 0 = none).")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Cores to parse on (default: all; 0 or 1 = one).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Load Kineto traces into the warehouse (one transaction per file; re-ingesting is a no-op).

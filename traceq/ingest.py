@@ -1,21 +1,16 @@
 """Load Kineto trace files into the warehouse: one transaction per file, idempotent by content hash.
 
-Two ways a file is decoded, both in worker processes, with the main process as the only writer:
-
-- a large file is cut by the main process into chunks of whole events (:mod:`traceq.reader`) and
-  its chunks are decoded in parallel (:mod:`traceq.decode`), at most
-  :data:`CHUNKS_IN_FLIGHT_PER_WORKER` per worker, each inserted as it comes back;
-- when several files are given, each file small enough to decode whole (:data:`WHOLE_FILE_BYTES`
-  of JSON) is decoded by one worker from its path, so many rank files decode on all cores at once.
-
-Either way the main process writes one file per transaction, in the order the files were given.
+A file is cut into chunks of whole events by :mod:`traceq.reader` (in a thread, one batch ahead)
+and parsed by DuckDB's JSON reader on every core, straight into the warehouse (:mod:`traceq.native`).
+Where DuckDB would read a file differently from :mod:`traceq.decode` (the typed msgspec reference),
+the transaction is rolled back and the file is decoded by :mod:`traceq.decode` in this process; the
+file's result says so in its message. Files are written one at a time, in the order given.
 
 What keeps memory flat whatever the trace size (DESIGN §7; benchmarks/bench_scale.py measures it):
-chunks in flight are bounded; rows reach DuckDB as one-shot Arrow streams (a registered table
-would stay pinned until the commit); DuckDB's buffer pool is capped (:data:`INGEST_MEMORY_LIMIT`:
-appended row groups go to the file as they fill); ranks from ``distributedInfo`` are filled in as
-rows go in, not by an UPDATE afterwards; workers fork before duckdb is imported; glibc returns
-large buffers to the OS (:func:`release_large_buffers`).
+one batch of chunks in flight (plus the one being read); DuckDB's buffer pool is capped
+(:data:`INGEST_MEMORY_LIMIT`: appended row groups go to the file as they fill); ranks from
+``distributedInfo`` are filled in as rows go in, not by an UPDATE afterwards; glibc returns large
+buffers to the OS (:func:`release_large_buffers`).
 """
 
 from __future__ import annotations
@@ -45,20 +40,18 @@ from traceq.native import (
 )
 from traceq.reader import TraceHeader, file_digest, read_trace
 
-# duckdb (via traceq.warehouse and traceq.sidecar) is imported only once the workers have forked:
-# a forked worker's resident memory includes every module its parent had loaded.
-DEFAULT_DB = "traceq.duckdb"  # == traceq.warehouse.DEFAULT_DB
+DEFAULT_DB = "traceq.duckdb"  # == traceq.warehouse.DEFAULT_DB (duckdb is imported when ingest starts)
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 SIDE_FILE_SUFFIXES = (".run.json", ".power.jsonl")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # Chunks the reader cuts a file into (bytes of JSON); traceq.native parses several per statement.
 INGEST_CHUNK_BYTES = 8 << 20
-# DuckDB's buffer pool while ingesting: row groups are written to the file as they fill, so the
-# pool only needs room for one file's steps and step attribution (which spill beyond it).
+# DuckDB's buffer pool while ingesting: room for one batch's parse on every thread (measured: 256
+# MB peaks at ~390 MB RSS on a 0.5 GB trace, ~430 MB on 1.5 GB); row groups go to the file as they fill.
 INGEST_MEMORY_LIMIT = "256MB"
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-# Decoding makes ~10 tracked objects per event, all alive until the chunk is converted: with the
+# traceq.decode makes ~10 tracked objects per event, all alive until the chunk is converted: with the
 # default thresholds the cyclic GC scans them over and over (measured: msgspec decode 163 -> 273
 # MB/s per core, decode_chunk 89 -> 110 MB/s, with these). The objects hold no cycles.
 DECODE_GC_THRESHOLDS = (100_000, 50, 100)
@@ -157,6 +150,9 @@ def ingest_traces(
     loader = _Loader(con, run, rank, chunk_bytes, notify, native)
     try:
         con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT}'")
+        # row order within a table means nothing to traceq; keeping it would make DuckDB parse the
+        # JSON on one thread within this memory limit
+        con.execute("set preserve_insertion_order = false")
         con.execute(f"set threads = {max(1, (os.cpu_count() or 1) if workers is None else workers)}")
         notify("start", {"files": len(paths), "bytes": sum(_size(p) for p in paths)})
         with few_collections():  # matters when traceq.decode runs
@@ -187,10 +183,9 @@ def few_collections() -> Iterator[None]:
 def release_large_buffers() -> None:
     """Have glibc return buffers of 1 MB and more to the OS when freed (Linux only; else a no-op).
 
-    By default glibc raises its mmap threshold after the first large free, so the main process's
-    multi-MB chunk buffers end up in a heap that fragments and never shrinks (measured: ~30 MB more
-    peak RSS at 1.5 GB). The price is page faults on each new buffer (~1 s of system time per GB);
-    in the workers it bought nothing measurable, so only the main process does it.
+    By default glibc raises its mmap threshold after the first large free, so multi-MB chunk buffers
+    end up in a heap that fragments and never shrinks (measured with DuckDB parsing: 421 vs 441 MB
+    peak on a 0.5 GB trace). The price is page faults on each new buffer (~0.2 s wall per 0.5 GB).
     """
     if sys.platform != "linux":
         return
@@ -228,7 +223,7 @@ def json_size(path: Path) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# decoding (runs in workers, or here when workers=0)
+# decoding with traceq.decode (the reference; files DuckDB would read differently)
 
 
 class _Names:
