@@ -47,6 +47,7 @@ SIDE_FILE_SUFFIXES = (".run.json", ".power.jsonl")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # Chunks the reader cuts a file into (bytes of JSON); traceq.native parses several per statement.
 INGEST_CHUNK_BYTES = 8 << 20
+MIN_CHUNK_BYTES = 1 << 20
 # DuckDB's buffer pool while ingesting: room for one batch's parse on every thread (measured: 256
 # MB peaks at ~390 MB RSS on a 0.5 GB trace, ~430 MB on 1.5 GB); row groups go to the file as they fill.
 INGEST_MEMORY_LIMIT = "256MB"
@@ -147,13 +148,17 @@ def ingest_traces(
     from traceq.warehouse import connect
 
     con = connect(db)
-    loader = _Loader(con, run, rank, chunk_bytes, notify, native)
     try:
         con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT}'")
         # row order within a table means nothing to traceq; keeping it would make DuckDB parse the
         # JSON on one thread within this memory limit
         con.execute("set preserve_insertion_order = false")
         con.execute(f"set threads = {max(1, (os.cpu_count() or 1) if workers is None else workers)}")
+        loader = _Loader(con, run, rank, chunk_bytes, notify, native)
+    except BaseException:
+        con.close()
+        raise
+    try:
         notify("start", {"files": len(paths), "bytes": sum(_size(p) for p in paths)})
         with few_collections():  # matters when traceq.decode runs
             for result in loader.load(paths):
@@ -432,6 +437,7 @@ class _Loader:
         self.rank = rank
         self.chunk_bytes = chunk_bytes
         self.notify = notify
+        self.threads = con.execute("select current_setting('threads')").fetchall()[0][0]
         self.hasher = ThreadPoolExecutor(1, thread_name_prefix="traceq-hash")  # hashlib releases the GIL
         # Digests by file size: a file is hashed before it is read only when a file of its size is
         # already in the warehouse (else the hash is taken beside the parsing).
@@ -512,7 +518,9 @@ class _Loader:
         con = self.con
         parse_start = time.perf_counter()
         trace_id = self._next_trace_id()
-        header, chunks = read_trace(path, self.chunk_bytes, verify=False)
+        # a small file is cut finer, so that DuckDB still parses it on every thread
+        chunk_bytes = min(self.chunk_bytes, max(MIN_CHUNK_BYTES, json_size(path) // (2 * self.threads)))
+        header, chunks = read_trace(path, chunk_bytes, verify=False)
         fill = _leading_rank(header)
         counts = _Counts()
         policy = OpsPolicy(header.leading, all_ops)
