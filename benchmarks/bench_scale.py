@@ -8,7 +8,7 @@ Sections (each prints a table; all figures also go to ``benchmarks/out/bench_sca
 
 - ``memory``: ``traceq ingest`` of 100 MB, 500 MB and 1.5 GB traces (``make_large_trace.py``: the
   steps of ``nccl_data.json.gz`` replicated with shifted times and fresh ids). Peak memory is
-  sampled every 20 ms from ``/proc`` over the whole process tree (main process + decode workers):
+  sampled every 20 ms from ``/proc`` over the whole process tree:
   ``peak_rss_mb`` sums RSS (pages shared between the forked workers and the main process counted
   once per process: an upper bound), ``peak_pss_mb`` sums PSS (shared pages split: what the tree
   really holds). ``maxrss_mb`` is ``getrusage(RUSAGE_CHILDREN).ru_maxrss``: the largest process.
