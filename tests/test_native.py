@@ -122,3 +122,19 @@ def test_what_duckdb_would_read_differently_goes_to_decode(tmp_path: Path, label
     assert messages[str(path)].startswith("read by traceq.decode"), label
     for table, query in TABLES.items():
         assert _rows(native, query) == _rows(decoded, query), table
+
+
+def test_no_room_for_scratch_files_falls_back_to_decode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch files that cannot be written (a full or missing temp directory) are not an error."""
+    import contextlib
+
+    import traceq.ingest
+
+    monkeypatch.setattr(traceq.ingest, "scratch_dir", lambda: contextlib.nullcontext(str(tmp_path / "gone")))
+    path = tmp_path / "job" / "trace.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(_odd_trace()))
+    summary = ingest_traces([path], tmp_path / "w.duckdb")
+    assert summary.ok
+    assert "cannot write scratch files" in summary.files[0].message
+    assert _rows(tmp_path / "w.duckdb", TABLES["gpu_events"])  # the rows are there, from traceq.decode

@@ -19,7 +19,6 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from traceq.decode import OP_CATS
@@ -75,9 +74,15 @@ def _run(con: Any, statement: str, params: dict[str, Any]) -> list[tuple]:
 
 
 def scratch_dir() -> tempfile.TemporaryDirectory[str]:
-    """A private directory for batch files, in memory (``/dev/shm``) where the machine has one."""
-    shm = Path("/dev/shm")
-    base = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+    """A private directory for batch files: in memory (``/dev/shm``) where the machine has one with
+    room for a few batches (containers often give it 64 MB), else the temp directory."""
+    base = None
+    try:
+        st = os.statvfs("/dev/shm")
+        if os.access("/dev/shm", os.W_OK) and st.f_bavail * st.f_frsize >= 4 * BATCH_BYTES:
+            base = "/dev/shm"
+    except OSError:
+        pass
     return tempfile.TemporaryDirectory(prefix="traceq-", dir=base)
 
 
@@ -90,10 +95,13 @@ def batch_files(chunks: Iterator[bytes], directory: str, batch_bytes: int = BATC
         if _LOWERCASE_EXTERNAL_ID in chunk:  # one struct type cannot hold both spellings
             raise NotNative('args with "external id" (2021 traces), which the JSON reader does not read')
         name = os.path.join(directory, f"{n}.json")
-        with open(name, "wb") as f:
-            f.write(b"[")
-            f.write(chunk)
-            f.write(b"]")
+        try:
+            with open(name, "wb") as f:
+                f.write(b"[")
+                f.write(chunk)
+                f.write(b"]")
+        except OSError as exc:  # e.g. a full temp directory: traceq.decode needs no scratch files
+            raise NotNative(f"cannot write scratch files in {directory} ({exc.strerror})") from None
         files.append(name)
         size += len(chunk)
         if size >= batch_bytes:
