@@ -174,14 +174,16 @@ def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray, bool]:
     Numbers (int, float, Decimal) within +-2**62 ns are valid; None, strings, booleans, lists and
     objects are not (the event is dropped and counted, not guessed at).
     """
-    if {type(v) for v in values} <= {float, int, type(None)}:
+    types = {type(v) for v in values}
+    if types <= {float, int, type(None)}:
         us = np.array(values, dtype=np.float64)  # None -> nan
         valid = np.isfinite(us) & (np.abs(us) < _TIME_LIMIT_NS / 1000)
         us = np.where(valid, us, 0.0)
         whole = np.floor(us)
         # a float (JSON written with a fraction) this large may have lost its ns; ints are exact
-        large = np.flatnonzero(np.abs(us) >= _FLOAT_EXACT_LIMIT_US)
-        inexact = any(type(values[i]) is float for i in large)
+        inexact = float in types and any(
+            type(values[i]) is float for i in np.flatnonzero(np.abs(us) >= _FLOAT_EXACT_LIMIT_US)
+        )
         ns = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
         return ns, valid, inexact
     out = np.zeros(len(values), dtype=np.int64)

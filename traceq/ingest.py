@@ -39,8 +39,9 @@ from traceq.native import (
     BatchCounts, NotNative, batch_files, drop_scratch, parse_batch, prefetch, remove, scratch_dir, write_batch,
 )
 from traceq.reader import TraceHeader, file_digest, read_trace
+from traceq.sidecar import load_side_files
+from traceq.warehouse import DEFAULT_DB, connect, sql_text
 
-DEFAULT_DB = "traceq.duckdb"  # == traceq.warehouse.DEFAULT_DB (duckdb is imported when ingest starts)
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 SIDE_FILE_SUFFIXES = (".run.json", ".power.jsonl")
@@ -145,8 +146,6 @@ def ingest_traces(
     release_large_buffers()
     notify = progress or (lambda event, info: None)
     summary = IngestSummary()
-    from traceq.warehouse import connect
-
     con = connect(db)
     try:
         con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT}'")
@@ -362,9 +361,6 @@ def _finish_trace(
     parse_seconds: float,
 ) -> FileResult:
     """Everything after the events are in: the traces row, steps, step attribution, side files."""
-    from traceq.sidecar import load_side_files
-    from traceq.warehouse import sql_text
-
     if counts.gpu and counts.kept_ops:
         counts.host -= _drop_plain_ops(con, trace_id)
     dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
@@ -396,17 +392,9 @@ def _finish_trace(
 
 
 def _drop_plain_ops(con: Any, trace_id: int) -> int:
-    """Delete the CPU operators of a trace with GPU activity that were decoded before the policy
-    switched (the rows :func:`traceq.decode._is_plain_op` leaves out); returns how many."""
-    ops = ", ".join("?" for _ in OP_CATS)
-    return con.execute(
-        f"""
-        delete from host_events as h
-        where h.trace_id = ? and h.cat in ({ops}) and h.collective is null
-            and h.name_id not in (select name_id from names where trace_id = ? and starts_with(name, 'ProfilerStep#'))
-        """,
-        [trace_id, *sorted(OP_CATS), trace_id],
-    ).fetchall()[0][0]
+    """Delete the CPU operators read before :class:`OpsPolicy` switched (``sql/drop_plain_ops.sql``);
+    returns how many."""
+    return con.execute(sql_text("drop_plain_ops.sql"), {"trace_id": trace_id, "op_cats": sorted(OP_CATS)}).fetchall()[0][0]
 
 
 def ingest_in_process(
@@ -558,7 +546,6 @@ class _Loader:
             _insert(con, "gpu_events", _with_rank(_remapped(ct.gpu, remap), fill), trace_id)
             _insert(con, "host_events", _with_rank(_remapped(ct.host, remap), fill), trace_id)
             meta.append(_with_rank(ct.meta, fill))
-        _require_events(path, counts)
         _insert(con, "names", names.table(), trace_id)
         if meta:
             _insert(con, "trace_threads", pa.concat_tables(meta), trace_id)

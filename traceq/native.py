@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import duckdb
+
 from traceq.decode import OP_CATS
+from traceq.warehouse import sql_text
 
 # Bytes of JSON parsed per statement: several files, so that DuckDB parses them on all its threads.
 BATCH_BYTES = 48 << 20
@@ -49,8 +52,6 @@ class BatchCounts:
 
 @cache
 def _statements(name: str) -> list[str]:
-    from traceq.warehouse import sql_text
-
     statements = []
     for text in sql_text(name).split(";"):
         code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--")).strip()
@@ -61,16 +62,10 @@ def _statements(name: str) -> list[str]:
 
 def _run(con: Any, statement: str, params: dict[str, Any]) -> list[tuple]:
     """Execute ``statement`` with the named parameters it uses."""
-    import duckdb
-
     try:
         return con.execute(statement, {k: params[k] for k in set(_PARAM.findall(statement))}).fetchall()
     except duckdb.Error as exc:
         raise NotNative(str(exc).splitlines()[0]) from None
-    except RuntimeError as exc:  # DuckDB stops a query on SIGINT with "Query interrupted"
-        if "interrupted" in str(exc).lower():
-            raise KeyboardInterrupt from None
-        raise
 
 
 def scratch_dir() -> tempfile.TemporaryDirectory[str]:
@@ -182,8 +177,6 @@ def write_batch(con: Any, trace_id: int, next_name_id: int, fill_rank: int | Non
 
 def drop_scratch(con: Any) -> None:
     """Drop the batch table (after an error the transaction is aborted: its rollback drops it)."""
-    import duckdb
-
     try:
         con.execute("drop table if exists _events")
     except duckdb.Error:
