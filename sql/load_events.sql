@@ -11,6 +11,7 @@ select
     count(*) filter (where plain_op and not span) as skipped_ops,
     count(*) filter (where ((span and valid) or meta) and rank is null) as rows_without_rank,
     count(*) filter (where span and valid and rank is not null) as rows_with_rank,
+    coalesce(list(distinct unsure_file) filter (where unsure_file is not null), []) as unsure_files,
     coalesce(bool_or(odd), false) as odd
 from _events;
 

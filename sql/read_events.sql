@@ -8,6 +8,8 @@
 --   valid: ts and dur are JSON numbers within +-2**62 ns and dur >= 0 (else the span is dropped and
 --     counted). The JSON reader is lenient where traceq is strict (a string "12.5" passes for a
 --     number), so ph, cat, name, ts and dur are read as JSON text and typed here.
+--   unsure_file: 2021 traces spell the key "external id" on some events, which one struct type cannot
+--     hold beside "External id": the batch file of a row whose args lack "External id" is searched for it.
 --   odd: a kept row that traceq.decode would read differently: a name or cat that is not a string,
 --     an id with a fraction, a time float64 may not hold to the ns (|ts| >= 2**43 us written with a
 --     fraction or exponent: epoch microseconds with ns). A batch with an odd row goes to
@@ -18,6 +20,7 @@ with raw as (
     from read_json(
         $files,
         format = 'array',
+        filename = true,
         maximum_object_size = $max_object_bytes,
         columns = {
             ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR', tid: 'VARCHAR', ts: 'JSON', dur: 'JSON',
@@ -86,6 +89,7 @@ final as (
         case when span and collective is not null then args.dtype end as dtype,
         case when span and collective is not null then json_int(args."Seq") end as seq,
         case when meta then coalesce(args.name, args.labels) end as meta_value,
+        case when span and args is not null and args."External id" is null then filename end as unsure_file,
         case when span then
             coalesce(isfinite(ts_us) and abs(ts_us) < 4.611686018427388e15 and isfinite(dur_us)
                 and abs(dur_us) < 4.611686018427388e15 and dur_us >= 0, false)

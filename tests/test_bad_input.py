@@ -134,6 +134,30 @@ def test_file_failing_after_many_chunks_leaves_no_rows(db: Path, tmp_path: Path)
     assert table_counts(db) == before
 
 
+def test_bad_files_among_good_ones_fail_alone_and_leave_no_scratch(db: Path, tmp_path: Path) -> None:
+    """Each file after the first is read ahead while the one before it is written: a bad file still
+    fails at its own turn with its own message, the good ones around it ingest, and every scratch
+    directory is removed."""
+    import tempfile
+
+    def scratch() -> set[str]:
+        return {str(p) for d in ("/dev/shm", tempfile.gettempdir()) if Path(d).is_dir() for p in Path(d).glob("traceq-*")}
+
+    data = _corpus_json()
+    files = {"a.json": data, "truncated.json": data[: len(data) // 2], "b.json": data + b"\n",
+             "garbage_after.json": data + b"\x00garbage"}
+    paths = []
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+        paths.append(tmp_path / name)
+    before = scratch()
+    summary = ingest_traces(paths, db, chunk_bytes=256 << 10)
+    assert [f.status for f in summary.files] == ["ingested", "failed", "ingested", "failed"]
+    assert "truncated trace" in summary.files[1].message and str(paths[1]) in summary.files[1].message
+    assert "malformed" in summary.files[3].message and str(paths[3]) in summary.files[3].message
+    assert scratch() == before
+
+
 def test_syntax_error_early_in_a_large_file_fails_at_once(db: Path, tmp_path: Path) -> None:
     """A bad byte in the first event must not make the reader buffer the rest of the file."""
     data = gzip.decompress(corpus_path("hta/nccl_parser_config/nccl_data.json.gz").read_bytes())

@@ -138,3 +138,57 @@ def test_no_room_for_scratch_files_falls_back_to_decode(tmp_path: Path, monkeypa
     assert summary.ok
     assert "cannot write scratch files" in summary.files[0].message
     assert _rows(tmp_path / "w.duckdb", TABLES["gpu_events"])  # the rows are there, from traceq.decode
+
+
+def _many_kernels(n: int) -> TraceBuilder:
+    b = TraceBuilder(rank=0)
+    b.step(1, 0, 10_000 * n)
+    for i in range(n):
+        b.kernel(f"kernel_{i % 50}", 10_000 * i, 10_000 * i + 5_000, launch_ns=10_000 * i)
+    return b
+
+
+@pytest.mark.parametrize("layout", ["object", "bare array", "byte order mark"])
+def test_file_ranges_hold_the_events_of_the_file(tmp_path: Path, layout: str) -> None:
+    """Uncompressed files are cut by reading only around each cut (traceq.reader.read_trace_ranges):
+    the pieces, parsed, are the file's events in order, its header too, with cuts next to strings
+    holding "}, {" and an event larger than the window a cut is looked for in."""
+    import os
+
+    from traceq.reader import FileRange, read_trace_ranges
+
+    b = _many_kernels(6000)
+    for i in range(0, len(b.events), 700):
+        b.events[i]["args"]["note"] = '"}, {"ph": "X"}, {'
+    b.events.insert(len(b.events) * 4 // 5, {"ph": "X", "cat": "kernel", "name": "k" * 300_000, "ts": 1, "dur": 1})
+    doc = b.document(distributedInfo={"rank": 0}, traceName="t")
+    text = json.dumps(doc["traceEvents"]) if layout == "bare array" else json.dumps(doc, indent=1)
+    path = tmp_path / "trace.json"
+    path.write_bytes((b"\xef\xbb\xbf" if layout == "byte order mark" else b"") + text.encode())
+
+    header, pieces = read_trace_ranges(path, chunk_bytes=200_000)
+    events, ranges = [], 0
+    with open(path, "rb") as f:
+        for piece in pieces:
+            if isinstance(piece, FileRange):
+                ranges += 1
+                piece = os.pread(f.fileno(), piece.length, piece.offset)
+            events += json.loads(b"[" + piece + b"]")
+    assert ranges > 5  # most of the file went by range, not through Python
+    assert events == doc["traceEvents"]
+    expected = {} if layout == "bare array" else {k: v for k, v in doc.items() if k != "traceEvents"}
+    assert header.fields == expected
+
+
+def test_external_id_in_both_spellings_goes_to_decode(tmp_path: Path) -> None:
+    """2021 traces spell it "External id" on CPU ops and "external id" on kernels; one struct type
+    cannot hold both, so such a file is read by traceq.decode (here the lower case comes last)."""
+    b = _many_kernels(20_000)
+    for ev in b.events[-50:]:
+        if "External id" in ev.get("args", {}):
+            ev["args"]["external id"] = ev["args"].pop("External id")
+    path = b.write(tmp_path / "job" / "trace.json")
+    native, decoded, messages = _both([path], tmp_path)
+    assert "external id" in messages[str(path)]
+    for table, query in TABLES.items():
+        assert _rows(native, query) == _rows(decoded, query), table

@@ -19,16 +19,21 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 
 from traceq.decode import OP_CATS
+from traceq.reader import FileRange
 from traceq.warehouse import sql_text
+
+T = TypeVar("T")
 
 # Bytes of JSON parsed per statement: several files, so that DuckDB parses them on all its threads.
 BATCH_BYTES = 48 << 20
 _PARAM = re.compile(r"\$(\w+)")
+# Traces of 2021 spell it "external id" on some events; one struct type cannot hold both spellings: a
+# batch file with events whose args lack "External id" is searched for the other (parse_batch).
 _LOWERCASE_EXTERNAL_ID = b'"external id"'
 
 
@@ -47,6 +52,7 @@ class BatchCounts:
     skipped_ops: int
     rows_without_rank: int
     rows_with_rank: int
+    unsure_files: list[str]  # files with events whose args lack "External id"
     odd: bool
 
 
@@ -81,22 +87,28 @@ def scratch_dir() -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(prefix="traceq-", dir=base)
 
 
-def batch_files(chunks: Iterator[bytes], directory: str, batch_bytes: int = BATCH_BYTES) -> Iterator[list[str]]:
-    """Write chunks as JSON array files, yielding the files of each batch of about ``batch_bytes``
-    (the consumer deletes them, :func:`remove`)."""
+def batch_files(
+    chunks: Iterator[bytes | FileRange], directory: str, batch_bytes: int = BATCH_BYTES
+) -> Iterator[list[str]]:
+    """Write chunks (bytes, or ranges of the trace file) as JSON array files, yielding the files of
+    each batch of about ``batch_bytes`` (the consumer deletes them, :func:`remove`)."""
     files: list[str] = []
     size = 0
     for n, chunk in enumerate(chunks):
-        if _LOWERCASE_EXTERNAL_ID in chunk:  # one struct type cannot hold both spellings
-            raise NotNative('args with "external id" (2021 traces), which the JSON reader does not read')
         name = os.path.join(directory, f"{n}.json")
         try:
-            with open(name, "wb") as f:
-                f.write(b"[")
-                f.write(chunk)
-                f.write(b"]")
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, b"[")
+                if isinstance(chunk, FileRange):
+                    chunk.copy_to(fd)
+                else:
+                    _write_all(fd, chunk)
+                os.write(fd, b"]")
+            finally:
+                os.close(fd)
         except OSError as exc:  # e.g. a full temp directory: traceq.decode needs no scratch files
-            raise NotNative(f"cannot write scratch files in {directory} ({exc.strerror})") from None
+            raise NotNative(f"cannot write scratch files in {directory} ({exc.strerror or exc})") from None
         files.append(name)
         size += len(chunk)
         if size >= batch_bytes:
@@ -106,49 +118,64 @@ def batch_files(chunks: Iterator[bytes], directory: str, batch_bytes: int = BATC
         yield files
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def remove(files: list[str]) -> None:
     for name in files:
         os.unlink(name)
 
 
-def prefetch(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, produced one ahead in a thread (reading and cutting overlap DuckDB's parsing)."""
-    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
-    stop = threading.Event()
+class Prefetch(Iterator[T]):
+    """``items``, produced one ahead by a thread that starts at once: reading and cutting overlap
+    DuckDB's parsing, and a file's first batch is read while the file before it is still being
+    written. Exhaust it or :meth:`close` it (which stops the thread)."""
 
-    def produce() -> None:
+    def __init__(self, items: Iterator[T]) -> None:
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+        self._stop = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._produce, args=(items,), name="traceq-reader", daemon=True)
+        self._thread.start()
+
+    def _produce(self, items: Iterator[T]) -> None:
         try:
             for item in items:
-                while not stop.is_set():
+                while not self._stop.is_set():
                     try:
-                        q.put(("item", item), timeout=0.1)
+                        self._queue.put(("item", item), timeout=0.1)
                         break
                     except queue.Full:
                         continue
-                if stop.is_set():
+                if self._stop.is_set():
                     return
-            q.put(("end", None))
+            self._queue.put(("end", None))
         except BaseException as exc:  # handed to the consumer, raised there
-            q.put(("error", exc))
+            self._queue.put(("error", exc))
 
-    thread = threading.Thread(target=produce, name="traceq-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            kind, value = q.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            yield value
-    finally:
-        stop.set()
-        while thread.is_alive():  # let the producer see `stop` (it may be blocked on a full queue)
+    def __next__(self) -> T:
+        if self._closed:
+            raise StopIteration
+        kind, value = self._queue.get()
+        if kind == "item":
+            return value
+        self.close()
+        if kind == "error":
+            raise value
+        raise StopIteration
+
+    def close(self) -> None:
+        self._closed = True
+        self._stop.set()
+        while self._thread.is_alive():  # let the producer see `stop` (it may be blocked on a full queue)
             try:
-                q.get_nowait()
+                self._queue.get_nowait()
             except queue.Empty:
                 pass
-            thread.join(timeout=0.05)
+            self._thread.join(timeout=0.05)
 
 
 def parse_batch(con: Any, files: list[str], all_ops: bool) -> BatchCounts:
@@ -160,6 +187,10 @@ def parse_batch(con: Any, files: list[str], all_ops: bool) -> BatchCounts:
     largest = max(os.path.getsize(f) for f in files)  # no event is larger than its file
     _run(con, read, {"files": files, "all_ops": all_ops, "op_cats": sorted(OP_CATS), "max_object_bytes": largest + 1})
     counts = BatchCounts(*_run(con, _statements("load_events.sql")[0], {})[0])
+    for name in counts.unsure_files:
+        with open(name, "rb") as f:
+            if _LOWERCASE_EXTERNAL_ID in f.read():
+                raise NotNative('args with "external id" (2021 traces), which the JSON reader does not read')
     if counts.odd:
         raise NotNative("values that DuckDB's JSON reader would read differently (e.g. epoch microseconds with a fraction)")
     return counts

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import re
 import zlib
 from collections.abc import Iterator
@@ -237,6 +238,77 @@ def read_trace(path: Path, chunk_bytes: int = CHUNK_BYTES, verify: bool = True) 
     return header, _chunks(stream, path, prefix, rest, header, chunk_bytes, verify)
 
 
+@dataclass(frozen=True)
+class FileRange:
+    """Whole events as a byte range of an uncompressed trace file, copied without reading them into
+    Python (:meth:`copy_to`); valid while the iterator that yielded it has not moved on."""
+
+    fd: int
+    offset: int
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+    def copy_to(self, out_fd: int) -> None:
+        """Append the range to the file open as ``out_fd`` (``sendfile``: the bytes stay in the kernel)."""
+        offset, left = self.offset, self.length
+        while left:
+            sent = os.sendfile(out_fd, self.fd, offset, left)
+            if sent == 0:
+                raise OSError(f"the trace file ended {left} bytes before the range did (was it truncated while read?)")
+            offset += sent
+            left -= sent
+
+
+def read_trace_ranges(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[TraceHeader, Iterator[bytes | FileRange]]:
+    """Like ``read_trace(path, chunk_bytes, verify=False)``, but an uncompressed file yields
+    :class:`FileRange` pieces: only the bytes around each cut are read (the last piece, which holds
+    the end of the array, is bytes). The caller must parse each piece strictly, as with unverified
+    cuts. A compressed file yields bytes, as :func:`read_trace` does.
+    """
+    stream = _open(path)
+    if isinstance(stream, gzip.GzipFile):
+        stream.close()
+        return read_trace(path, chunk_bytes, verify=False)
+    header = TraceHeader()
+    try:
+        prefix, rest, bare = _find_array_start(stream, path)
+        header.bare_array = bare
+        header.leading = _leading_fields(prefix)
+        rest = _first_event(stream, path, rest)
+        start = stream.tell() - len(rest)  # file offset of rest[0]
+        size = os.fstat(stream.fileno()).st_size
+    except BaseException:
+        stream.close()
+        raise
+    return header, _ranges(stream, path, prefix, start, size, header, chunk_bytes)
+
+
+def _ranges(
+    stream: BinaryIO, path: Path, prefix: bytes, start: int, size: int, header: TraceHeader, chunk_bytes: int
+) -> Iterator[bytes | FileRange]:
+    with stream:
+        fd = stream.fileno()
+        span = min(_UNVERIFIED_WINDOW, chunk_bytes)  # a cut is looked for in the last `span` bytes of a chunk
+        while size - start > chunk_bytes + span:
+            base = start + chunk_bytes - span
+            try:
+                window = os.pread(fd, span, base)
+            except OSError as exc:
+                raise TraceFormatError(f"{path}: cannot be read ({exc.strerror})") from None
+            last = None
+            for last in _SPLIT.finditer(window):
+                pass
+            if last is None:  # one event spans the window: cut the rest in memory
+                break
+            yield FileRange(fd, start, base + last.start() + 1 - start)
+            start = base + last.end()
+            stream.seek(start)  # the file position shows how far the reader is (e.g. in /proc/PID/fdinfo)
+        stream.seek(start)
+        yield from _chunks(stream, path, prefix, b"", header, chunk_bytes, verify=False, offset=start)
+
+
 def _first_event(stream: BinaryIO, path: Path, rest: bytes) -> bytes:
     """Check that the event array holds objects (or nothing), reading on until its first character."""
     while not rest.lstrip():
@@ -251,10 +323,12 @@ def _first_event(stream: BinaryIO, path: Path, rest: bytes) -> bytes:
 
 
 def _chunks(
-    stream: BinaryIO, path: Path, prefix: bytes, rest: bytes, header: TraceHeader, chunk_bytes: int, verify: bool
+    stream: BinaryIO, path: Path, prefix: bytes, rest: bytes, header: TraceHeader, chunk_bytes: int, verify: bool,
+    offset: int | None = None,
 ) -> Iterator[bytes]:
     with stream:
-        offset = len(prefix) + 1  # uncompressed offset of rest[0], give or take leading whitespace
+        if offset is None:
+            offset = len(prefix) + 1  # uncompressed offset of rest[0], give or take leading whitespace
         eof = False
         while not eof:
             while len(rest) < chunk_bytes:

@@ -12,13 +12,15 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import polars as pl
 
 from traceq.errors import ConfigError
 from traceq.warehouse import DEFAULT_DB, connect, fetch_one, sql_text
+
+if TYPE_CHECKING:  # polars loads with the first report, not with ingest
+    import polars as pl
 
 # Values that differ between the rank files of one run: kept per rank in run_files, not in runs.metadata.
 PER_RANK_KEYS = frozenset({
