@@ -135,9 +135,8 @@ def test_file_failing_after_many_chunks_leaves_no_rows(db: Path, tmp_path: Path)
 
 
 def test_bad_files_among_good_ones_fail_alone_and_leave_no_scratch(db: Path, tmp_path: Path) -> None:
-    """Each file after the first is read ahead while the one before it is written: a bad file still
-    fails at its own turn with its own message, the good ones around it ingest, and every scratch
-    directory is removed."""
+    """A bad file fails alone with its own message, the good ones around it ingest (plain files:
+    read by range, cut by cut), and every scratch directory is removed."""
     import tempfile
 
     def scratch() -> set[str]:

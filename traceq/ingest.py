@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from traceq.decode import OP_CATS, ChunkTables, decode_chunk, to_int
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.native import (
-    BatchCounts, NotNative, Prefetch, batch_files, drop_scratch, parse_batch, remove, scratch_dir, write_batch,
+    BatchCounts, NotNative, batch_files, drop_scratch, parse_batch, prefetch, remove, scratch_dir, write_batch,
 )
 from traceq.reader import FileRange, TraceHeader, file_digest, read_trace, read_trace_ranges
 from traceq.sidecar import load_side_files
@@ -433,19 +433,13 @@ class _Loader:
         self.known: dict[int, set[str]] = {}
         for size, digest in con.execute("select size_bytes, content_sha256 from traces").fetchall():
             self.known.setdefault(size, set()).add(digest)
-        self.following: Path | None = None  # the file after the one being loaded
-        self.ahead: _Reading | None = None  # that file, being read already
 
     def close(self) -> None:
-        if self.ahead is not None:
-            self.ahead.close()
-            self.ahead = None
         self.hasher.shutdown(cancel_futures=True)
 
     def load(self, paths: list[Path]) -> Iterator[FileResult]:
         """Ingest ``paths``, yielding each file's result in input order."""
-        for i, path in enumerate(paths):
-            self.following = paths[i + 1] if i + 1 < len(paths) else None
+        for path in paths:
             yield self._load(path)
 
     def _already(self, path: Path, digest: str) -> FileResult | None:
@@ -513,50 +507,25 @@ class _Loader:
         con = self.con
         parse_start = time.perf_counter()
         trace_id = self._next_trace_id()
-        reading = self._reading(path, size)
+        # a small file is cut finer, so that DuckDB still parses it on every thread
+        chunk_bytes = min(self.chunk_bytes, max(MIN_CHUNK_BYTES, json_size(path) // (2 * self.threads)))
+        header, chunks = read_trace_ranges(path, chunk_bytes)
+        fill = _leading_rank(header)
         counts = _Counts()
+        policy = OpsPolicy(header.leading, all_ops)
         n_names = 0
-        try:
-            header = next(reading.batches)
-            fill = _leading_rank(header)
-            policy = OpsPolicy(header.leading, all_ops)
-            for files in reading.batches:
-                used = policy.all_ops
-                batch = parse_batch(con, files, used)
-                n_names += write_batch(con, trace_id, n_names, fill)
-                remove(files)
-                counts.add_batch(batch, used)
-                policy.saw(batch.gpu)
-            self._read_ahead()  # the next file's first batch, while this one's steps are written
-        finally:
-            drop_scratch(con)
-            reading.close()
+        with scratch_dir() as scratch:
+            try:
+                for files in prefetch(batch_files(_counting(chunks, self.notify, size), scratch)):
+                    used = policy.all_ops
+                    batch = parse_batch(con, files, used)
+                    n_names += write_batch(con, trace_id, n_names, fill)
+                    remove(files)
+                    counts.add_batch(batch, used)
+                    policy.saw(batch.gpu)
+            finally:
+                drop_scratch(con)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
-
-    def _reading(self, path: Path, size: int) -> _Reading:
-        """``path`` being read into batch files: the one read ahead, else a new reading."""
-        if self.ahead is not None and self.ahead.path == path:
-            ahead, self.ahead = self.ahead, None
-            return ahead
-        return _Reading(path, self._chunk_bytes(path), self.notify, size)
-
-    def _chunk_bytes(self, path: Path) -> int:
-        """A small file is cut finer, so that DuckDB still parses it on every thread."""
-        return min(self.chunk_bytes, max(MIN_CHUNK_BYTES, json_size(path) // (2 * self.threads)))
-
-    def _read_ahead(self) -> None:
-        """Start reading the next file, unless it is hashed first (a file of its size is in the
-        warehouse: it may be skipped) or already being read."""
-        path = self.following
-        if path is None or self.ahead is not None:
-            return
-        size = _size(path)
-        if self.known.get(size):
-            return
-        try:
-            self.ahead = _Reading(path, self._chunk_bytes(path), self.notify, size)
-        except (OSError, TraceqError):  # e.g. an unreadable file: its own turn reports it
-            pass
 
     def _chunked(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
         """Decode ``path`` chunk by chunk with :mod:`traceq.decode` in this process."""
@@ -611,31 +580,6 @@ class _Loader:
 
     def _next_trace_id(self) -> int:
         return self.con.execute("select nextval('trace_ids')").fetchall()[0][0]
-
-
-class _Reading:
-    """A file being read into batch files (``[header, files, files, ...]``) by a reader thread in a
-    scratch directory of its own; :meth:`close` stops the thread and removes the directory."""
-
-    def __init__(self, path: Path, chunk_bytes: int, notify: Progress, size: int) -> None:
-        self.path = path
-        self._stack = ExitStack()
-        directory = self._stack.enter_context(scratch_dir())
-        self.batches: Prefetch[TraceHeader | list[str]] = Prefetch(
-            _read_batches(path, chunk_bytes, directory, notify, size)
-        )
-        self._stack.callback(self.batches.close)  # runs first: the thread stops before the files go
-
-    def close(self) -> None:
-        self._stack.close()
-
-
-def _read_batches(
-    path: Path, chunk_bytes: int, directory: str, notify: Progress, size: int
-) -> Iterator[TraceHeader | list[str]]:
-    header, chunks = read_trace_ranges(path, chunk_bytes)
-    yield header  # its fields are complete once the last batch is out
-    yield from batch_files(_counting(chunks, notify, size), directory)
 
 
 def _leading_rank(header: TraceHeader) -> int | None:

@@ -2,7 +2,8 @@
 
 The reader (:mod:`traceq.reader`) cuts a trace's event array into chunks of whole events; here a
 batch of chunks is written as JSON array files to a scratch directory (in memory where ``/dev/shm``
-exists) and parsed by DuckDB on every core (``sql/read_events.sql``), then written as rows
+exists; chunks of an uncompressed file are copied by ``sendfile`` without passing through Python)
+and parsed by DuckDB on every core (``sql/read_events.sql``), then written as rows
 (``sql/load_events.sql``): no Python touches an event. Whatever that path would read differently
 from :mod:`traceq.decode` (an element that is not an object, args that are not an object, epoch
 microseconds with a fraction, ...) raises :class:`NotNative`, and ingest decodes the file with
@@ -19,15 +20,13 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any
 
 import duckdb
 
 from traceq.decode import OP_CATS
 from traceq.reader import FileRange
 from traceq.warehouse import sql_text
-
-T = TypeVar("T")
 
 # Bytes of JSON parsed per statement: several files, so that DuckDB parses them on all its threads.
 BATCH_BYTES = 48 << 20
@@ -129,53 +128,44 @@ def remove(files: list[str]) -> None:
         os.unlink(name)
 
 
-class Prefetch(Iterator[T]):
-    """``items``, produced one ahead by a thread that starts at once: reading and cutting overlap
-    DuckDB's parsing, and a file's first batch is read while the file before it is still being
-    written. Exhaust it or :meth:`close` it (which stops the thread)."""
+def prefetch(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, produced one ahead in a thread (reading and cutting overlap DuckDB's parsing)."""
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+    stop = threading.Event()
 
-    def __init__(self, items: Iterator[T]) -> None:
-        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
-        self._stop = threading.Event()
-        self._closed = False
-        self._thread = threading.Thread(target=self._produce, args=(items,), name="traceq-reader", daemon=True)
-        self._thread.start()
-
-    def _produce(self, items: Iterator[T]) -> None:
+    def produce() -> None:
         try:
             for item in items:
-                while not self._stop.is_set():
+                while not stop.is_set():
                     try:
-                        self._queue.put(("item", item), timeout=0.1)
+                        q.put(("item", item), timeout=0.1)
                         break
                     except queue.Full:
                         continue
-                if self._stop.is_set():
+                if stop.is_set():
                     return
-            self._queue.put(("end", None))
+            q.put(("end", None))
         except BaseException as exc:  # handed to the consumer, raised there
-            self._queue.put(("error", exc))
+            q.put(("error", exc))
 
-    def __next__(self) -> T:
-        if self._closed:
-            raise StopIteration
-        kind, value = self._queue.get()
-        if kind == "item":
-            return value
-        self.close()
-        if kind == "error":
-            raise value
-        raise StopIteration
-
-    def close(self) -> None:
-        self._closed = True
-        self._stop.set()
-        while self._thread.is_alive():  # let the producer see `stop` (it may be blocked on a full queue)
+    thread = threading.Thread(target=produce, name="traceq-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = q.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
+        while thread.is_alive():  # let the producer see `stop` (it may be blocked on a full queue)
             try:
-                self._queue.get_nowait()
+                q.get_nowait()
             except queue.Empty:
                 pass
-            self._thread.join(timeout=0.05)
+            thread.join(timeout=0.05)
 
 
 def parse_batch(con: Any, files: list[str], all_ops: bool) -> BatchCounts:
