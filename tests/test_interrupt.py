@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import corpus_path
 from tests.test_bad_input import small_trace, table_counts
 from traceq.ingest import ingest_traces
+from traceq.native import STALE_SCRATCH_S, remove_stale_scratch, scratch_base
 from traceq.warehouse import connect
 
 TRACEQ = Path(sys.executable).with_name("traceq")
@@ -119,4 +120,35 @@ def test_interrupted_ingest_leaves_nothing_and_rerun_completes(sig: signal.Signa
 
     connect(db).close()  # opens for writing (replaying its log after SIGKILL)
     assert table_counts(db) == before
+    # SIGINT cleans up its scratch files; SIGKILL cannot, and the next ingest removes them once stale
+    left = _scratch_of(proc.pid)
+    assert len(left) == (1 if sig == signal.SIGKILL else 0), left
+    for d in left:
+        old = time.time() - STALE_SCRATCH_S - 1
+        os.utime(d, (old, old))
     _assert_rerun_completes(trace, n_events, db, before)
+    assert _scratch_of(proc.pid) == []
+
+
+def _scratch_of(pid: int) -> list[Path]:
+    return sorted(Path(scratch_base()).glob(f"traceq-{pid}-*"))
+
+
+def test_only_stale_scratch_of_dead_processes_is_removed(tmp_path: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    old = time.time() - STALE_SCRATCH_S - 1
+    dirs = {
+        "dead, stale": (tmp_path / f"traceq-{dead.pid}-a1", old),
+        "dead, recent": (tmp_path / f"traceq-{dead.pid}-b2", time.time()),
+        "alive, stale": (tmp_path / f"traceq-{os.getpid()}-c3", old),
+        "not traceq's": (tmp_path / f"other-{dead.pid}-d4", old),
+    }
+    for d, mtime in dirs.values():
+        d.mkdir()
+        (d / "0.json").write_text("[]")
+        os.utime(d, (mtime, mtime))
+    remove_stale_scratch(str(tmp_path))
+    assert {label: d.exists() for label, (d, _) in dirs.items()} == {
+        "dead, stale": False, "dead, recent": True, "alive, stale": True, "not traceq's": True,
+    }

@@ -15,8 +15,11 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shutil
+import stat
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -73,17 +76,63 @@ def _run(con: Any, statement: str, params: dict[str, Any]) -> list[tuple]:
         raise NotNative(str(exc).splitlines()[0]) from None
 
 
-def scratch_dir() -> tempfile.TemporaryDirectory[str]:
-    """A private directory for batch files: in memory (``/dev/shm``) where the machine has one with
-    room for a few batches (containers often give it 64 MB), else the temp directory."""
-    base = None
+def scratch_base() -> str:
+    """Where batch files go: in memory (``/dev/shm``) where the machine has one with room for a few
+    batches (containers often give it 64 MB), else the temp directory."""
     try:
         st = os.statvfs("/dev/shm")
         if os.access("/dev/shm", os.W_OK) and st.f_bavail * st.f_frsize >= 4 * BATCH_BYTES:
-            base = "/dev/shm"
+            return "/dev/shm"
     except OSError:
         pass
-    return tempfile.TemporaryDirectory(prefix="traceq-", dir=base)
+    return tempfile.gettempdir()
+
+
+def scratch_dir() -> tempfile.TemporaryDirectory[str]:
+    """A private directory for batch files in :func:`scratch_base`. Its name holds this process's
+    id, so that a later ingest can remove it if this one is killed (:func:`remove_stale_scratch`)."""
+    base = scratch_base()
+    remove_stale_scratch(base)
+    return tempfile.TemporaryDirectory(prefix=f"traceq-{os.getpid()}-", dir=base)
+
+
+_SCRATCH_NAME = re.compile(r"traceq-(\d+)-\w+")
+# A live ingest adds and removes batch files every few seconds, which touches its directory.
+STALE_SCRATCH_S = 600
+
+
+def remove_stale_scratch(base: str) -> None:
+    """Remove the scratch directories in ``base`` left by ingests that were killed (SIGKILL, the OOM
+    killer): up to a few batches of JSON each, in memory under ``/dev/shm``. A directory goes when
+    its process is gone and it has not changed for :data:`STALE_SCRATCH_S` (the age guards against a
+    live ingest in another PID namespace that shares the directory)."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        m = _SCRATCH_NAME.fullmatch(entry.name)
+        if m is None:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or now - st.st_mtime < STALE_SCRATCH_S:
+            continue
+        if not _process_alive(int(m.group(1))):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process
+        return True
+    return True
 
 
 def batch_files(
