@@ -35,7 +35,7 @@ from traceq.ingest import ingest_traces
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from tests.fuzzing import parse, row_counts  # noqa: E402  (shared with tests/test_fuzz.py)
+from tests.fuzzing import ELEMENT_SPOT, TOKENS, VALUE_SPOT, VALUES, parse, read_seeds, row_counts  # noqa: E402  (shared with tests/test_fuzz.py)
 
 CORPUS = REPO.parent / "shared" / "corpus"
 CORPUS_SEEDS = (
@@ -59,23 +59,11 @@ HAND_MADE = {
         {"ph": "M", "name": "thread_name", "pid": 100, "tid": 1, "args": {"name": "python"}},
     ],
 }
-TOKENS = (b"{", b"}", b"[", b"]", b",", b'"', b":", b"\\", b"NaN", b"-", b"null", b'"ts": ', b"\xff\xfe",
-          b"\x00", b"}, {", b'"traceEvents": [', b'"ph": "X"')
-VALUES = (b'"12.5"', b'"NaN"', b"1e999", b"-1e999", b"-1", b"18446744073709551616", b"-9223372036854775809",
-          b"null", b"true", b"{}", b"[]", b"[1.5]", b'{"a": [1, {}]}', b'"\\ud800"', b"0.0000001", b"1e300")
-_VALUE = re.compile(rb'(?<=: )(-?\d[\d.eE+-]*|"(?:[^"\\]|\\.)*"|null|true|false)')
-_ELEMENT = re.compile(rb"\}\s*,\s*\{")
 CHUNK_SIZES = (64, 512, 4096, 1 << 20)
 
 
 def seeds() -> list[bytes]:
-    out = [json.dumps(HAND_MADE).encode()]
-    for rel in CORPUS_SEEDS:
-        path = CORPUS / rel
-        if path.exists():
-            data = path.read_bytes()
-            out.append(gzip.decompress(data) if rel.endswith(".gz") else data)
-    return out
+    return [json.dumps(HAND_MADE).encode(), *read_seeds(CORPUS, CORPUS_SEEDS)]
 
 
 def mutate(rng: random.Random, data: bytes) -> tuple[bytes, bool]:
@@ -86,7 +74,7 @@ def mutate(rng: random.Random, data: bytes) -> tuple[bytes, bool]:
         op = rng.choice(("truncate", "flip", "insert", "token", "delete", "duplicate", "gzip", "value", "element"))
         pos = rng.randrange(max(1, len(buf)))
         if op in ("value", "element"):
-            spots = list((_VALUE if op == "value" else _ELEMENT).finditer(buf))
+            spots = list((VALUE_SPOT if op == "value" else ELEMENT_SPOT).finditer(buf))
             if spots:
                 m = rng.choice(spots)
                 if op == "value":

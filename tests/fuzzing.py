@@ -5,12 +5,35 @@ No pytest or hypothesis here, so the benchmark can import it on its own.
 
 from __future__ import annotations
 
+import gzip
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
 
 from traceq.decode import decode_chunk
 from traceq.reader import read_trace
+
+# What gets spliced into a seed trace: JSON tokens anywhere, and valid JSON values of the wrong type
+# or range in place of a value (VALUE_SPOT) or as an extra array element (after ELEMENT_SPOT's '}').
+TOKENS = (b"{", b"}", b"[", b"]", b",", b'"', b":", b"\\", b"NaN", b"-", b"null", b'"ts": ', b"\xff\xfe",
+          b"\x00", b"}, {", b'"traceEvents": [', b'"ph": "X"')
+VALUES = (b'"12.5"', b'"NaN"', b"1e999", b"-1e999", b"-1", b"18446744073709551616", b"-9223372036854775809",
+          b"null", b"true", b"{}", b"[]", b"[1.5]", b'{"a": [1, {}]}', b'"\\ud800"', b"0.0000001", b"1e300")
+VALUE_SPOT = re.compile(rb'(?<=: )(-?\d[\d.eE+-]*|"(?:[^"\\]|\\.)*"|null|true|false)')
+ELEMENT_SPOT = re.compile(rb"\}\s*,\s*\{")
+
+
+def read_seeds(corpus: Path, names: Iterable[str]) -> list[bytes]:
+    """The JSON of the corpus traces ``names`` that are present (decompressed)."""
+    seeds = []
+    for name in names:
+        path = corpus / name
+        if path.exists():
+            data = path.read_bytes()
+            seeds.append(gzip.decompress(data) if name.endswith(".gz") else data)
+    return seeds
 
 
 def parse(path: Path, chunk_bytes: int) -> int:

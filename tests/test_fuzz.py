@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CORPUS
-from tests.fuzzing import parse, row_counts
+from tests.fuzzing import ELEMENT_SPOT, TOKENS, VALUE_SPOT, VALUES, parse, read_seeds, row_counts
 from tests.tracegen import TraceBuilder
 from traceq.errors import TraceqError
 from traceq.ingest import ingest_traces
@@ -27,13 +26,6 @@ CORPUS_SEEDS = (
     "hta/large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz",
     "hta/triton_example/triton_example.json.gz",
 )
-TOKENS = (b"{", b"}", b"[", b"]", b",", b'"', b":", b"\\", b"NaN", b"-", b"null", b'"ts": ', b"\xff\xfe",
-          b"\x00", b"}, {", b'"traceEvents": [', b'"ph": "X"')
-# Valid JSON values of the wrong type or range, put in place of a value or as an extra array element.
-VALUES = (b'"12.5"', b'"NaN"', b"1e999", b"-1e999", b"-1", b"18446744073709551616", b"-9223372036854775809",
-          b"null", b"true", b"{}", b"[]", b"[1.5]", b'{"a": [1, {}]}', b'"\\ud800"', b"0.0000001", b"1e300")
-_VALUE = re.compile(rb'(?<=: )(-?\d[\d.eE+-]*|"(?:[^"\\]|\\.)*"|null|true|false)')
-_ELEMENT = re.compile(rb"\}\s*,\s*\{")
 
 
 def _hand_made() -> bytes:
@@ -46,17 +38,7 @@ def _hand_made() -> bytes:
     return json.dumps(b.document()).encode()
 
 
-def _seeds() -> list[bytes]:
-    seeds = [_hand_made()]
-    for rel in CORPUS_SEEDS:
-        path = CORPUS / rel
-        if path.exists():
-            data = path.read_bytes()
-            seeds.append(gzip.decompress(data) if rel.endswith(".gz") else data)
-    return seeds
-
-
-SEEDS = _seeds()
+SEEDS = [_hand_made(), *read_seeds(CORPUS, CORPUS_SEEDS)]
 
 
 @st.composite
@@ -68,7 +50,7 @@ def mutated_trace(draw: st.DrawFn) -> tuple[bytes, bool]:
         op = draw(st.sampled_from(("truncate", "flip", "insert", "token", "delete", "duplicate", "gzip", "value", "element")))
         pos = draw(st.integers(0, max(0, len(data) - 1)))
         if op in ("value", "element"):  # structure-aware: stays valid JSON (unless gzip came first)
-            spots = list((_VALUE if op == "value" else _ELEMENT).finditer(data))
+            spots = list((VALUE_SPOT if op == "value" else ELEMENT_SPOT).finditer(data))
             if spots:
                 m = spots[draw(st.integers(0, len(spots) - 1))]
                 value = draw(st.sampled_from(VALUES))

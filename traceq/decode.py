@@ -70,6 +70,18 @@ RUNTIME_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
 # CPU operators: kept for CPU-only traces, left out of GPU traces unless they carry collective args.
 OP_CATS = frozenset({"cpu_op", "Operator", "python_function"})
 
+# Collective args (args["Collective name"] etc.), the same columns in gpu_events and host_events.
+_COLLECTIVE_COLUMNS = [
+    ("collective", pa.string()),
+    ("pg_name", pa.string()),
+    ("pg_desc", pa.string()),
+    ("pg_ranks", pa.string()),
+    ("group_size", pa.int64()),
+    ("in_nelems", pa.int64()),
+    ("out_nelems", pa.int64()),
+    ("dtype", pa.string()),
+    ("seq", pa.int64()),
+]
 GPU_SCHEMA = pa.schema(
     [
         ("kind", pa.int8()),
@@ -81,15 +93,7 @@ GPU_SCHEMA = pa.schema(
         ("dur_ns", pa.int64()),
         ("correlation", pa.int64()),
         ("external_id", pa.int64()),
-        ("collective", pa.string()),
-        ("pg_name", pa.string()),
-        ("pg_desc", pa.string()),
-        ("pg_ranks", pa.string()),
-        ("group_size", pa.int64()),
-        ("in_nelems", pa.int64()),
-        ("out_nelems", pa.int64()),
-        ("dtype", pa.string()),
-        ("seq", pa.int64()),
+        *_COLLECTIVE_COLUMNS,
     ]
 )
 HOST_SCHEMA = pa.schema(
@@ -104,22 +108,14 @@ HOST_SCHEMA = pa.schema(
         ("correlation", pa.int64()),
         ("external_id", pa.int64()),
         ("device", pa.int64()),
-        ("collective", pa.string()),
-        ("pg_name", pa.string()),
-        ("pg_desc", pa.string()),
-        ("pg_ranks", pa.string()),
-        ("group_size", pa.int64()),
-        ("in_nelems", pa.int64()),
-        ("out_nelems", pa.int64()),
-        ("dtype", pa.string()),
-        ("seq", pa.int64()),
+        *_COLLECTIVE_COLUMNS,
     ]
 )
 META_SCHEMA = pa.schema(
     [("rank", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()), ("key", pa.string()), ("value", pa.string())]
 )
-_COLL_FIELDS = ("collective", "pg_name", "pg_desc", "pg_ranks", "group_size", "in_nelems", "out_nelems", "dtype", "seq")
-_INT_COLL = frozenset({"group_size", "in_nelems", "out_nelems", "seq"})
+_COLL_FIELDS = tuple(name for name, _ in _COLLECTIVE_COLUMNS)
+_INT_COLL = frozenset(name for name, type_ in _COLLECTIVE_COLUMNS if type_ == pa.int64())
 _INT64_MAX = 2**63 - 1
 # Times and durations beyond +-2**62 ns (146 years) are not real; rejecting them keeps
 # start_ns + dur_ns inside int64 in every query.

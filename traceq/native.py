@@ -92,8 +92,14 @@ def scratch_dir() -> tempfile.TemporaryDirectory[str]:
     """A private directory for batch files in :func:`scratch_base`. Its name holds this process's
     id, so that a later ingest can remove it if this one is killed (:func:`remove_stale_scratch`)."""
     base = scratch_base()
-    remove_stale_scratch(base)
+    _remove_stale_scratch_once(base)
     return tempfile.TemporaryDirectory(prefix=f"traceq-{os.getpid()}-", dir=base)
+
+
+@cache
+def _remove_stale_scratch_once(base: str) -> None:
+    """:func:`remove_stale_scratch`, once per process (not once per file: ``base`` may be a large /tmp)."""
+    remove_stale_scratch(base)
 
 
 _SCRATCH_NAME = re.compile(r"traceq-(\d+)-\w+")

@@ -221,21 +221,23 @@ def read_trace(path: Path, chunk_bytes: int = CHUNK_BYTES, verify: bool = True) 
     Raises :class:`TraceFormatError` naming the file for anything that is not a readable trace.
     ``verify=False`` skips checking each cut (see :func:`_cut`).
     """
+    stream, header, prefix, rest = _open_events(path)
+    return header, _chunks(stream, path, prefix, rest, header, chunk_bytes, verify)
+
+
+def _open_events(path: Path) -> tuple[BinaryIO, TraceHeader, bytes, bytes]:
+    """Open ``path`` and read up to its first event: (stream, header with the leading fields, the
+    bytes before the event array, the bytes read after its '[')."""
     stream = _open(path)
     header = TraceHeader()
     try:
-        prefix, rest, bare = _find_array_start(stream, path)
-    except BaseException:
-        stream.close()
-        raise
-    header.bare_array = bare
-    header.leading = _leading_fields(prefix)
-    try:
+        prefix, rest, header.bare_array = _find_array_start(stream, path)
+        header.leading = _leading_fields(prefix)
         rest = _first_event(stream, path, rest)
     except BaseException:
         stream.close()
         raise
-    return header, _chunks(stream, path, prefix, rest, header, chunk_bytes, verify)
+    return stream, header, prefix, rest
 
 
 @dataclass(frozen=True)
@@ -267,30 +269,21 @@ def read_trace_ranges(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[Trace
     the end of the array, is bytes). The caller must parse each piece strictly, as with unverified
     cuts. A compressed file yields bytes, as :func:`read_trace` does.
     """
-    stream = _open(path)
+    stream, header, prefix, rest = _open_events(path)
     if isinstance(stream, gzip.GzipFile):
-        stream.close()
-        return read_trace(path, chunk_bytes, verify=False)
-    header = TraceHeader()
-    try:
-        prefix, rest, bare = _find_array_start(stream, path)
-        header.bare_array = bare
-        header.leading = _leading_fields(prefix)
-        rest = _first_event(stream, path, rest)
-        start = stream.tell() - len(rest)  # file offset of rest[0]
-        size = os.fstat(stream.fileno()).st_size
-    except BaseException:
-        stream.close()
-        raise
-    return header, _ranges(stream, path, prefix, start, size, header, chunk_bytes)
+        return header, _chunks(stream, path, prefix, rest, header, chunk_bytes, verify=False)
+    start = stream.tell() - len(rest)  # file offset of rest[0]
+    return header, _ranges(stream, path, prefix, start, header, chunk_bytes)
 
 
 def _ranges(
-    stream: BinaryIO, path: Path, prefix: bytes, start: int, size: int, header: TraceHeader, chunk_bytes: int
+    stream: BinaryIO, path: Path, prefix: bytes, start: int, header: TraceHeader, chunk_bytes: int
 ) -> Iterator[bytes | FileRange]:
     with stream:
         fd = stream.fileno()
+        size = os.fstat(fd).st_size
         span = min(_UNVERIFIED_WINDOW, chunk_bytes)  # a cut is looked for in the last `span` bytes of a chunk
+        stream.seek(start)  # the file position shows how far the reader is (e.g. in /proc/PID/fdinfo)
         while size - start > chunk_bytes + span:
             base = start + chunk_bytes - span
             try:
@@ -304,8 +297,7 @@ def _ranges(
                 break
             yield FileRange(fd, start, base + last.start() + 1 - start)
             start = base + last.end()
-            stream.seek(start)  # the file position shows how far the reader is (e.g. in /proc/PID/fdinfo)
-        stream.seek(start)
+            stream.seek(start)
         yield from _chunks(stream, path, prefix, b"", header, chunk_bytes, verify=False, offset=start)
 
 
