@@ -1,5 +1,6 @@
 -- One batch of event chunks ($files: JSON arrays of whole events, cut from a trace's traceEvents by
--- traceq.reader), parsed by DuckDB's JSON reader into the temp table _events, one row per element.
+-- traceq.reader), parsed by DuckDB's JSON reader, one row per element (traceq.native registers the result
+-- as _events).
 -- Rows that become warehouse rows (`keep`) get the columns of traceq.decode's tables, with the name as
 -- text (sql/load_events.sql interns it), the others only count.
 --   kind: 1 kernel, 2 memcpy, 3 memset, 0 other complete (X) event, null for any other phase
@@ -14,7 +15,6 @@
 --     an id with a fraction, a time float64 may not hold to the ns (|ts| >= 2**43 us written with a
 --     fraction or exponent: epoch microseconds with ns). A batch with an odd row goes to
 --     traceq.decode instead.
-create or replace temp table _events as
 with raw as (
     select *
     from read_json(

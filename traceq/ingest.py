@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from traceq.decode import OP_CATS, ChunkTables, decode_chunk, to_int
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.native import (
-    BatchCounts, NotNative, batch_files, drop_scratch, parse_batch, prefetch, remove, scratch_dir, write_batch,
+    BatchCounts, NotNative, batch_files, drop_batch, parse_batch, prefetch, remove, scratch_dir, write_batch,
 )
 from traceq.reader import FileRange, TraceHeader, file_digest, read_trace, read_trace_ranges
 from traceq.sidecar import load_side_files
@@ -484,23 +484,27 @@ class _Loader:
                 read = self._native if native else self._chunked
                 result = read(path, digest, size, all_ops)
             except NotNative as why:
-                con.rollback()
+                self._rollback()
                 native, reason = False, str(why)
                 continue
             except _NeedsOps:
-                con.rollback()
+                self._rollback()
                 all_ops = True
                 continue
             except BaseException:
-                con.rollback()
+                self._rollback()
                 raise
             if result.status == "skipped":
-                con.rollback()
+                self._rollback()
             else:
                 con.commit()
                 if not native:
                     result.message = f"read by traceq.decode: {reason}"
             return result
+
+    def _rollback(self) -> None:
+        self.con.rollback()
+        drop_batch(self.con)  # a batch parsed before the failure (unregistering it failed while aborted)
 
     def _native(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
         """Parse ``path`` with DuckDB, batch by batch (:mod:`traceq.native`)."""
@@ -515,16 +519,14 @@ class _Loader:
         policy = OpsPolicy(header.leading, all_ops)
         n_names = 0
         with scratch_dir() as scratch:
-            try:
-                for files in prefetch(batch_files(_counting(chunks, self.notify, size), scratch)):
-                    used = policy.all_ops
-                    batch = parse_batch(con, files, used)
-                    n_names += write_batch(con, trace_id, n_names, fill)
-                    remove(files)
-                    counts.add_batch(batch, used)
-                    policy.saw(batch.gpu)
-            finally:
-                drop_scratch(con)
+            for files in prefetch(batch_files(_counting(chunks, self.notify, size), scratch)):
+                used = policy.all_ops
+                batch = parse_batch(con, files, used)
+                n_names += write_batch(con, trace_id, n_names, fill)
+                drop_batch(con)  # on an error, _rollback drops it
+                remove(files)
+                counts.add_batch(batch, used)
+                policy.saw(batch.gpu)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
 
     def _chunked(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
