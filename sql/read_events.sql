@@ -1,6 +1,6 @@
 -- One batch of event chunks ($files: JSON arrays of whole events, cut from a trace's traceEvents by
--- traceq.reader), parsed by DuckDB's JSON reader, one row per element (traceq.native registers the result
--- as _events).
+-- traceq.reader), parsed by DuckDB's JSON reader into an Arrow table, one row per element (_events in
+-- sql/load_events.sql).
 -- Rows that become warehouse rows (`keep`) get the columns of traceq.decode's tables, with the name as
 -- text (sql/load_events.sql interns it), the others only count.
 --   kind: 1 kernel, 2 memcpy, 3 memset, 0 other complete (X) event, null for any other phase

@@ -192,3 +192,40 @@ def test_external_id_in_both_spellings_goes_to_decode(tmp_path: Path) -> None:
     assert "external id" in messages[str(path)]
     for table, query in TABLES.items():
         assert _rows(native, query) == _rows(decoded, query), table
+
+
+def test_batch_parsed_ahead_before_the_policy_switched_is_parsed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without deviceProperties a file starts with every CPU operator and drops them once a batch
+    shows GPU activity; the next batch, already parsed with them in the reader's thread, is parsed
+    again without them. Small chunks and one chunk per batch make several batches of a small file."""
+    import traceq.ingest as ingest
+    import traceq.native as native
+
+    b = TraceBuilder(rank=0)
+    for i in range(3000):  # CPU operators first: the first batches have no GPU activity
+        b.events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 7}", "pid": 100, "tid": 1,
+                         "ts": i, "dur": 0.5, "args": {"External id": i}})
+    for n in range(4):
+        b.step(n, 4_000_000 + n * 1_000_000, 4_900_000 + n * 1_000_000)
+        for k in range(300):
+            start = 4_000_000 + n * 1_000_000 + k * 2_000
+            b.kernel(f"sgemm_{k % 5}", start + 500, start + 1_500, launch_ns=start)
+    path = b.write(tmp_path / "job" / "trace.json")
+    parses: dict[tuple[str, ...], list[bool]] = {}  # batch files -> all_ops of each parse
+
+    def recording_parse(con: object, files: list[str], all_ops: bool) -> object:
+        parses.setdefault(tuple(files), []).append(all_ops)
+        return native.parse_batch(con, files, all_ops)
+
+    monkeypatch.setattr(ingest, "parse_batch", recording_parse)
+    monkeypatch.setattr(ingest, "batch_files", lambda chunks, directory: native.batch_files(chunks, directory, 1))
+    native_db, decoded_db = tmp_path / "native.duckdb", tmp_path / "decode.duckdb"
+    summary = ingest_traces([path], native_db, chunk_bytes=64 << 10)
+    assert summary.ok and summary.files[0].message == ""
+    assert ingest_traces([path], decoded_db, native=False).ok
+    assert [True, False] in parses.values(), parses
+    assert sum(v == [True] for v in parses.values()) >= 2 and [False] in parses.values(), parses
+    for table, query in TABLES.items():
+        assert _rows(native_db, query) == _rows(decoded_db, query), table

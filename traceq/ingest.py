@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,7 +36,8 @@ import pyarrow.compute as pc
 from traceq.decode import OP_CATS, ChunkTables, decode_chunk, to_int
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.native import (
-    BatchCounts, NotNative, batch_files, drop_batch, parse_batch, prefetch, remove, scratch_dir, write_batch,
+    BatchCounts, NotNative, batch_files, count_batch, parse_batch, parser, prefetch, remove, scratch_dir,
+    write_batch,
 )
 from traceq.reader import FileRange, TraceHeader, file_digest, read_trace, read_trace_ranges
 from traceq.sidecar import load_side_files
@@ -484,27 +485,23 @@ class _Loader:
                 read = self._native if native else self._chunked
                 result = read(path, digest, size, all_ops)
             except NotNative as why:
-                self._rollback()
+                con.rollback()
                 native, reason = False, str(why)
                 continue
             except _NeedsOps:
-                self._rollback()
+                con.rollback()
                 all_ops = True
                 continue
             except BaseException:
-                self._rollback()
+                con.rollback()
                 raise
             if result.status == "skipped":
-                self._rollback()
+                con.rollback()
             else:
                 con.commit()
                 if not native:
                     result.message = f"read by traceq.decode: {reason}"
             return result
-
-    def _rollback(self) -> None:
-        self.con.rollback()
-        drop_batch(self.con)  # a batch parsed before the failure (unregistering it failed while aborted)
 
     def _native(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
         """Parse ``path`` with DuckDB, batch by batch (:mod:`traceq.native`)."""
@@ -518,15 +515,25 @@ class _Loader:
         counts = _Counts()
         policy = OpsPolicy(header.leading, all_ops)
         n_names = 0
-        with scratch_dir() as scratch:
-            for files in prefetch(batch_files(_counting(chunks, self.notify, size), scratch)):
+
+        def parsed(batches: Iterator[list[str]]) -> Iterator[tuple[list[str], bool, Any]]:
+            for files in batches:
                 used = policy.all_ops
-                batch = parse_batch(con, files, used)
-                n_names += write_batch(con, trace_id, n_names, fill)
-                drop_batch(con)  # on an error, _rollback drops it
-                remove(files)
-                counts.add_batch(batch, used)
-                policy.saw(batch.gpu)
+                yield files, used, parse_batch(cursor, files, used)
+
+        # The next batch is parsed (on a cursor, in the reader's thread) while this one is written.
+        with scratch_dir() as scratch, parser(con) as cursor:
+            batches = batch_files(_counting(chunks, self.notify, size), scratch)
+            with closing(prefetch(parsed(batches))) as ready:
+                for files, used, events in ready:
+                    if used != policy.all_ops:  # parsed before the batch that switched the policy
+                        used = policy.all_ops
+                        events = parse_batch(con, files, used)
+                    batch = count_batch(con, events)
+                    n_names += write_batch(con, events, trace_id, n_names, fill)
+                    remove(files)
+                    counts.add_batch(batch, used)
+                    policy.saw(batch.gpu)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
 
     def _chunked(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:

@@ -68,12 +68,18 @@ def _statements(name: str) -> list[str]:
     return statements
 
 
-def _run(con: Any, statement: str, params: dict[str, Any]) -> list[tuple]:
-    """Execute ``statement`` with the named parameters it uses."""
+def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -> list[tuple]:
+    """Execute ``statement`` with the named parameters it uses. It reads the parsed batch ``events``
+    (an Arrow table) as ``_events``: DuckDB's replacement scan finds the name among this frame's
+    variables (a view registered inside the transaction would keep every batch in memory until it ends).
+    """
+    _events = events
     try:
         return con.execute(statement, {k: params[k] for k in set(_PARAM.findall(statement))}).fetchall()
     except duckdb.Error as exc:
         raise NotNative(str(exc).splitlines()[0]) from None
+    finally:
+        del _events
 
 
 def scratch_base() -> str:
@@ -223,21 +229,35 @@ def prefetch(items: Iterator[Any]) -> Iterator[Any]:
             thread.join(timeout=0.05)
 
 
-def parse_batch(con: Any, files: list[str], all_ops: bool) -> BatchCounts:
-    """Parse ``files`` into an Arrow table, registered as ``_events`` on ``con``, and count what
-    they hold. (An Arrow table is cheaper to fill than a DuckDB temp table: 0.5 s less per 500 MB.)
+def parser(con: Any) -> Any:
+    """A cursor of ``con`` for :func:`parse_batch` in another thread (it holds the macros the parse
+    uses; ``con`` keeps writing meanwhile)."""
+    cursor = con.cursor()
+    cursor.execute(sql_text("macros.sql"))
+    return cursor
 
-    Raises :class:`NotNative` when DuckDB cannot parse them or a row needs :mod:`traceq.decode`.
+
+def parse_batch(con: Any, files: list[str], all_ops: bool) -> Any:
+    """Parse ``files`` (``sql/read_events.sql``) into an Arrow table, one row per event. (An Arrow
+    table is cheaper to fill than a DuckDB temp table: 0.5 s less per 500 MB.)
+
+    Raises :class:`NotNative` when DuckDB cannot parse them.
     """
     (read,) = _statements("read_events.sql")
     largest = max(os.path.getsize(f) for f in files)  # no event is larger than its file
     params = {"files": files, "all_ops": all_ops, "op_cats": sorted(OP_CATS), "max_object_bytes": largest + 1}
     try:
-        events = con.sql(read, params={k: params[k] for k in set(_PARAM.findall(read))}).to_arrow_table()
+        return con.sql(read, params={k: params[k] for k in set(_PARAM.findall(read))}).to_arrow_table()
     except duckdb.Error as exc:
         raise NotNative(str(exc).splitlines()[0]) from None
-    con.register("_events", events)
-    counts = BatchCounts(*_run(con, _statements("load_events.sql")[0], {})[0])
+
+
+def count_batch(con: Any, events: Any) -> BatchCounts:
+    """What the parsed ``events`` hold.
+
+    Raises :class:`NotNative` when a row needs :mod:`traceq.decode`.
+    """
+    counts = BatchCounts(*_run(con, _statements("load_events.sql")[0], {}, events)[0])
     for name in counts.unsure_files:
         with open(name, "rb") as f:
             if _LOWERCASE_EXTERNAL_ID in f.read():
@@ -247,19 +267,11 @@ def parse_batch(con: Any, files: list[str], all_ops: bool) -> BatchCounts:
     return counts
 
 
-def write_batch(con: Any, trace_id: int, next_name_id: int, fill_rank: int | None) -> int:
-    """Write the parsed batch as rows of ``trace_id``; returns how many new names it added."""
+def write_batch(con: Any, events: Any, trace_id: int, next_name_id: int, fill_rank: int | None) -> int:
+    """Write the parsed ``events`` as rows of ``trace_id``; returns how many new names it added."""
     params = {"trace_id": trace_id, "next_name_id": next_name_id, "fill_rank": fill_rank}
     names, *rows = _statements("load_events.sql")[1:]
-    added = _run(con, names, params)[0][0]
+    added = _run(con, names, params, events)[0][0]
     for statement in rows:
-        _run(con, statement, params)
+        _run(con, statement, params, events)
     return added
-
-
-def drop_batch(con: Any) -> None:
-    """Let go of the parsed batch (the Arrow table registered as ``_events``)."""
-    try:
-        con.unregister("_events")
-    except duckdb.Error:
-        pass
