@@ -3,8 +3,8 @@
 The reader (:mod:`traceq.reader`) cuts a trace's event array into chunks of whole events; here a
 batch of chunks is written as JSON array files to a scratch directory (in memory where ``/dev/shm``
 exists; chunks of an uncompressed file are copied by ``sendfile`` without passing through Python)
-and parsed by DuckDB on every core (``sql/read_events.sql``), then written as rows
-(``sql/load_events.sql``): no Python touches an event. Whatever that path would read differently
+and parsed by DuckDB on every core (``sql/read_events.sql``) into an Arrow table, then written as
+rows (``sql/load_events.sql``) while the next batch is parsed: no Python touches an event. Whatever that path would read differently
 from :mod:`traceq.decode` (an element that is not an object, args that are not an object, epoch
 microseconds with a fraction, ...) raises :class:`NotNative`, and ingest decodes the file with
 :mod:`traceq.decode` instead, which handles every case.
@@ -37,7 +37,7 @@ from traceq.warehouse import sql_text
 BATCH_BYTES = 96 << 20
 _PARAM = re.compile(r"\$(\w+)")
 # Traces of 2021 spell it "external id" on some events; one struct type cannot hold both spellings: a
-# batch file with events whose args lack "External id" is searched for the other (parse_batch).
+# batch file with events whose args lack "External id" is searched for the other (count_batch).
 _LOWERCASE_EXTERNAL_ID = b'"external id"'
 
 
