@@ -4,10 +4,11 @@ The reader (:mod:`traceq.reader`) cuts a trace's event array into chunks of whol
 batch of chunks is written as JSON array files to a scratch directory (in memory where ``/dev/shm``
 exists; chunks of an uncompressed file are copied by ``sendfile`` without passing through Python)
 and parsed by DuckDB on every core (``sql/read_events.sql``) into an Arrow table, then written as
-rows (``sql/load_events.sql``) while the next batch is parsed: no Python touches an event. Whatever that path would read differently
-from :mod:`traceq.decode` (an element that is not an object, args that are not an object, epoch
-microseconds with a fraction, ...) raises :class:`NotNative`, and ingest decodes the file with
-:mod:`traceq.decode` instead, which handles every case.
+rows (``sql/load_events.sql``) while the next batch is parsed: no Python touches an event.
+Whatever that path would read differently from :mod:`traceq.decode` (an element that is not an
+object, args that are not an object, epoch microseconds with a fraction, ...) raises
+:class:`NotNative`, and ingest decodes the file with :mod:`traceq.decode` instead, which handles
+every case.
 """
 
 from __future__ import annotations
