@@ -39,83 +39,15 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proc_measure import measure  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / ".." / "shared" / "corpus"
 OUT_DIR = REPO / "benchmarks" / "out"
 DEFAULT_FILE = OUT_DIR / "nccl_data_500mb.json"
 PY = sys.executable
 TRACEQ = Path(PY).parent / "traceq"
-SAMPLE_S = 0.05
-
-# --------------------------------------------------------------------------------------------------
-# measuring a subprocess
-
-
-# The command runs under a small wrapper process that reports getrusage(RUSAGE_CHILDREN): a process
-# forked directly from this (possibly large) benchmark process would inherit our RSS high-water mark
-# in its ru_maxrss (Linux keeps it across fork and exec).
-WRAPPER = r"""
-import json, resource, subprocess, sys, time
-t0 = time.perf_counter()
-rc = subprocess.call(sys.argv[2:])
-wall = time.perf_counter() - t0
-ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-with open(sys.argv[1], "w") as fh:
-    json.dump({"rc": rc, "wall": wall, "maxrss_kb": ru.ru_maxrss, "cpu_s": ru.ru_utime + ru.ru_stime}, fh)
-"""
-
-
-def _tree_rss(ps_proc) -> int:
-    """RSS summed over the descendants of the wrapper (the wrapper itself excluded)."""
-    import psutil
-
-    total = 0
-    try:
-        procs = ps_proc.children(recursive=True)
-    except psutil.Error:
-        return 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
-
-
-def measure(cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> dict:
-    """Run ``cmd``; return wall seconds, CPU seconds, peak tree RSS (sampled), ru_maxrss, rc, output."""
-    import psutil
-
-    out_f = tempfile.TemporaryFile()
-    err_f = tempfile.TemporaryFile()
-    with tempfile.TemporaryDirectory(prefix="bench_rusage_") as tmp:
-        report = Path(tmp) / "rusage.json"
-        proc = subprocess.Popen([PY, "-S", "-c", WRAPPER, str(report), *cmd], cwd=cwd, env=env, stdout=out_f, stderr=err_f)
-        ps_proc = psutil.Process(proc.pid)
-        peak = 0
-        while proc.poll() is None:
-            peak = max(peak, _tree_rss(ps_proc))
-            time.sleep(SAMPLE_S)
-        try:
-            ru = json.loads(report.read_text())
-        except (OSError, json.JSONDecodeError):
-            ru = {"rc": proc.returncode if proc.returncode else -1, "wall": float("nan"), "maxrss_kb": 0, "cpu_s": float("nan")}
-    out_f.seek(0)
-    err_f.seek(0)
-    stdout = out_f.read().decode(errors="replace")
-    stderr = err_f.read().decode(errors="replace")
-    maxrss_mb = ru["maxrss_kb"] / 1024  # Linux: KiB
-    return {
-        "rc": ru["rc"],
-        "seconds": ru["wall"],
-        "cpu_s": ru["cpu_s"],
-        "loadavg_after": os.getloadavg()[0],
-        "peak_rss_mb": max(peak / 2**20, maxrss_mb),
-        "maxrss_mb": maxrss_mb,
-        "stdout": stdout,
-        "stderr_tail": stderr[-2000:],
-    }
-
 
 # --------------------------------------------------------------------------------------------------
 # the three contenders

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -42,6 +41,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proc_measure  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out"
@@ -51,66 +53,13 @@ SOURCE = REPO.parent / "shared" / "corpus" / "hta" / "nccl_parser_config" / "ncc
 CORES = os.cpu_count() or 1
 SAMPLE_S = 0.02
 
-# --------------------------------------------------------------------------------------------------
-# measuring a process tree without psutil
 
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            kids = [int(x) for x in f.read().split()]
-    except OSError:
-        return out
-    for k in kids:
-        out.append(k)
-        out.extend(_children(k))
-    return out
-
-
-def _tree_memory(pid: int) -> tuple[int, int]:
-    """(sum of RSS, sum of PSS) in bytes over ``pid`` and its descendants."""
-    rss = pss = 0
-    for p in [pid, *_children(pid)]:
-        try:
-            with open(f"/proc/{p}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Rss:"):
-                        rss += int(line.split()[1]) * 1024
-                    elif line.startswith("Pss:"):
-                        pss += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return rss, pss
-
-
-def measure(cmd: list[str], **kwargs) -> dict:
-    """Run ``cmd`` in a fresh process; wall and CPU seconds, peak tree RSS/PSS, its stdout."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    # files, not pipes: a pipe nobody reads while we sample would block a talkative command
-    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
-        started = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, text=True, **kwargs)
-        peak_rss = peak_pss = 0
-        while proc.poll() is None:
-            rss, pss = _tree_memory(proc.pid)
-            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
-            time.sleep(SAMPLE_S)
-        wall = time.perf_counter() - started
-        out_f.seek(0)
-        err_f.seek(0)
-        out, err = out_f.read(), err_f.read()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-2000:]}")
-    return {
-        "seconds": wall,
-        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-        "peak_rss_mb": peak_rss / 2**20,
-        "peak_pss_mb": peak_pss / 2**20,
-        "maxrss_mb": after.ru_maxrss / 1024,
-        "stdout": out,
-    }
+def measure(cmd: list[str]) -> dict:
+    """:func:`proc_measure.measure`, sampling every :data:`SAMPLE_S`; a failed command raises."""
+    result = proc_measure.measure(cmd, sample_s=SAMPLE_S)
+    if result["rc"] != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({result['rc']}): {result['stderr_tail']}")
+    return result
 
 
 def repeated(cmd_factory, repeats: int) -> dict:

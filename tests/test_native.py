@@ -61,6 +61,13 @@ def test_native_rows_equal_decode_rows_on_the_corpus(tmp_path: Path) -> None:
     assert "external id" in fell_back["worker0.pt.trace.json.gz"]
 
 
+def _write(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "job" / "trace.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(doc))
+    return path
+
+
 def _odd_trace() -> dict:
     b = TraceBuilder(rank=3)
     b.step(1, 0, 100_000)
@@ -95,9 +102,7 @@ def test_native_rows_equal_decode_rows_on_odd_values(tmp_path: Path, device_prop
     doc = _odd_trace()
     if device_properties:
         doc = {"deviceProperties": [{"id": 0}], **doc}
-    path = tmp_path / "job" / "trace.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(doc))
+    path = _write(tmp_path, doc)
     native, decoded, messages = _both([path], tmp_path)
     assert messages == {str(path): ""}  # the fast path read it
     for table, query in TABLES.items():
@@ -115,9 +120,7 @@ def test_native_rows_equal_decode_rows_on_odd_values(tmp_path: Path, device_prop
 def test_what_duckdb_would_read_differently_goes_to_decode(tmp_path: Path, label: str, event: dict) -> None:
     doc = _odd_trace()
     doc["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "odd", "pid": 0, "tid": 7, "ts": 90, "dur": 1, **event})
-    path = tmp_path / "job" / "trace.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(doc))
+    path = _write(tmp_path, doc)
     native, decoded, messages = _both([path], tmp_path)
     assert messages[str(path)].startswith("read by traceq.decode"), label
     for table, query in TABLES.items():
@@ -131,9 +134,7 @@ def test_no_room_for_scratch_files_falls_back_to_decode(tmp_path: Path, monkeypa
     import traceq.ingest
 
     monkeypatch.setattr(traceq.ingest, "scratch_dir", lambda: contextlib.nullcontext(str(tmp_path / "gone")))
-    path = tmp_path / "job" / "trace.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(_odd_trace()))
+    path = _write(tmp_path, _odd_trace())
     summary = ingest_traces([path], tmp_path / "w.duckdb")
     assert summary.ok
     assert "cannot write scratch files" in summary.files[0].message

@@ -1,8 +1,9 @@
 """Decode one chunk of Kineto ``traceEvents`` into columnar Arrow tables.
 
-Runs inside ingest worker processes, so it depends on msgspec, numpy and pyarrow only. A chunk is
-the bytes of a run of whole events (``{...}, {...}``) as cut by :mod:`traceq.reader`. Only the
-fields traceq uses are decoded (msgspec Structs skip the rest at C speed).
+The reference reader: :mod:`traceq.native` is checked against it, and ingest falls back to it for
+files DuckDB's JSON reader would read differently. It depends on msgspec, numpy and pyarrow only.
+A chunk is the bytes of a run of whole events (``{...}, {...}``) as cut by :mod:`traceq.reader`.
+Only the fields traceq uses are decoded (msgspec Structs skip the rest at C speed).
 
 Times: Kineto ``ts``/``dur`` are microseconds, written as integers (old traces) or with three
 decimals (nanoseconds). A float64 holds every such value exactly enough to round back to the
@@ -196,17 +197,6 @@ def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray, bool]:
             out[i] = ns
             valid[i] = True
     return out, valid, False
-
-
-def decode_events(data: bytes) -> list[Event]:
-    """Decode a JSON array of events, exactly: re-decodes with Decimal where float64 would round.
-
-    Elements that are not event objects are left out; :func:`decode_chunk` counts them as dropped.
-    """
-    events, _, exact = _decode_lenient(data)
-    if not exact and _time_ns([e.ts for e in events])[2]:
-        events = _decode_lenient(data, exact=True)[0]
-    return events
 
 
 def _decode_lenient(data: bytes, exact: bool = False) -> tuple[list[Event], int, bool]:

@@ -41,7 +41,7 @@ from traceq.native import (
 )
 from traceq.reader import FileRange, TraceHeader, file_digest, read_trace, read_trace_ranges
 from traceq.sidecar import load_side_files
-from traceq.warehouse import DEFAULT_DB, connect, sql_text
+from traceq.warehouse import DEFAULT_DB, connect, execute_over, sql_text
 
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -434,9 +434,19 @@ class _Loader:
         self.known: dict[int, set[str]] = {}
         for size, digest in con.execute("select size_bytes, content_sha256 from traces").fetchall():
             self.known.setdefault(size, set()).add(digest)
+        self._cursor: Any = None
 
     def close(self) -> None:
         self.hasher.shutdown(cancel_futures=True)
+        if self._cursor is not None:
+            self._cursor.close()
+
+    def _parse_cursor(self) -> Any:
+        """The cursor batches are parsed on (:func:`traceq.native.parser`), made once: every file's
+        reader thread has finished before the next file's starts."""
+        if self._cursor is None:
+            self._cursor = parser(self.con)
+        return self._cursor
 
     def load(self, paths: list[Path]) -> Iterator[FileResult]:
         """Ingest ``paths``, yielding each file's result in input order."""
@@ -522,7 +532,8 @@ class _Loader:
                 yield files, used, parse_batch(cursor, files, used)
 
         # The next batch is parsed (on a cursor, in the reader's thread) while this one is written.
-        with scratch_dir() as scratch, parser(con) as cursor:
+        cursor = self._parse_cursor()
+        with scratch_dir() as scratch:
             batches = batch_files(_counting(chunks, self.notify, size), scratch)
             with closing(prefetch(parsed(batches))) as ready:
                 for files, used, events in ready:
@@ -612,11 +623,7 @@ def _insert(con: Any, table: str, rows: pa.Table | None, trace_id: int) -> None:
     if rows is None or rows.num_rows == 0:
         return
     columns = ", ".join(rows.column_names)
-    # Registered as a one-shot stream: a registered pa.Table stays referenced by DuckDB until the
-    # transaction ends, so the main process's memory would grow with the file.
-    con.register("_chunk", pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches()))
-    con.execute(f"insert into {table} (trace_id, {columns}) select ?, {columns} from _chunk", [trace_id])
-    con.unregister("_chunk")
+    execute_over(con, f"insert into {table} (trace_id, {columns}) select ?, {columns} from _rows", [trace_id], rows)
 
 
 def _text(value: Any) -> str | None:

@@ -30,7 +30,7 @@ import duckdb
 
 from traceq.decode import OP_CATS
 from traceq.reader import FileRange
-from traceq.warehouse import sql_text
+from traceq.warehouse import execute_over, sql_text
 
 # Bytes of JSON parsed per statement: several files, so that DuckDB parses them on all its threads.
 # Measured on a 508 MB trace (2 cores): 48 MB batches 3.15 s, 96 MB 2.95 s, 192 MB 2.85 s in-process,
@@ -72,17 +72,12 @@ def _statements(name: str) -> list[str]:
 
 
 def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -> list[tuple]:
-    """Execute ``statement`` with the named parameters it uses. It reads the parsed batch ``events``
-    (an Arrow table) as ``_events``: DuckDB's replacement scan finds the name among this frame's
-    variables (a view registered inside the transaction would keep every batch in memory until it ends).
-    """
-    _events = events
+    """Execute ``statement`` with the named parameters it uses, reading the parsed batch ``events``
+    (an Arrow table) as ``_rows``."""
     try:
-        return con.execute(statement, {k: params[k] for k in set(_PARAM.findall(statement))}).fetchall()
+        return execute_over(con, statement, {k: params[k] for k in set(_PARAM.findall(statement))}, events)
     except duckdb.Error as exc:
         raise NotNative(str(exc).splitlines()[0]) from None
-    finally:
-        del _events
 
 
 def scratch_base() -> str:

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from traceq.errors import TraceFormatError
 from traceq.run_metadata import merge_run_metadata, run_level
-from traceq.warehouse import fetch_one
+from traceq.warehouse import execute_over, fetch_one
 
 _CYCLE = re.compile(r"\.cycle\d+$")
 
@@ -156,16 +156,16 @@ def load_power_log(con: duckdb.DuckDBPyConnection, trace_id: int, file_rank: int
             "power_w": pa.array([_float(r.get("power_w")) for r in rows], pa.float64()),
             "energy_mj": pa.array([_int(r.get("energy_mj")) for r in rows], pa.int64()),
         })
-        con.register("_power_rows", table)
-        con.execute(
+        execute_over(
+            con,
             """
             insert into power_samples (trace_id, rank, gpu, kind, wall_ns, step, power_w, energy_mj)
-            select ?, ?, gpu, kind, wall_ns, step, power_w, energy_mj from _power_rows
+            select ?, ?, gpu, kind, wall_ns, step, power_w, energy_mj from _rows
             where gpu is not null and wall_ns is not null
             """,
             [trace_id, rank],
+            table,
         )
-        con.unregister("_power_rows")
     return source
 
 

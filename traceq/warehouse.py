@@ -61,6 +61,20 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     return con
 
 
+def execute_over(con: duckdb.DuckDBPyConnection, statement: str, params: object, rows: object) -> list[tuple]:
+    """Execute ``statement``, which reads the Arrow table ``rows`` as ``_rows``; its result rows.
+
+    DuckDB's replacement scan finds ``_rows`` among this frame's variables. A table registered with
+    ``con.register`` inside a transaction stays referenced until the transaction ends, so an ingest
+    that registered each batch or chunk would hold the whole file in memory.
+    """
+    _rows = rows
+    try:
+        return con.execute(statement, params).fetchall()
+    finally:
+        del _rows
+
+
 def fetch_one(con: duckdb.DuckDBPyConnection, query: str, params: object = None) -> tuple:
     """The first row of ``query`` (or None), with the result fully consumed."""
     rows = con.execute(query, params).fetchall()
