@@ -19,10 +19,11 @@ Every measurement runs in a fresh subprocess:
 
 Reported per tool: median wall seconds over the repeats (interpreter start-up included), CPU seconds
 (user+sys of the process and its children, less sensitive to other load on the machine), MB/s of
-uncompressed JSON (1 MB = 1e6 bytes), peak RSS in MiB and the speed-up over HTA. Peak RSS is
-``peak_rss_mb``: the largest sum of RSS over the process tree, sampled every 50 ms (counts worker
-processes, at least ``ru_maxrss``); ``maxrss_mb`` (in the JSON results) is ``wait4()``'s ``ru_maxrss``: the largest single
-process of the tree. Results are also written as JSON to ``benchmarks/out/bench_<time>.json``.
+uncompressed JSON (1 MB = 1e6 bytes), peak RSS in MiB and the speed-up over HTA. The timed runs are
+not watched; memory comes from one more run per tool, sampled (watching a process takes CPU from
+it: 0.25 s of a 3.2 s ingest on 2 cores). Peak RSS is ``peak_rss_mb``: the largest sum of RSS over
+the process tree, sampled every 50 ms in that run (counts worker processes, at least ``ru_maxrss``);
+``maxrss_mb`` (in the JSON results) is ``wait4()``'s ``ru_maxrss``: the largest single process of the tree. Results are also written as JSON to ``benchmarks/out/bench_<time>.json``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ OUT_DIR = REPO / "benchmarks" / "out"
 DEFAULT_FILE = OUT_DIR / "nccl_data_500mb.json"
 PY = sys.executable
 TRACEQ = Path(PY).parent / "traceq"
+SAMPLE_S = 0.05  # memory sampling interval of the one memory run per tool
 
 # --------------------------------------------------------------------------------------------------
 # the three contenders
@@ -137,42 +139,52 @@ print(json.dumps({"events": events, "seconds": time.perf_counter() - t0}))
 """
 
 
-def run_duckdb_parse(path: Path) -> dict:
-    r = measure([PY, "-c", DUCKDB_PARSE_CHILD, str(path)])
+def run_duckdb_parse(path: Path, sample_s: float | None) -> dict:
+    r = measure([PY, "-c", DUCKDB_PARSE_CHILD, str(path)], sample_s=sample_s)
     r["result"] = _last_json(r["stdout"])
     return r
 
 
-def run_hta(path: Path, rank: int | None) -> dict:
-    r = measure([PY, "-c", HTA_CHILD, str(REPO / "tests"), str(path), "-" if rank is None else str(rank)])
+def run_hta(path: Path, rank: int | None, sample_s: float | None) -> dict:
+    cmd = [PY, "-c", HTA_CHILD, str(REPO / "tests"), str(path), "-" if rank is None else str(rank)]
+    r = measure(cmd, sample_s=sample_s)
     r["result"] = _last_json(r["stdout"])
     return r
 
 
-def run_parse(path: Path) -> dict:
-    r = measure([PY, "-c", PARSE_CHILD, str(path)])
+def run_parse(path: Path, sample_s: float | None) -> dict:
+    r = measure([PY, "-c", PARSE_CHILD, str(path)], sample_s=sample_s)
     r["result"] = _last_json(r["stdout"])
     return r
 
 
-def run_traceq(path: Path) -> tuple[dict, dict]:
+def run_traceq(path: Path, sample_s: float | None) -> dict:
+    """``traceq ingest`` then ``traceq report`` on a fresh database: {"ingest", "report", "total"}."""
     if not TRACEQ.exists():
         missing = {"rc": None, "error": f"{TRACEQ} not found"}
-        return missing, missing
+        return {"ingest": missing, "report": missing, "total": missing}
     with tempfile.TemporaryDirectory(prefix="bench_traceq_") as tmp:
         db = Path(tmp) / "bench.duckdb"
-        ing = measure([str(TRACEQ), "ingest", str(path), "--db", str(db)])
+        ing = measure([str(TRACEQ), "ingest", str(path), "--db", str(db)], sample_s=sample_s)
         if ing["rc"] != 0:
-            return ing, {"rc": None, "error": "ingest failed"}
+            failed = {"rc": None, "error": "ingest failed"}
+            return {"ingest": ing, "report": failed, "total": failed}
         rep = measure(
-            [str(TRACEQ), "report", "--metric", "exposed_comm", "--window", "trace", "--db", str(db), "--format", "csv"]
+            [str(TRACEQ), "report", "--metric", "exposed_comm", "--window", "trace", "--db", str(db), "--format", "csv"],
+            sample_s=sample_s,
         )
         rep["result"] = rep["stdout"][-4000:]
         try:
             ing["db_mb"] = sum(p.stat().st_size for p in Path(tmp).iterdir()) / 1e6
         except OSError:
             pass
-    return ing, rep
+    total = {"rc": ing["rc"] or rep["rc"], "result": rep.get("result")}
+    for key in ("seconds", "cpu_s"):
+        total[key] = ing[key] + rep[key]
+    for key in ("peak_rss_mb", "peak_pss_mb", "maxrss_mb"):
+        total[key] = max(ing[key], rep[key])
+    total["loadavg_after"] = rep["loadavg_after"]
+    return {"ingest": ing, "report": rep, "total": total}
 
 
 def _last_json(text: str):
@@ -249,24 +261,44 @@ def display_name(path: Path) -> str:
 # main
 
 
-def summarize(runs: list[dict]) -> dict:
+def summarize(runs: list[dict], memory: dict | None) -> dict:
+    """Median seconds and CPU seconds of the timed ``runs`` (not sampled); peak memory of the one
+    sampled ``memory`` run (and at least every run's ru_maxrss)."""
     ok = [r for r in runs if r.get("rc") == 0]
     if not ok:
         r = runs[-1] if runs else {}
         tail = (r.get("stderr_tail") or "").strip().splitlines()
         err = r.get("error") or f"rc={r.get('rc')}: {tail[-1] if tail else ''}"
         return {"ok": False, "error": str(err), "runs": runs}
+    sampled = [memory] if memory and memory.get("rc") == 0 else []
     return {
         "ok": True,
         "seconds": statistics.median(r["seconds"] for r in ok),
         "all_seconds": [round(r["seconds"], 3) for r in ok],
         "cpu_s": statistics.median(r.get("cpu_s", 0.0) for r in ok),
         "loadavg_after": [round(r.get("loadavg_after", 0.0), 2) for r in ok],
-        "peak_rss_mb": max(r["peak_rss_mb"] for r in ok),
-        "maxrss_mb": max(r["maxrss_mb"] for r in ok),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in ok + sampled),
+        "maxrss_mb": max(r["maxrss_mb"] for r in ok + sampled),
+        "memory_run_seconds": round(memory["seconds"], 3) if sampled else None,
         "result": ok[-1].get("result"),
         "runs": len(ok),
     }
+
+
+def measured(run, repeats: int) -> tuple[list, object]:
+    """``repeats`` timed calls of ``run(sample_s)`` without memory sampling, then one sampled call
+    for peak memory (the sampling itself takes CPU from the command: see proc_measure.measure)."""
+    timed = []
+    for _ in range(repeats):
+        timed.append(run(None))
+        if _failed(timed[-1]):
+            return timed, None  # not installed / failing: do not repeat
+    return timed, run(SAMPLE_S)
+
+
+def _failed(result) -> bool:
+    rows = result.values() if isinstance(result, dict) and "ingest" in result else [result]
+    return any(r.get("rc") != 0 for r in rows)
 
 
 def bench_file(path: Path, args) -> dict:
@@ -275,36 +307,17 @@ def bench_file(path: Path, args) -> dict:
     print(f"== {name} ({mb:.1f} MB uncompressed)", file=sys.stderr, flush=True)
     rows: dict[str, dict] = {}
     if not args.skip_hta:
-        rows["hta"] = summarize([run_hta(path, args.rank) for _ in range(args.hta_repeats)])
+        rows["hta"] = summarize(*measured(lambda s: run_hta(path, args.rank, s), args.hta_repeats))
         print(f"   hta: {_brief(rows['hta'])}", file=sys.stderr, flush=True)
     if not args.skip_traceq:
-        ing_runs, rep_runs, tot_runs = [], [], []
-        for _ in range(args.repeats):
-            ing, rep = run_traceq(path)
-            ing_runs.append(ing)
-            rep_runs.append(rep)
-            if ing.get("rc") == 0 and rep.get("rc") == 0:
-                tot_runs.append(
-                    {
-                        "rc": 0,
-                        "seconds": ing["seconds"] + rep["seconds"],
-                        "cpu_s": ing["cpu_s"] + rep["cpu_s"],
-                        "loadavg_after": rep["loadavg_after"],
-                        "peak_rss_mb": max(ing["peak_rss_mb"], rep["peak_rss_mb"]),
-                        "maxrss_mb": max(ing["maxrss_mb"], rep["maxrss_mb"]),
-                        "result": rep.get("result"),
-                    }
-                )
-            if ing.get("rc") is None or ing.get("rc") != 0:
-                break  # not installed / failing: do not repeat
-        rows["traceq ingest"] = summarize(ing_runs)
-        rows["traceq report"] = summarize(rep_runs)
-        rows["traceq total"] = summarize(tot_runs) if tot_runs else {"ok": False, "error": "see ingest/report"}
+        timed, memory = measured(lambda s: run_traceq(path, s), args.repeats)
+        for part in ("ingest", "report", "total"):
+            rows[f"traceq {part}"] = summarize([t[part] for t in timed], memory[part] if memory else None)
         print(f"   traceq total: {_brief(rows['traceq total'])}", file=sys.stderr, flush=True)
     if not args.skip_parse:
-        rows["msgspec parse"] = summarize([run_parse(path) for _ in range(args.repeats)])
+        rows["msgspec parse"] = summarize(*measured(lambda s: run_parse(path, s), args.repeats))
         print(f"   msgspec parse: {_brief(rows['msgspec parse'])}", file=sys.stderr, flush=True)
-        rows["duckdb parse"] = summarize([run_duckdb_parse(path) for _ in range(args.repeats)])
+        rows["duckdb parse"] = summarize(*measured(lambda s: run_duckdb_parse(path, s), args.repeats))
         print(f"   duckdb parse: {_brief(rows['duckdb parse'])}", file=sys.stderr, flush=True)
     return {"file": name, "path": str(path), "mb": mb, "tools": rows}
 

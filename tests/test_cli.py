@@ -5,6 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +149,39 @@ def test_user_rules_from_the_cli(tmp_path: Path, good_trace: Path) -> None:
     report = runner.invoke(app, ["report", "--metric", "comm_kernel", "--format", "csv", "--db", str(db)])
     # a memcpy is not a kernel: rules classify kernels only, so comm stays 25 + 10 us
     assert list(csv.DictReader(io.StringIO(report.stdout)))[0]["comm_kernel_us"] == "35.0"
+
+
+def _console(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """``traceq ARGS`` as the console script runs it (:func:`traceq.cli.main`), in a fresh process."""
+    code = "import sys; from traceq.cli import main; sys.argv = ['traceq', *sys.argv[1:]]; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, **kwargs)
+
+
+def test_console_script_exit_codes_and_output(tmp_path: Path, good_trace: Path) -> None:
+    # main() ends the process with os._exit: what was printed must still arrive, with the exit code
+    db = tmp_path / "w.duckdb"
+    ok = _console("ingest", str(good_trace), "--db", str(db), "--workers", "0")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.rstrip().endswith(f"1 ingested, 0 skipped, 0 failed -> {db}")
+    report = _console("report", "--metric", "exposed_comm", "--by", "run,rank,step", "--format", "csv", "--db", str(db))
+    assert report.returncode == 0, report.stderr
+    assert list(csv.DictReader(io.StringIO(report.stdout))) == [
+        {"run": "job", "rank": "0", "step": "1", "exposed_comm_us": "30.0", "step_time_ms": "0.1"}
+    ]
+    bad = _console("report", "--metric", "nope", "--db", str(db))
+    assert bad.returncode == 1 and bad.stderr.startswith("error: unknown metric 'nope'")
+    usage = _console("report", "--no-such-option")
+    assert usage.returncode == 2 and "No such option" in usage.stderr
+
+
+def test_console_script_survives_a_closed_pipe() -> None:
+    # `traceq metrics | head -0`: the reader is gone before anything is written
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        code = "import sys; from traceq.cli import main; sys.argv = ['traceq', 'metrics']; main()"
+        writer = subprocess.run([sys.executable, "-c", code], stdout=write_end, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write_end)
+    assert writer.returncode == 1  # click's answer to EPIPE
+    assert writer.stderr == ""

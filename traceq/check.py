@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 
-from traceq.warehouse import DEFAULT_DB, connect, sql_text
+from traceq.warehouse import DEFAULT_DB, connect, sql_text, to_polars
 
 # sql/check_<name>.sql, in report order: per-trace checks, then per-run checks.
 CHECKS = (
@@ -60,7 +60,7 @@ def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = D
         for name in CHECKS:
             query = sql_text(f"check_{name}.sql")
             used = {p: params[p] for p in set(_PARAM.findall(query))}
-            frame = con.sql(query, params=used or None).pl()
+            frame = to_polars(con.sql(query, params=used or None))
             frames.append(frame.select([pl.col(c).cast(t) for c, t in COLUMNS.items()]))
     finally:
         con.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -312,7 +313,7 @@ def rules(
 
       traceq rules --add my_rules.csv
     """
-    from traceq.warehouse import add_rules, connect
+    from traceq.warehouse import add_rules, connect, to_polars
 
     try:
         con = connect(db, read_only=add is None)
@@ -320,7 +321,7 @@ def rules(
             if add is not None:
                 n = add_rules(con, add)
                 typer.echo(f"added {n} rule(s) from {add}", err=True)
-            frame = con.sql("select * from kernel_rules order by priority, source desc").pl()
+            frame = to_polars(con.sql("select * from kernel_rules order by priority, source desc"))
         finally:
             con.close()
     except TraceqError as exc:
@@ -509,8 +510,20 @@ def import_parquet_command(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    When the command is done (its files closed, its connections closed), the process ends without
+    tearing the interpreter down: freeing the modules of DuckDB, polars and pyarrow one by one took
+    0.07 s of a 0.7 s ``traceq report``. An uncaught exception still ends it the usual way.
+    """
+    try:
+        app()  # click's standalone mode ends with SystemExit(int)
+        code: Any = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    sys.stdout.flush()  # click has made a closed pipe's stdout quiet (PacifyFlushWrapper)
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 1)
 
 
 if __name__ == "__main__":

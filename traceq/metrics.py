@@ -17,7 +17,7 @@ import duckdb
 import polars as pl
 
 from traceq.errors import ConfigError, WarehouseError
-from traceq.warehouse import DEFAULT_DB, connect, sql_text
+from traceq.warehouse import DEFAULT_DB, connect, sql_text, to_polars
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def select_steps(con: duckdb.DuckDBPyConnection, selection: StepSelection) -> No
 def run_metadata_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per run with the metadata columns a report can group by (``sql/run_metadata.sql``)."""
     con.execute(sql_text("run_metadata.sql"))
-    return con.sql(f"select run, {', '.join(META_COLUMNS)} from run_metadata").pl()
+    return to_polars(con.sql(f"select run, {', '.join(META_COLUMNS)} from run_metadata"))
 
 
 SIDE_TABLES = ("run_files", "run_settings", "step_windows", "power_logs", "power_samples")
@@ -182,7 +182,7 @@ def interval_breakdown(con: duckdb.DuckDBPyConnection, whole_trace: bool) -> pl.
     frames = []
     for activity, view in (("gpu", "gpu_activity"), ("cpu", "cpu_activity_whole" if whole_trace else "cpu_activity")):
         con.execute(f"create or replace temp view breakdown_input as select * from {view}")  # a fixed name
-        part = con.sql(sql_text("interval_breakdown.sql"), params={"whole_trace": whole_trace}).pl()
+        part = to_polars(con.sql(sql_text("interval_breakdown.sql"), params={"whole_trace": whole_trace}))
         frames.append(part.with_columns(pl.lit(activity).alias("activity")))
     return pl.concat(frames, how="vertical_relaxed")
 
@@ -210,13 +210,13 @@ def step_metrics(
     frame = interval_breakdown(con, whole)
     meta = run_metadata_frame(con)
     if whole:
-        traces = con.sql("select trace_id, run from traces").pl()
+        traces = to_polars(con.sql("select trace_id, run from traces"))
         frame = frame.join(traces, on="trace_id", how="left").with_columns(
             *[pl.lit(None).alias(c) for c in _THROUGHPUT_COLUMNS]
         )
     else:
         con.execute(sql_text("step_power.sql"))
-        throughput = con.sql(sql_text("step_throughput.sql")).pl().select(
+        throughput = to_polars(con.sql(sql_text("step_throughput.sql"))).select(
             "trace_id", "rank", "step", "run", "step_time_ns", *_THROUGHPUT_COLUMNS
         )
         frame = throughput.join(frame.drop("step_time_ns"), on=["trace_id", "rank", "step"], how="left")
@@ -244,10 +244,10 @@ def breakdown_metrics(
     if window not in ("steps", "trace"):
         raise ConfigError(f"--window {window!r}: use steps or trace")
     select_steps(con, selection)
-    frame = con.sql(sql_text("exposed_comm_by_collective.sql"), params={"whole_trace": window == "trace"}).pl()
+    frame = to_polars(con.sql(sql_text("exposed_comm_by_collective.sql"), params={"whole_trace": window == "trace"}))
     frame = frame.filter(pl.col("dimension") == dimension).drop("dimension").rename({"key": key})
-    extra = con.sql("select trace_id, rank, step, step_time_ns from steps").pl()
-    traces = con.sql("select trace_id, run from traces").pl()
+    extra = to_polars(con.sql("select trace_id, rank, step, step_time_ns from steps"))
+    traces = to_polars(con.sql("select trace_id, run from traces"))
     frame = (
         frame.join(traces, on="trace_id", how="left")
         .join(extra, on=["trace_id", "rank", "step"], how="left")

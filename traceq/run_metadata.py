@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from traceq.errors import ConfigError
-from traceq.warehouse import DEFAULT_DB, connect, fetch_one, sql_text
+from traceq.warehouse import DEFAULT_DB, connect, fetch_one, sql_text, to_polars
 
 if TYPE_CHECKING:  # polars loads with the first report, not with ingest
     import polars as pl
@@ -163,7 +163,7 @@ def set_run_metadata(
 def run_metadata(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per run: its metadata as typed columns (see ``sql/run_metadata.sql``)."""
     con.execute(sql_text("run_metadata.sql"))
-    return con.sql("select * from run_metadata order by run").pl()
+    return to_polars(con.sql("select * from run_metadata order by run"))
 
 
 def list_runs(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.DataFrame:
@@ -174,7 +174,7 @@ def list_runs(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.Dat
     try:
         require_side_tables(con)
         meta = run_metadata(con)
-        counts = con.sql(
+        counts = to_polars(con.sql(
             """
             select t.run, count(distinct t.trace_id) as traces, count(distinct s.rank) as ranks_with_steps,
                    (select string_agg(key, ',' order by key) from run_settings as u
@@ -183,7 +183,7 @@ def list_runs(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.Dat
             left join steps as s using (trace_id)
             group by t.run
             """
-        ).pl()
+        ))
     finally:
         if con is not db:
             con.close()

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import duckdb
 import polars as pl
 
+from traceq.warehouse import to_polars
+
 FLOPS_CONVENTION = (
     "FLOPs per token = 6·N + 12·L·H·Q·T (PaLM appendix B; N non-embedding parameters, L layers, H heads, "
     "Q head dim, T sequence length) × tokens_per_step, unless the run sets model_flops_per_token or "
@@ -84,14 +86,14 @@ def steps_used(rows: pl.DataFrame) -> list[str]:
 
 def power_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str]:
     """Per run: where its power numbers come from, or why there are none ("unavailable")."""
-    logs = con.sql(
+    logs = to_polars(con.sql(
         """
         select t.run, p.source, any_value(p.reason) as reason, count(*) as logs, sum(p.n_samples) as samples,
                sum(p.n_energy) as energy_reads
         from power_logs as p inner join traces as t using (trace_id)
         group by all order by all
         """
-    ).pl()
+    ))
     notes = []
     for run in sorted(set(runs)):
         mine = logs.filter(pl.col("run") == run)
@@ -119,32 +121,32 @@ def _run_facts(rows: pl.DataFrame) -> pl.DataFrame:
 
 def power_series(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> pl.DataFrame:
     """NVML power samples: run, rank, gpu, wall_ns, power_w (one row per sample, time order)."""
-    frame = con.sql(
+    frame = to_polars(con.sql(
         """
         select t.run, p.rank, p.gpu, p.wall_ns, p.power_w
         from power_samples as p inner join traces as t using (trace_id)
         where p.kind = 'power' and p.power_w is not null
         order by t.run, p.rank, p.gpu, p.wall_ns
         """
-    ).pl()
+    ))
     return frame.filter(pl.col("run").is_in(list(runs))) if runs else frame
 
 
 def step_wall_windows(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> pl.DataFrame:
     """Wall-clock step windows: run, rank, step, start_wall_ns, end_wall_ns, offset_source."""
-    frame = con.sql(
+    frame = to_polars(con.sql(
         """
         select t.run, w.rank, w.step, w.start_wall_ns, w.end_wall_ns, w.offset_source
         from step_windows as w inner join traces as t using (trace_id)
         order by t.run, w.rank, w.step
         """
-    ).pl()
+    ))
     return frame.filter(pl.col("run").is_in(list(runs))) if runs else frame
 
 
 def power_status(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """Per run: power source (nvml | unavailable | none) and the reason when unavailable."""
-    return con.sql(
+    return to_polars(con.sql(
         """
         select r.run, coalesce(any_value(p.source), 'none') as source, any_value(p.reason) as reason
         from runs as r
@@ -152,4 +154,4 @@ def power_status(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         left join power_logs as p on p.trace_id = t.trace_id
         group by r.run order by r.run
         """
-    ).pl()
+    ))
