@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import time
 from pathlib import Path
 
 import duckdb
@@ -166,21 +165,19 @@ def test_json_size_reads_the_gzip_trailer(tmp_path: Path) -> None:
     assert json_size(plain) == json_size(packed) == len(data)
 
 
-def test_report_over_many_ranks_and_steps_answers_quickly(tmp_path: Path) -> None:
+def test_report_over_many_ranks_and_steps(tmp_path: Path) -> None:
     """256 ranks x 50 steps made in SQL with a known answer: compute covers 0-60 us of every step,
-    comm 40-100 us, so exposed comm is 40 us and overlapped 20 us for every rank and step."""
+    comm 40-100 us, so exposed comm is 40 us and overlapped 20 us for every rank and step. (How fast:
+    ``benchmarks/bench_scale.py --only report2048``, 2048 ranks x 50 steps.)"""
     bench = _load_benchmark("bench_scale")
     db = tmp_path / "synthetic.duckdb"
     bench.synthesize_run(db, ranks=256, steps=50, run="big")
-    started = time.perf_counter()
     frame = compute_metric(db, "exposed_comm", by=("run",))
-    seconds = time.perf_counter() - started
     row = frame.row(0, named=True)
     assert (row["ranks"], row["exposed_comm_us"], row["exposed_comm_us_min"], row["exposed_comm_us_max"]) == (256, 40.0, 40.0, 40.0)
     overlapped = compute_metric(db, "overlapped_comm", by=("run", "rank"))
     assert overlapped["steps"].unique().to_list() == [50]
     assert overlapped["overlapped_comm_us"].unique().to_list() == [20.0]
-    assert seconds < 10  # about 0.5 s here; 2048 ranks x 50 steps take ~2 s (bench_scale.py)
 
 
 def test_large_trace_ingests_chunk_by_chunk_in_bounded_steps(tmp_path: Path) -> None:
