@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 import msgspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from traceq.decode import OP_CATS, ChunkTables, decode_chunk, to_int
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
@@ -317,6 +316,8 @@ def _with_rank(table: pa.Table, rank: int | None) -> pa.Table:
     """``table`` with a null rank (the event named none) set to ``rank``."""
     if rank is None or table.column("rank").null_count == 0:
         return table
+    import pyarrow.compute as pc  # the decode path only (28 ms of start-up)
+
     filled = pc.fill_null(table.column("rank"), pa.scalar(rank, pa.int64()))
     return table.set_column(table.schema.get_field_index("rank"), "rank", filled)
 
