@@ -77,19 +77,15 @@ boundaries as (
     from labelled
 ),
 
-per_ts as (
-    select trace_id, rank, device, step, dimension, key, ts, sum(d_comm) as d_comm, sum(d_compute) as d_compute
-    from boundaries
-    group by all
-),
-
+-- boundaries at the same ts are not summed first: all but the last (in the window's order) start a
+-- segment of length 0, and the last carries the sum of them all (sql/interval_breakdown.sql)
 running as (
     select
         trace_id, rank, device, step, dimension, key,
         sum(d_comm) over w as n_comm,
         sum(d_compute) over w as n_compute,
         lead(ts) over w - ts as seg_ns
-    from per_ts
+    from boundaries
     window w as (
         partition by trace_id, rank, device, step, dimension, key
         order by ts rows between unbounded preceding and current row

@@ -42,17 +42,13 @@ boundaries as (
     from activity
 ),
 
-per_ts as (
-    select trace_id, rank, device, step, ts, sum(d_comm) as d_comm, sum(d_compute) as d_compute,
-           sum(d_mem) as d_mem
-    from boundaries
-    group by all
-),
-
 -- One running sum per rank over its (device, step) groups in turn, not one per group (a partition per
 -- step made DuckDB's window 1.7x slower on a 153-step trace): each group's +1s and -1s cancel, so
 -- every count is back at 0 at a group's last boundary, and the segment from there to the next
 -- group's first boundary counts in no sum.
+-- Boundaries at the same ts are not summed first: all but the last of them (in the window's order)
+-- start a segment of length 0, and the last carries the sum of them all (0.22 -> 0.17 s on the 500 MB
+-- trace without the group by).
 running as (
     select
         trace_id, rank, device, step,
@@ -60,7 +56,7 @@ running as (
         sum(d_compute) over w as n_compute,
         sum(d_mem) over w as n_mem,
         lead(ts) over w - ts as seg_ns
-    from per_ts
+    from boundaries
     window w as (partition by trace_id, rank order by device, step, ts rows between unbounded preceding and current row)
 ),
 
