@@ -139,21 +139,9 @@ print(json.dumps({"events": events, "seconds": time.perf_counter() - t0}))
 """
 
 
-def run_duckdb_parse(path: Path, sample_s: float | None) -> dict:
-    r = measure([PY, "-c", DUCKDB_PARSE_CHILD, str(path)], sample_s=sample_s)
-    r["result"] = _last_json(r["stdout"])
-    return r
-
-
-def run_hta(path: Path, rank: int | None, sample_s: float | None) -> dict:
-    cmd = [PY, "-c", HTA_CHILD, str(REPO / "tests"), str(path), "-" if rank is None else str(rank)]
-    r = measure(cmd, sample_s=sample_s)
-    r["result"] = _last_json(r["stdout"])
-    return r
-
-
-def run_parse(path: Path, sample_s: float | None) -> dict:
-    r = measure([PY, "-c", PARSE_CHILD, str(path)], sample_s=sample_s)
+def run_child(code: str, *args: str, sample_s: float | None) -> dict:
+    """``python -c code args...`` measured; its last JSON line of output as ``result``."""
+    r = measure([PY, "-c", code, *args], sample_s=sample_s)
     r["result"] = _last_json(r["stdout"])
     return r
 
@@ -285,20 +273,15 @@ def summarize(runs: list[dict], memory: dict | None) -> dict:
     }
 
 
-def measured(run, repeats: int) -> tuple[list, object]:
+def measured(run, repeats: int, ok=lambda r: r.get("rc") == 0) -> tuple[list, object]:
     """``repeats`` timed calls of ``run(sample_s)`` without memory sampling, then one sampled call
     for peak memory (the sampling itself takes CPU from the command: see proc_measure.measure)."""
     timed = []
     for _ in range(repeats):
         timed.append(run(None))
-        if _failed(timed[-1]):
+        if not ok(timed[-1]):
             return timed, None  # not installed / failing: do not repeat
     return timed, run(SAMPLE_S)
-
-
-def _failed(result) -> bool:
-    rows = result.values() if isinstance(result, dict) and "ingest" in result else [result]
-    return any(r.get("rc") != 0 for r in rows)
 
 
 def bench_file(path: Path, args) -> dict:
@@ -307,17 +290,22 @@ def bench_file(path: Path, args) -> dict:
     print(f"== {name} ({mb:.1f} MB uncompressed)", file=sys.stderr, flush=True)
     rows: dict[str, dict] = {}
     if not args.skip_hta:
-        rows["hta"] = summarize(*measured(lambda s: run_hta(path, args.rank, s), args.hta_repeats))
+        rank = "-" if args.rank is None else str(args.rank)
+        rows["hta"] = summarize(
+            *measured(lambda s: run_child(HTA_CHILD, str(REPO / "tests"), str(path), rank, sample_s=s), args.hta_repeats)
+        )
         print(f"   hta: {_brief(rows['hta'])}", file=sys.stderr, flush=True)
     if not args.skip_traceq:
-        timed, memory = measured(lambda s: run_traceq(path, s), args.repeats)
+        timed, memory = measured(lambda s: run_traceq(path, s), args.repeats, ok=lambda r: r["total"].get("rc") == 0)
         for part in ("ingest", "report", "total"):
             rows[f"traceq {part}"] = summarize([t[part] for t in timed], memory[part] if memory else None)
         print(f"   traceq total: {_brief(rows['traceq total'])}", file=sys.stderr, flush=True)
     if not args.skip_parse:
-        rows["msgspec parse"] = summarize(*measured(lambda s: run_parse(path, s), args.repeats))
+        rows["msgspec parse"] = summarize(*measured(lambda s: run_child(PARSE_CHILD, str(path), sample_s=s), args.repeats))
         print(f"   msgspec parse: {_brief(rows['msgspec parse'])}", file=sys.stderr, flush=True)
-        rows["duckdb parse"] = summarize(*measured(lambda s: run_duckdb_parse(path, s), args.repeats))
+        rows["duckdb parse"] = summarize(
+            *measured(lambda s: run_child(DUCKDB_PARSE_CHILD, str(path), sample_s=s), args.repeats)
+        )
         print(f"   duckdb parse: {_brief(rows['duckdb parse'])}", file=sys.stderr, flush=True)
     return {"file": name, "path": str(path), "mb": mb, "tools": rows}
 

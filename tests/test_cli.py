@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -151,10 +152,10 @@ def test_user_rules_from_the_cli(tmp_path: Path, good_trace: Path) -> None:
     assert list(csv.DictReader(io.StringIO(report.stdout)))[0]["comm_kernel_us"] == "35.0"
 
 
-def _console(*args: str, **kwargs) -> subprocess.CompletedProcess:
+def _console(*args: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess:
     """``traceq ARGS`` as the console script runs it (:func:`traceq.cli.main`), in a fresh process."""
     code = "import sys; from traceq.cli import main; sys.argv = ['traceq', *sys.argv[1:]]; main()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, **kwargs)
+    return subprocess.run([sys.executable, "-c", code, *args], stdout=stdout, stderr=subprocess.PIPE, text=True)
 
 
 def test_console_script_exit_codes_and_output(tmp_path: Path, good_trace: Path) -> None:
@@ -179,8 +180,7 @@ def test_console_script_survives_a_closed_pipe() -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        code = "import sys; from traceq.cli import main; sys.argv = ['traceq', 'metrics']; main()"
-        writer = subprocess.run([sys.executable, "-c", code], stdout=write_end, stderr=subprocess.PIPE, text=True)
+        writer = _console("metrics", stdout=write_end)
     finally:
         os.close(write_end)
     assert writer.returncode == 1  # click's answer to EPIPE

@@ -7,12 +7,11 @@ wrong or missing unless the user acts; ``info`` is worth knowing but handled by 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import polars as pl
 
-from traceq.warehouse import DEFAULT_DB, connect, sql_text, to_polars
+from traceq.warehouse import DEFAULT_DB, connect, named_params, sql_text, to_polars
 
 # sql/check_<name>.sql, in report order: per-trace checks, then per-run checks.
 CHECKS = (
@@ -39,7 +38,6 @@ COLUMNS = {
 }
 SEVERITIES = ("warning", "info")
 DEFAULT_SKEW_THRESHOLD_US = 50.0
-_PARAM = re.compile(r"\$([a-z_]+)")
 
 
 def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = DEFAULT_SKEW_THRESHOLD_US) -> pl.DataFrame:
@@ -59,8 +57,7 @@ def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = D
         frames = []
         for name in CHECKS:
             query = sql_text(f"check_{name}.sql")
-            used = {p: params[p] for p in set(_PARAM.findall(query))}
-            frame = to_polars(con.sql(query, params=used or None))
+            frame = to_polars(con.sql(query, params=named_params(query, params) or None))
             frames.append(frame.select([pl.col(c).cast(t) for c, t in COLUMNS.items()]))
     finally:
         con.close()

@@ -30,13 +30,12 @@ import duckdb
 
 from traceq.decode import OP_CATS
 from traceq.reader import FileRange
-from traceq.warehouse import execute_over, sql_text
+from traceq.warehouse import execute_over, named_params, sql_text
 
 # Bytes of JSON parsed per statement: several files, so that DuckDB parses them on all its threads.
 # Measured on a 508 MB trace (2 cores): 48 MB batches 3.15 s, 96 MB 2.95 s, 192 MB 2.85 s in-process,
 # with peak RSS 320, 390 and 505 MiB; every batch costs CPU of its own, each costs memory.
 BATCH_BYTES = 96 << 20
-_PARAM = re.compile(r"\$(\w+)")
 # Traces of 2021 spell it "external id" on some events; one struct type cannot hold both spellings: a
 # batch file with events whose args lack "External id" is searched for the other (count_batch).
 _LOWERCASE_EXTERNAL_ID = b'"external id"'
@@ -75,7 +74,7 @@ def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -
     """Execute ``statement`` with the named parameters it uses, reading the parsed batch ``events``
     (an Arrow table) as ``_rows``."""
     try:
-        return execute_over(con, statement, {k: params[k] for k in set(_PARAM.findall(statement))}, events)
+        return execute_over(con, statement, named_params(statement, params), events)
     except duckdb.Error as exc:
         raise NotNative(str(exc).splitlines()[0]) from None
 
@@ -245,7 +244,7 @@ def parse_batch(con: Any, files: list[str], all_ops: bool) -> Any:
     largest = max(os.path.getsize(f) for f in files)  # no event is larger than its file
     params = {"files": files, "all_ops": all_ops, "op_cats": sorted(OP_CATS), "max_object_bytes": largest + 1}
     try:
-        return con.sql(read, params={k: params[k] for k in set(_PARAM.findall(read))}).to_arrow_table()
+        return con.sql(read, params=named_params(read, params)).to_arrow_table()
     except duckdb.Error as exc:
         raise NotNative(str(exc).splitlines()[0]) from None
 

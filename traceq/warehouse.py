@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import time
 from functools import cache
 from importlib.resources import files
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     import polars as pl
 
 DEFAULT_DB = "traceq.duckdb"
+_NAMED_PARAM = re.compile(r"\$(\w+)")
 RULE_COLUMNS = ("priority", "pattern", "class", "category", "collective")
 
 
@@ -70,6 +72,11 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     con.execute(sql_text("macros.sql"))
     con.execute(sql_text("gpu_activity.sql"))
     return con
+
+
+def named_params(statement: str, params: dict[str, object]) -> dict[str, object]:
+    """The entries of ``params`` that ``statement`` names as ``$name`` (DuckDB refuses unused ones)."""
+    return {name: params[name] for name in set(_NAMED_PARAM.findall(statement))}
 
 
 def execute_over(con: duckdb.DuckDBPyConnection, statement: str, params: object, rows: object) -> list[tuple]:
