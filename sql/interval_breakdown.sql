@@ -30,15 +30,18 @@ with activity as (
         )
 ),
 
--- +1 when an interval of a class opens, -1 when it closes; zero-length intervals cancel out
+-- +1 when an interval of a class opens, -1 when it closes; zero-length intervals cancel out. The three
+-- counts travel packed in one bigint, 21 bits each (comm, compute, memcpy/memset from the low bits up),
+-- so that one running sum does the work of three (0.18 -> 0.155 s on the 500 MB trace): the packed sum
+-- is exact, and where it is read (the last boundary of each instant, below) every count is the number
+-- of open intervals, >= 0 and far below 2**21.
 boundaries as (
     select trace_id, rank, device, step, start_ns as ts,
-           (class = 'comm')::int as d_comm, (class = 'compute')::int as d_compute,
-           (class in ('memcpy', 'memset'))::int as d_mem
+           case when class = 'comm' then 1 when class = 'compute' then 2097152 when class in ('memcpy', 'memset') then 4398046511104 else 0 end::bigint as delta
     from activity
     union all
     select trace_id, rank, device, step, end_ns as ts,
-           -(class = 'comm')::int, -(class = 'compute')::int, -(class in ('memcpy', 'memset'))::int
+           -(case when class = 'comm' then 1 when class = 'compute' then 2097152 when class in ('memcpy', 'memset') then 4398046511104 else 0 end::bigint)
     from activity
 ),
 
@@ -52,12 +55,21 @@ boundaries as (
 running as (
     select
         trace_id, rank, device, step,
-        sum(d_comm) over w as n_comm,
-        sum(d_compute) over w as n_compute,
-        sum(d_mem) over w as n_mem,
+        (sum(delta) over w)::bigint as open_packed,
         lead(ts) over w - ts as seg_ns
     from boundaries
     window w as (partition by trace_id, rank order by device, step, ts rows between unbounded preceding and current row)
+),
+
+-- (a boundary that is not the last of its instant may read garbage here, from a count that is -1 for
+-- a moment; its segment has length 0)
+counts as (
+    select
+        trace_id, rank, device, step, seg_ns,
+        open_packed & 2097151 as n_comm,
+        (open_packed >> 21) & 2097151 as n_compute,
+        open_packed >> 42 as n_mem
+    from running
 ),
 
 sweep as (
@@ -69,7 +81,7 @@ sweep as (
         coalesce(sum(seg_ns) filter (where n_comm > 0 and n_compute = 0), 0)::bigint as exposed_comm_ns,
         coalesce(sum(seg_ns) filter (where n_mem > 0 and n_comm = 0 and n_compute = 0), 0)::bigint as exposed_memcpy_ns,
         coalesce(sum(seg_ns) filter (where n_comm > 0 or n_compute > 0 or n_mem > 0), 0)::bigint as busy_ns
-    from running
+    from counts
     group by all
 ),
 
