@@ -1,4 +1,4 @@
--- Write one parsed batch (_rows: the rows of sql/read_events.sql, an Arrow table) as rows of trace $trace_id.
+-- Write one parsed batch (_rows: the rows of sql/read_events.sql, held in memory) as rows of trace $trace_id.
 -- Statements run in order, traceq.native passes each the parameters it names.
 -- $fill_rank: the file's rank from distributedInfo, for rows whose event names none (null: filled later).
 

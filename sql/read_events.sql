@@ -1,5 +1,5 @@
 -- One batch of event chunks ($files: JSON arrays of whole events, cut from a trace's traceEvents by
--- traceq.reader), parsed by DuckDB's JSON reader into an Arrow table, one row per element (_rows in
+-- traceq.reader), parsed by DuckDB's JSON reader into a materialized relation, one row per element (_rows in
 -- sql/load_events.sql).
 -- Rows that become warehouse rows (`keep`) get the columns of traceq.decode's tables, with the name as
 -- text (sql/load_events.sql interns it), the others only count.

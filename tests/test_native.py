@@ -271,3 +271,27 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_parsed_again(
     assert sum(v == [True] for v in parses.values()) >= 2 and [False] in parses.values(), parses
     for table, query in TABLES.items():
         assert _rows(native_db, query) == _rows(decoded_db, query), table
+
+
+@pytest.mark.parametrize("odd", [False, True])
+def test_the_fast_path_imports_neither_numpy_nor_pyarrow(tmp_path: Path, odd: bool) -> None:
+    import subprocess
+    import sys
+
+    doc = _odd_trace()
+    if odd:  # read by traceq.decode, which needs both
+        doc["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 90, "dur": 1,
+                                   "args": {"correlation": 7.5}})
+    path = _write(tmp_path, doc)
+    code = (
+        "import json, sys\nfrom traceq.ingest import ingest_traces\n"
+        f"summary = ingest_traces([{str(path)!r}], {str(tmp_path / 'w.duckdb')!r})\n"
+        "print(json.dumps([summary.ok, summary.files[0].message, [m for m in ('numpy', 'pyarrow') if m in sys.modules]]))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    ok, message, heavy = json.loads(run.stdout)
+    assert ok
+    assert message.startswith("read by traceq.decode") == odd, message
+    assert heavy == (["numpy", "pyarrow"] if odd else [])
+    assert "leaked" not in run.stderr, run.stderr[:500]

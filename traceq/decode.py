@@ -22,6 +22,8 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
+from traceq.kineto import OP_CATS, to_int  # noqa: F401 (re-exported)
+
 # Largest |ts| in microseconds for which float64 -> integer ns rounding is exact (ULP/2 < 0.5 ns).
 _FLOAT_EXACT_LIMIT_US = float(2**43)
 
@@ -68,8 +70,6 @@ _ANY_EXACT = msgspec.json.Decoder(float_hook=Decimal)
 
 GPU_KINDS = {"kernel": 1, "Kernel": 1, "gpu_memcpy": 2, "Memcpy": 2, "gpu_memset": 3, "Memset": 3}
 RUNTIME_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
-# CPU operators: kept for CPU-only traces, left out of GPU traces unless they carry collective args.
-OP_CATS = frozenset({"cpu_op", "Operator", "python_function"})
 
 # Collective args (args["Collective name"] etc.), the same columns in gpu_events and host_events.
 _COLLECTIVE_COLUMNS = [
@@ -117,7 +117,6 @@ META_SCHEMA = pa.schema(
 )
 _COLL_FIELDS = tuple(name for name, _ in _COLLECTIVE_COLUMNS)
 _INT_COLL = frozenset(name for name, type_ in _COLLECTIVE_COLUMNS if type_ == pa.int64())
-_INT64_MAX = 2**63 - 1
 # Times and durations beyond +-2**62 ns (146 years) are not real; rejecting them keeps
 # start_ns + dur_ns inside int64 in every query.
 _TIME_LIMIT_NS = 2**62
@@ -133,27 +132,6 @@ class ChunkTables:
     meta: pa.Table
     counts: dict[str, int] = field(default_factory=dict)
     inexact: bool = False  # float64 rounded a time (|ts| >= 2**43 us with a fraction): decode exactly
-
-
-def to_int(value: Any) -> int | None:
-    """An int64 from a JSON scalar (int, integral float, decimal string, "stream 7"), else None."""
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if -_INT64_MAX - 1 <= value <= _INT64_MAX else None
-    if isinstance(value, (float, Decimal)):
-        if not math.isfinite(value) or value != int(value):
-            return None
-        return to_int(int(value))
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("stream "):
-            text = text[7:]
-        try:
-            return to_int(int(text, 0) if text.lower().startswith(("0x", "-0x")) else int(text))
-        except ValueError:
-            return None
-    return None
 
 
 def _to_text(value: Any) -> str | None:

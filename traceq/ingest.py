@@ -26,14 +26,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
-import numpy as np
-import pyarrow as pa
 
-from traceq.decode import OP_CATS, ChunkTables, decode_chunk, to_int
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
+from traceq.kineto import OP_CATS, to_int
 from traceq.native import (
     BatchCounts, NotNative, batch_files, count_batch, parse_batch, parser, prefetch, remove, scratch_dir,
     write_batch,
@@ -42,6 +40,11 @@ from traceq.reader import FileRange, TraceHeader, file_digest, read_trace, read_
 from traceq.sidecar import load_side_files
 from traceq.warehouse import DEFAULT_DB, connect, execute_over, sql_text
 
+if TYPE_CHECKING:  # the decode path imports them when it runs: the fast path needs neither
+    import numpy as np
+    import pyarrow as pa
+
+    from traceq.decode import ChunkTables
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 SIDE_FILE_SUFFIXES = (".run.json", ".power.jsonl")
@@ -238,14 +241,20 @@ class _Names:
         self.ids: dict[str, int] = {}
 
     def remap(self, chunk_names: list[str]) -> np.ndarray:
+        import numpy as np
+
         ids = self.ids
         return np.fromiter((ids.setdefault(n, len(ids)) for n in chunk_names), dtype=np.int32, count=len(chunk_names))
 
     def table(self) -> pa.Table:
+        import pyarrow as pa
+
         return pa.table({"name_id": pa.array(range(len(self.ids)), pa.int32()), "name": list(self.ids)})
 
 
 def _remapped(table: pa.Table, remap: np.ndarray) -> pa.Table:
+    import pyarrow as pa
+
     if table.num_rows == 0:
         return table
     ids = table.column("name_id").to_numpy()
@@ -316,7 +325,8 @@ def _with_rank(table: pa.Table, rank: int | None) -> pa.Table:
     """``table`` with a null rank (the event named none) set to ``rank``."""
     if rank is None or table.column("rank").null_count == 0:
         return table
-    import pyarrow.compute as pc  # the decode path only (28 ms of start-up)
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     filled = pc.fill_null(table.column("rank"), pa.scalar(rank, pa.int64()))
     return table.set_column(table.schema.get_field_index("rank"), "rank", filled)
@@ -550,6 +560,10 @@ class _Loader:
 
     def _chunked(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
         """Decode ``path`` chunk by chunk with :mod:`traceq.decode` in this process."""
+        import pyarrow as pa
+
+        from traceq.decode import decode_chunk
+
         con = self.con
         parse_start = time.perf_counter()
         trace_id = self._next_trace_id()

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from traceq.errors import TraceFormatError
 from traceq.run_metadata import merge_run_metadata, run_level
@@ -148,6 +147,8 @@ def load_power_log(con: duckdb.DuckDBPyConnection, trace_id: int, file_rank: int
     )
     rows = power + energy
     if rows:
+        import pyarrow as pa  # only with a power log: an ingest without one imports no pyarrow
+
         table = pa.table({
             "gpu": pa.array([_int(r.get("gpu")) for r in rows], pa.int64()),
             "kind": pa.array([r["kind"] for r in rows], pa.string()),

@@ -80,7 +80,8 @@ def named_params(statement: str, params: dict[str, object]) -> dict[str, object]
 
 
 def execute_over(con: duckdb.DuckDBPyConnection, statement: str, params: object, rows: object) -> list[tuple]:
-    """Execute ``statement``, which reads the Arrow table ``rows`` as ``_rows``; its result rows.
+    """Execute ``statement``, which reads ``rows`` (an Arrow table or a materialized relation, even one
+    of another cursor) as ``_rows``; its result rows.
 
     DuckDB's replacement scan finds ``_rows`` among this frame's variables. A table registered with
     ``con.register`` inside a transaction stays referenced until the transaction ends, so an ingest
