@@ -42,3 +42,17 @@ def test_reports_import_no_pyarrow_and_frames_alive_at_exit_leak_nothing(tmp_pat
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["15", "False"]
     assert "leaked" not in run.stderr, run.stderr[:500]
+
+
+def test_import_in_background_leaves_the_module_imported_and_failures_to_the_caller() -> None:
+    code = (
+        "import sys\nfrom traceq.warehouse import import_in_background\n"
+        "with import_in_background('json.tool'):\n    pass\n"
+        "print('json.tool' in sys.modules)\n"
+        "try:\n    with import_in_background('no_such_module_xyz'):\n        import no_such_module_xyz\n"
+        "except ModuleNotFoundError as exc:\n    print(exc.name)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "no_such_module_xyz"]
+    assert run.stderr == ""

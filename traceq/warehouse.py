@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import csv
+import importlib
 import re
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
@@ -92,6 +96,25 @@ def execute_over(con: duckdb.DuckDBPyConnection, statement: str, params: object,
         return con.execute(statement, params).fetchall()
     finally:
         del _rows
+
+
+@contextmanager
+def import_in_background(module: str) -> Iterator[None]:
+    """Import ``module`` in a thread while the block runs (DuckDB releases the GIL while it executes a
+    query); the block's own ``import`` of it waits for that thread, and so does leaving the block."""
+    thread = threading.Thread(target=_import_quietly, args=(module,), name=f"traceq-import-{module}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
+def _import_quietly(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except BaseException:  # the import in the main thread raises it again, where it is handled
+        pass
 
 
 def to_polars(relation: duckdb.DuckDBPyRelation) -> pl.DataFrame:
