@@ -145,7 +145,7 @@ def synthesize_run(db: str | Path, *, ranks: int, steps: int, run: str = "synthe
         con.execute("insert into runs (run) values (?) on conflict do nothing", [run])
         con.execute(
             """
-            insert into traces (trace_id, run, path, content_sha256, size_bytes, rank_source, file_rank, world_size,
+            insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, file_rank, world_size,
                 n_events, n_gpu_events, n_host_events, n_dropped)
             select $first + r, $run, 'synthetic/rank' || r, 'synthetic-' || $run || '-' || r, 0, 'distributedInfo', r,
                 $ranks, 0, 0, 0, 0

@@ -14,7 +14,7 @@ create table if not exists traces (
     trace_id integer primary key,
     run varchar not null,
     path varchar not null,             -- as given on the command line, resolved
-    content_sha256 varchar not null unique,
+    content_digest varchar not null unique, -- 'blake3:<hex>' of the file as stored ('sha256:<hex>' before)
     size_bytes bigint not null,
     rank_source varchar not null,      -- distributedInfo | event args | option | file name | unknown
     file_rank bigint,                  -- rank of the whole file, when known

@@ -27,7 +27,7 @@ def warehouse_with(events: list[tuple[str, int, int, int]], kinds: dict[str, tup
     con = connect(":memory:")
     con.execute("insert into runs (run) values ('r')")
     con.execute(
-        "insert into traces (trace_id, run, path, content_sha256, size_bytes, rank_source, n_events, n_gpu_events,"
+        "insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, n_events, n_gpu_events,"
         " n_host_events, n_dropped) values (1, 'r', 'x', 'h', 0, 'option', 0, 0, 0, 0)"
     )
     for name_id, (kind, name) in enumerate(kinds.values()):

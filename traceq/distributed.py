@@ -23,7 +23,7 @@ from typing import Any
 
 from traceq.errors import ConfigError, TraceFormatError
 from traceq.ingest import INGEST_CHUNK_BYTES, FileResult, IngestSummary, expand_inputs
-from traceq.reader import file_digest
+from traceq.reader import digest_in
 
 
 def ingest_file_to_parquet(
@@ -50,11 +50,11 @@ def ingest_file_to_parquet(
     trace_path = Path(path)
     if skip_digests:
         try:
-            digest = file_digest(trace_path)
+            match = digest_in(trace_path, skip_digests)
         except TraceFormatError:
-            digest = None  # the ingest below names the problem
-        if digest in skip_digests:
-            return FileResult(path, "skipped", f"{path}: already in {out_dir}"), digest
+            match = None  # the ingest below names the problem
+        if match is not None:
+            return FileResult(path, "skipped", f"{path}: already in {out_dir}"), match
     root = Path(out_dir)
     staging = root / f".staging-trace{trace_id}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -66,7 +66,7 @@ def ingest_file_to_parquet(
         result = ingest_in_process(con, trace_path, run=run, rank=rank, chunk_bytes=chunk_bytes)
         if result.status != "ingested":
             return result, None
-        digest = con.execute("select content_sha256 from traces").fetchall()[0][0]
+        digest = con.execute("select content_digest from traces").fetchall()[0][0]
         write_partitions(con, staging, file_prefix=f"trace{trace_id}")
     finally:
         con.close()

@@ -181,8 +181,12 @@ def _parquet_queries(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, st
                 [table.name],
             ).fetchall()
         )
-        cols = ", ".join(f"cast({c} as {types[c]}) as {c}" for c in table.columns)
-        query = f"select {cols} from read_parquet({_literal(str(files / '**' / '*.parquet'))}, union_by_name = true)"
+        source = f"read_parquet({_literal(str(files / '**' / '*.parquet'))}, union_by_name = true)"
+        exprs = {c: c for c in table.columns}
+        if table.name == TRACES:
+            exprs["content_digest"] = _digest_expression(con, source)
+        cols = ", ".join(f"cast({exprs[c]} as {types[c]}) as {c}" for c in table.columns)
+        query = f"select {cols} from {source}"
         if table.name in _ONE_ROW_PER:
             keys = ", ".join(_ONE_ROW_PER[table.name])
             query = f"select distinct on ({keys}) * from ({query}) order by {keys}, {_NEWEST_FIRST[table.name]}"
@@ -190,6 +194,16 @@ def _parquet_queries(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, st
             query += f" where trace_id in (select trace_id from {_traces_source(root)})"
         queries[table.name] = query
     return queries
+
+
+def _digest_expression(con: duckdb.DuckDBPyConnection, source: str) -> str:
+    """The content digest of the traces files read by ``source``: those written before BLAKE3 have
+    ``content_sha256``, the bare SHA-256 hex (see ``traceq.warehouse._migrate``)."""
+    names = {row[0] for row in con.execute(f"describe select * from {source}").fetchall()}
+    legacy = "'sha256:' || content_sha256"
+    if "content_sha256" not in names:
+        return "content_digest"
+    return f"coalesce(content_digest, {legacy})" if "content_digest" in names else legacy
 
 
 def _traces_source(root: Path) -> str:
@@ -229,8 +243,8 @@ def known_digests(directory: str | Path) -> dict[int, set[str]]:
         return out
     con = duckdb.connect(":memory:")
     try:
-        pattern = str(root / TRACES / "**" / "*.parquet")
-        for size, digest in con.execute("select size_bytes, content_sha256 from read_parquet(?)", [pattern]).fetchall():
+        source = _traces_source(root)
+        for size, digest in con.execute(f"select size_bytes, {_digest_expression(con, source)} from {source}").fetchall():
             out.setdefault(size, set()).add(digest)
     finally:
         con.close()
@@ -256,7 +270,7 @@ def import_parquet(directory: str | Path, db: str | Path) -> int:
                 create or replace temp table _id_map as
                 select s.trace_id as old_id, nextval('trace_ids') as new_id
                 from ({queries[TRACES]}) as s
-                where s.content_sha256 not in (select content_sha256 from traces)
+                where s.content_digest not in (select content_digest from traces)
                 """
             )
             added = con.execute("select count(*) from _id_map").fetchall()[0][0]

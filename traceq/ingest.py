@@ -36,7 +36,7 @@ from traceq.native import (
     BatchCounts, NotNative, batch_files, count_batch, parse_batch, parser, prefetch, remove, scratch_dir,
     write_batch,
 )
-from traceq.reader import FileRange, TraceHeader, file_digest, read_trace, read_trace_ranges
+from traceq.reader import FileRange, TraceHeader, digest_in, file_digest, read_trace, read_trace_ranges
 from traceq.sidecar import load_side_files
 from traceq.warehouse import DEFAULT_DB, connect, execute_over, sql_text
 
@@ -380,7 +380,7 @@ def _finish_trace(
     con.execute("insert into runs (run) values (?) on conflict do nothing", [run_name])
     con.execute(
         """
-        insert into traces (trace_id, run, path, content_sha256, size_bytes, rank_source, file_rank, world_size,
+        insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, file_rank, world_size,
             backend, schema_version, base_time_ns, display_time_unit, trace_name, header, n_events, n_gpu_events,
             n_host_events, n_dropped, parse_seconds)
         values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -439,11 +439,11 @@ class _Loader:
         self.chunk_bytes = chunk_bytes
         self.notify = notify
         self.threads = con.execute("select current_setting('threads')").fetchall()[0][0]
-        self.hasher = ThreadPoolExecutor(1, thread_name_prefix="traceq-hash")  # hashlib releases the GIL
+        self.hasher = ThreadPoolExecutor(1, thread_name_prefix="traceq-hash")  # BLAKE3 releases the GIL
         # Digests by file size: a file is hashed before it is read only when a file of its size is
         # already in the warehouse (else the hash is taken beside the parsing).
         self.known: dict[int, set[str]] = {}
-        for size, digest in con.execute("select size_bytes, content_sha256 from traces").fetchall():
+        for size, digest in con.execute("select size_bytes, content_digest from traces").fetchall():
             self.known.setdefault(size, set()).add(digest)
         self._cursor: Any = None
 
@@ -465,7 +465,7 @@ class _Loader:
             yield self._load(path)
 
     def _already(self, path: Path, digest: str) -> FileResult | None:
-        known = self.con.execute("select path, run from traces where content_sha256 = ?", [digest]).fetchall()
+        known = self.con.execute("select path, run from traces where content_digest = ?", [digest]).fetchall()
         if not known:
             return None
         self.notify("bytes", {"bytes": _size(path)})
@@ -476,9 +476,12 @@ class _Loader:
         size = _size(path)
         digest: str | Future[str]
         try:
-            if self.known.get(size):
+            known = self.known.get(size)
+            if known:
                 digest = file_digest(path)
-                skipped = self._already(path, digest)
+                # a file ingested before BLAKE3 is known by its SHA-256
+                match = digest if digest in known else digest_in(path, known - {digest})
+                skipped = self._already(path, match or digest)
                 if skipped is not None:
                     return skipped
             else:

@@ -68,6 +68,7 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
         con.begin()
         try:
             con.execute(sql_text("schema.sql"))
+            _migrate(con)
             _load_builtin_rules(con)
             con.commit()
         except BaseException:
@@ -76,6 +77,17 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     con.execute(sql_text("macros.sql"))
     con.execute(sql_text("gpu_activity.sql"))
     return con
+
+
+def _migrate(con: duckdb.DuckDBPyConnection) -> None:
+    """Bring a warehouse made by an older traceq up to ``schema.sql`` (inside ``connect``'s transaction)."""
+    columns = {name for (name,) in con.execute(
+        "select column_name from duckdb_columns() where database_name = current_database() "
+        "and schema_name = 'main' and table_name = 'traces'"
+    ).fetchall()}
+    if "content_sha256" in columns:  # until BLAKE3: the bare SHA-256 hex (traceq.reader.file_digest)
+        con.execute("alter table traces rename column content_sha256 to content_digest")
+        con.execute("update traces set content_digest = 'sha256:' || content_digest")
 
 
 def named_params(statement: str, params: dict[str, object]) -> dict[str, object]:
