@@ -58,19 +58,14 @@ from (
         where w.launch_ns is null and w.start_ns < s.end_ns
     ),
 
+    -- by_launch holds kernels with a launch, the other two kernels without one: a kernel is in
+    -- by_launch, or in by_device, or in by_time alone
     final as (
-        select
-            w.rid,
-            coalesce(bl.step, bd.step, bt.step) as step,
-            case
-                when bl.step is not null then 'launch'
-                when bd.step is not null then 'device_annotation'
-                when bt.step is not null then 'time'
-            end as step_source
-        from with_launch as w
-        left join by_launch as bl on bl.rid = w.rid
-        left join by_device as bd on bd.rid = w.rid
-        left join by_time as bt on bt.rid = w.rid
+        select rid, step, 'launch' as step_source from by_launch
+        union all
+        select rid, step, 'device_annotation' from by_device
+        union all
+        select t.rid, t.step, 'time' from by_time as t anti join by_device as d on d.rid = t.rid
     )
 
     select * from final
