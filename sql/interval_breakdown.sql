@@ -1,6 +1,6 @@
 -- interval_breakdown: one row per (trace_id, rank, device, step) — step -1 when $whole_trace — with
 -- the interval metrics of DESIGN §4 in integer ns. U = union over all streams of one GPU.
--- Reads temp view breakdown_input (gpu_activity, or cpu_activity for CPU-only gloo traces: device -1)
+-- Reads temp view breakdown_input (gpu_classified, or cpu_activity for CPU-only gloo traces: device -1)
 -- with columns trace_id, rank, device, step, start_ns, end_ns, dur_ns, class; and temp table
 -- selected_steps(trace_id, rank, step) when not $whole_trace.
 --   comm_kernel_ns / compute_kernel_ns  sum of kernel durations

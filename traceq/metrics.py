@@ -185,7 +185,7 @@ def interval_breakdown(con: duckdb.DuckDBPyConnection, whole_trace: bool) -> pl.
     GPU activity, from CPU-side gloo communication (``activity`` column: gpu | cpu)."""
     con.execute(sql_text("cpu_activity.sql"))
     parts = {}
-    for activity, view in (("gpu", "gpu_activity"), ("cpu", "cpu_activity_whole" if whole_trace else "cpu_activity")):
+    for activity, view in (("gpu", "gpu_classified"), ("cpu", "cpu_activity_whole" if whole_trace else "cpu_activity")):
         con.execute(f"create or replace temp view breakdown_input as select * from {view}")  # a fixed name
         # run now (materialized): polars may still be importing meanwhile (metric_report)
         parts[activity] = con.sql(sql_text("interval_breakdown.sql"), params={"whole_trace": whole_trace}).materialize()
