@@ -98,7 +98,8 @@ final as (
         case when valid then floor(ts_us)::bigint * 1000 + round((ts_us - floor(ts_us)) * 1000)::bigint end as start_ns,
         case when valid then floor(dur_us)::bigint * 1000 + round((dur_us - floor(dur_us)) * 1000)::bigint end as dur_ns,
         case when span then
-            coalesce(valid and abs(ts_us) >= 8796093022208 and regexp_matches(ts, '[.eE]'), false)
+            -- written with a fraction or an exponent ('[.eE]': three contains cost 0.1 CPU s less per 500 MB than a regexp)
+            coalesce(valid and abs(ts_us) >= 8796093022208 and (contains(ts, '.') or contains(ts, 'e') or contains(ts, 'E')), false)
             or contains(args.correlation, '.') or contains(args."External id", '.')
             or contains(args.stream, '.') or contains(args.device, '.') or contains(args.rank, '.')
         end as odd
