@@ -1,5 +1,5 @@
 -- cpu_activity / cpu_activity_whole: the CPU-side activity of traces with no GPU events (training
--- on CPU with the gloo backend), shaped like gpu_activity for sql/interval_breakdown.sql (device -1).
+-- on CPU with the gloo backend), shaped like gpu_classified for sql/interval_breakdown.sql (device -1).
 --   comm:    gloo:* spans: the collective itself, run by a pt_gloo_runloop thread
 --   compute: cpu_op spans on every other thread, except c10d::* ops, which only enqueue a collective
 -- cpu_activity has one row per span and step it overlaps, clipped to the step's CPU span;

@@ -55,14 +55,10 @@ final as (
 select * from final;
 
 create or replace temp view gpu_activity as
-with events as (
-    select * exclude (end_ns) from gpu_classified
-),
-
 -- comm kernels without collective args: the record_param_comms op around their launch
-comm_launches as (
+with comm_launches as (
     select e.trace_id, e.rank, e.correlation, min(h.start_ns) as launch_ns, any_value(h.tid) as tid
-    from events as e
+    from gpu_classified as e
     inner join host_events as h
         on h.trace_id = e.trace_id and h.rank = e.rank and h.correlation = e.correlation
         and h.cat in ('cuda_runtime', 'Runtime', 'cuda_driver')
@@ -97,7 +93,7 @@ final as (
         e.name,
         e.start_ns,
         e.dur_ns,
-        e.start_ns + e.dur_ns as end_ns,
+        e.end_ns,
         e.correlation,
         e.external_id,
         e.step,
@@ -114,7 +110,7 @@ final as (
         coalesce(e.in_nelems, lp.in_nelems) as in_nelems,
         coalesce(e.out_nelems, lp.out_nelems) as out_nelems,
         coalesce(e.dtype, lp.dtype) as dtype
-    from events as e
+    from gpu_classified as e
     left join launch_params as lp
         on e.class = 'comm' and e.collective is null
         and lp.trace_id = e.trace_id and lp.rank = e.rank and lp.correlation = e.correlation
