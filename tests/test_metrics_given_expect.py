@@ -160,7 +160,7 @@ def test_user_rules_reclassify_existing_data(tmp_path: Path) -> None:
     assert isinstance(compute_metric(db, "comm"), pl.DataFrame)
 
 
-def test_cpu_gloo_communication_is_measured_on_cpu_only_traces(tmp_path: Path) -> None:
+def cpu_gloo_trace() -> TraceBuilder:
     """Step 1 (0..100 us). Main thread: aten::mm [10,40] us, c10d::allreduce_ [40,41] (enqueue only,
     not compute), aten::add [60,70]. pt_gloo_runloop thread: gloo:all_reduce [41,65].
     comm 24 us; compute [10,40] + [60,70] = 40 us; overlapped [60,65] = 5 us; exposed 19 us;
@@ -177,8 +177,12 @@ def test_cpu_gloo_communication_is_measured_on_cpu_only_traces(tmp_path: Path) -
     op("cpu_op", "aten::add", 1, 60_000, 70_000)
     op("user_annotation", "gloo:all_reduce", 2, 41_000, 65_000)
     t.events.append({"ph": "M", "name": "thread_name", "pid": 100, "tid": 2, "args": {"name": "pt_gloo_runloop"}})
+    return t
+
+
+def test_cpu_gloo_communication_is_measured_on_cpu_only_traces(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    ingest_traces([t.write(tmp_path / "cpu" / "rank0.json")], db, workers=0)
+    ingest_traces([cpu_gloo_trace().write(tmp_path / "cpu" / "rank0.json")], db, workers=0)
     with connect(db) as con:
         row = step_metrics(con).row(0, named=True)
     assert row["activity"] == "cpu"
@@ -186,3 +190,19 @@ def test_cpu_gloo_communication_is_measured_on_cpu_only_traces(tmp_path: Path) -
         24_000, 40_000, 5_000, 19_000
     )
     assert (row["window_ns"], row["idle_ns"]) == (60_000, 1_000)
+
+
+def test_gpu_and_cpu_only_traces_in_one_warehouse_each_get_their_own_rows(tmp_path: Path) -> None:
+    """A warehouse with GPU traces only has no CPU-side rows (that sweep is skipped); one with a
+    CPU-only trace beside them has both, with the values of each trace alone (one_step_trace and
+    cpu_gloo_trace, worked out above)."""
+    db = tmp_path / "w.duckdb"
+    ingest_traces([one_step_trace().write(tmp_path / "gpu" / "rank0.json")], db, workers=0)
+    with connect(db) as con:
+        assert step_metrics(con)["activity"].to_list() == ["gpu"]
+    ingest_traces([cpu_gloo_trace().write(tmp_path / "cpu" / "rank0.json")], db, workers=0)
+    with connect(db) as con:
+        rows = {r["run"]: r for r in step_metrics(con).iter_rows(named=True)}
+    assert {run: r["activity"] for run, r in rows.items()} == {"gpu": "gpu", "cpu": "cpu"}
+    assert (rows["gpu"]["comm_ns"], rows["gpu"]["exposed_comm_ns"]) == (35_000, 30_000)
+    assert (rows["cpu"]["comm_ns"], rows["cpu"]["exposed_comm_ns"]) == (24_000, 19_000)
