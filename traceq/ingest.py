@@ -4,7 +4,9 @@ A file is cut into chunks of whole events by :mod:`traceq.reader` (in a thread, 
 and parsed by DuckDB's JSON reader on every core, straight into the warehouse (:mod:`traceq.native`).
 Where DuckDB would read a file differently from :mod:`traceq.decode` (the typed msgspec reference),
 the transaction is rolled back and the file is decoded by :mod:`traceq.decode` in this process; the
-file's result says so in its message. Files are written one at a time, in the order given.
+file's result says so in its message. Files are written one at a time, in the order given; with
+several, the reading thread goes on to the next file's batches while this one's are written, its
+steps attributed and its transaction committed (:class:`_ReadAhead`).
 
 What keeps memory flat whatever the trace size (DESIGN §7; benchmarks/bench_scale.py measures it):
 one batch of chunks in flight (plus the one being read); DuckDB's buffer pool is capped
@@ -20,10 +22,11 @@ import glob
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -460,9 +463,24 @@ class _Loader:
         return self._cursor
 
     def load(self, paths: list[Path]) -> Iterator[FileResult]:
-        """Ingest ``paths``, yielding each file's result in input order."""
-        for path in paths:
-            yield self._load(path)
+        """Ingest ``paths``, yielding each file's result in input order.
+
+        With several files, a thread parses ahead across file boundaries (:class:`_ReadAhead`): the
+        next file's first batch is parsed while this one's rows are written, its steps attributed and
+        its transaction committed (many small rank files are otherwise bound by those per-file steps).
+        """
+        if not self.native or len(paths) < 2:
+            for path in paths:
+                yield self._load(path)
+            return
+        with closing(_ReadAhead(self, paths)) as ahead:
+            for path in paths:
+                parse = ahead.next_file(path)
+                try:
+                    yield self._load(path, parse)
+                finally:
+                    if parse is not None:
+                        parse.close()
 
     def _already(self, path: Path, digest: str) -> FileResult | None:
         known = self.con.execute("select path, run from traces where content_digest = ?", [digest]).fetchall()
@@ -471,14 +489,16 @@ class _Loader:
         self.notify("bytes", {"bytes": _size(path)})
         return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]})", run=known[0][1])
 
-    def _load(self, path: Path) -> FileResult:
+    def _load(self, path: Path, parse: _FileParse | None = None) -> FileResult:
+        """Ingest one file; ``parse``: its batches parsed ahead (:class:`_ReadAhead`), else it is
+        read here."""
         started = time.perf_counter()
         size = _size(path)
         digest: str | Future[str]
         try:
             known = self.known.get(size)
-            if known:
-                digest = file_digest(path)
+            if known:  # hashed before it is read: it may be in the warehouse already
+                digest = parse.digest if parse is not None and parse.digest else file_digest(path)
                 # a file ingested before BLAKE3 is known by its SHA-256
                 match = digest if digest in known else digest_in(path, known - {digest})
                 skipped = self._already(path, match or digest)
@@ -489,7 +509,7 @@ class _Loader:
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
         try:
-            result = self._in_transaction(path, digest, size)
+            result = self._in_transaction(path, digest, size, parse)
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
         if result.status == "ingested":
@@ -497,17 +517,22 @@ class _Loader:
         result.seconds = time.perf_counter() - started
         return result
 
-    def _in_transaction(self, path: Path, digest: str | Future[str], size: int) -> FileResult:
+    def _in_transaction(
+        self, path: Path, digest: str | Future[str], size: int, parse: _FileParse | None = None
+    ) -> FileResult:
         """Read ``path`` in one transaction: with DuckDB, else (:class:`NotNative`) roll back and
         decode with :mod:`traceq.decode`; on :class:`_NeedsOps` roll back and read again with every
-        CPU operator."""
+        CPU operator. ``parse`` (batches parsed ahead) serves the first reading only."""
         con = self.con
         native, all_ops, reason = self.native, None, "native=False"
         while True:
             con.begin()
             try:
-                read = self._native if native else self._chunked
-                result = read(path, digest, size, all_ops)
+                if native:
+                    ahead, parse = parse, None
+                    result = self._native(path, digest, size, all_ops, ahead)
+                else:
+                    result = self._chunked(path, digest, size, all_ops)
             except NotNative as why:
                 con.rollback()
                 native, reason = False, str(why)
@@ -527,39 +552,51 @@ class _Loader:
                     result.message = f"read by traceq.decode: {reason}"
             return result
 
-    def _native(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
-        """Parse ``path`` with DuckDB, batch by batch (:mod:`traceq.native`)."""
+    def chunk_bytes_for(self, path: Path) -> int:
+        """The chunk size for ``path``: a small file is cut finer, so that DuckDB still parses it on
+        every thread."""
+        return min(self.chunk_bytes, max(MIN_CHUNK_BYTES, json_size(path) // (2 * self.threads)))
+
+    def _native(
+        self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None,
+        parse: _FileParse | None = None,
+    ) -> FileResult:
+        """Parse ``path`` with DuckDB, batch by batch (:mod:`traceq.native`), or take the batches
+        parsed ahead (``parse``)."""
         con = self.con
         parse_start = time.perf_counter()
         trace_id = self._next_trace_id()
-        # a small file is cut finer, so that DuckDB still parses it on every thread
-        chunk_bytes = min(self.chunk_bytes, max(MIN_CHUNK_BYTES, json_size(path) // (2 * self.threads)))
-        header, chunks = read_trace_ranges(path, chunk_bytes)
-        fill = _leading_rank(header)
-        counts = _Counts()
-        policy = OpsPolicy(header.leading, all_ops)
-        n_names = 0
+        with closing(parse or self._parse_file(path, size, all_ops)) as parsed:
+            header, policy = parsed.start()
+            fill = _leading_rank(header)
+            counts = _Counts()
+            n_names = 0
+            for files, used, events in parsed.batches():
+                if used != policy.all_ops:  # parsed before the batch that switched the policy
+                    used = policy.all_ops
+                    events = parse_batch(con, files, used)
+                batch = count_batch(con, events)
+                n_names += write_batch(con, events, trace_id, n_names, fill)
+                remove(files)
+                counts.add_batch(batch, used)
+                policy.saw(batch.gpu)
+        return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
 
-        def parsed(batches: Iterator[list[str]]) -> Iterator[tuple[list[str], bool, Any]]:
-            for files in batches:
+    def _parse_file(self, path: Path, size: int, all_ops: bool | None) -> _FileParse:
+        """The batches of ``path`` alone, each parsed (on a cursor, in a reader thread) while the one
+        before is written."""
+        header, chunks = read_trace_ranges(path, self.chunk_bytes_for(path))
+        policy = OpsPolicy(header.leading, all_ops)
+        scratch = ExitStack()
+        directory = scratch.enter_context(scratch_dir())
+        cursor = self._parse_cursor()
+
+        def parsed() -> Iterator[tuple[list[str], bool, Any]]:
+            for files in batch_files(_counting(chunks, self.notify, size), directory):
                 used = policy.all_ops
                 yield files, used, parse_batch(cursor, files, used)
 
-        # The next batch is parsed (on a cursor, in the reader's thread) while this one is written.
-        cursor = self._parse_cursor()
-        with scratch_dir() as scratch:
-            batches = batch_files(_counting(chunks, self.notify, size), scratch)
-            with closing(prefetch(parsed(batches))) as ready:
-                for files, used, events in ready:
-                    if used != policy.all_ops:  # parsed before the batch that switched the policy
-                        used = policy.all_ops
-                        events = parse_batch(con, files, used)
-                    batch = count_batch(con, events)
-                    n_names += write_batch(con, events, trace_id, n_names, fill)
-                    remove(files)
-                    counts.add_batch(batch, used)
-                    policy.saw(batch.gpu)
-        return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
+        return _FileParse(header, policy, scratch.close, prefetch(parsed()))
 
     def _chunked(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
         """Decode ``path`` chunk by chunk with :mod:`traceq.decode` in this process."""
@@ -618,6 +655,158 @@ class _Loader:
 
     def _next_trace_id(self) -> int:
         return self.con.execute("select nextval('trace_ids')").fetchall()[0][0]
+
+
+Batch = tuple[list[str], bool, Any]  # batch files, all_ops they were parsed with, the parsed rows
+
+
+class _FileParse:
+    """One file's parsed batches for :meth:`_Loader._native`: its header and the policy its batches
+    are parsed under (:meth:`start`), then the batches in order (:meth:`batches`). :meth:`close`
+    drops the batches not taken and removes the file's scratch directory."""
+
+    def __init__(
+        self, header: TraceHeader | None, policy: OpsPolicy | None, remove_scratch: Callable[[], Any] | None,
+        items: Iterator[Batch], error: BaseException | None = None, on_close: Callable[[], None] | None = None,
+        digest: str | None = None,
+    ) -> None:
+        self.header, self.policy, self.remove_scratch, self.items = header, policy, remove_scratch, items
+        self.error = error  # the file could not be read (raised by start, where a reading fails)
+        self.on_close = on_close
+        self.digest = digest  # taken by the reader when a file of this size is in the warehouse
+
+    def start(self) -> tuple[TraceHeader, OpsPolicy]:
+        if self.error is not None:
+            raise self.error
+        assert self.header is not None and self.policy is not None
+        return self.header, self.policy
+
+    def batches(self) -> Iterator[Batch]:
+        return self.items
+
+    def close(self) -> None:
+        try:
+            if self.on_close is not None:
+                self.on_close()
+            elif hasattr(self.items, "close"):
+                self.items.close()  # a prefetch generator: stops its thread
+        finally:
+            if self.remove_scratch is not None:
+                self.remove_scratch()
+
+
+class _ReadAhead:
+    """Files parsed in a thread, on a cursor of their own, ahead of the writer and across file
+    boundaries (:meth:`_Loader.load`). Items come in file order: for each file ``deferred`` (it is
+    in the warehouse already: the writer skips it) or ``stop`` (it could not be read), else
+    ``start``, its ``batch``es and ``end`` (``stop`` if a batch could not be cut or parsed: the
+    exception is raised where the writer takes that batch). At most :data:`AHEAD_BATCHES` parsed
+    batches wait for the writer, as within one file; the markers do not count.
+    """
+
+    AHEAD_BATCHES = 2
+
+    def __init__(self, loader: _Loader, paths: list[Path]) -> None:
+        self.loader = loader
+        self.cursor = parser(loader.con)
+        self.abandoned: set[Path] = set()  # files the writer stopped reading: cut no more of them
+        self.slots = threading.Semaphore(self.AHEAD_BATCHES)  # one taken per batch the writer has not taken
+        self.closed = False
+        self.items = prefetch(self._produce(paths), ahead=0)
+
+    def _known(self, path: Path, size: int) -> tuple[bool, str | None]:
+        """Whether ``path`` is in the warehouse already (files of its size are: its digest tells),
+        and the digest taken to tell."""
+        known = set(self.loader.known.get(size, ()))  # a copy: the writer adds to it meanwhile
+        if not known:
+            return False, None
+        digest = file_digest(path)
+        return bool(digest in known or digest_in(path, known - {digest})), digest
+
+    def _produce(self, paths: list[Path]) -> Iterator[tuple[str, Path, Any]]:
+        loader = self.loader
+        for path in paths:
+            size = _size(path)
+            try:
+                known, digest = self._known(path, size)
+                if known:
+                    yield "deferred", path, None
+                    continue
+                header, chunks = read_trace_ranges(path, loader.chunk_bytes_for(path))
+            except TraceqError as exc:
+                yield "stop", path, exc
+                continue
+            policy = OpsPolicy(header.leading)
+            scratch = ExitStack()
+            handed = False  # once the writer has the scratch directory, it removes it
+            try:
+                directory = scratch.enter_context(scratch_dir())
+                yield "start", path, (header, policy, scratch.close, digest)
+                handed = True
+                batches = batch_files(_counting(chunks, loader.notify, size), directory)
+                while True:
+                    self.slots.acquire()  # before the batch's files are written: they take room too
+                    files = None if self.closed or path in self.abandoned else next(batches, None)
+                    if files is None:
+                        self.slots.release()
+                        break
+                    used = policy.all_ops
+                    yield "batch", path, (files, used, parse_batch(self.cursor, files, used))
+            except (NotNative, TraceqError) as exc:
+                yield "stop", path, exc
+                continue
+            finally:
+                if not handed:
+                    scratch.close()
+            yield "end", path, None
+
+    def _take(self, path: Path) -> tuple[str, Any]:
+        kind, item_path, value = next(self.items)
+        if kind == "batch":
+            self.slots.release()
+        if item_path != path:  # the writer takes files in the order they were given
+            raise RuntimeError(f"read-ahead out of order: {item_path} where {path} was expected")
+        return kind, value
+
+    def next_file(self, path: Path) -> _FileParse | None:
+        """``path``'s parse, or None where the writer reads the file itself."""
+        kind, value = self._take(path)
+        if kind == "deferred":
+            return None
+        if kind == "stop":
+            return _FileParse(None, None, None, iter(()), error=value)
+        header, policy, remove_scratch, digest = value
+        state = {"done": False}
+
+        def batches() -> Iterator[Batch]:
+            while not state["done"]:
+                kind, value = self._take(path)
+                if kind == "batch":
+                    yield value
+                else:
+                    state["done"] = True
+                    if kind == "stop":
+                        raise value
+
+        def drain() -> None:  # what is left of this file, when the writer stopped taking it early
+            if state["done"]:
+                return
+            self.abandoned.add(path)
+            try:
+                for files, _, _ in batches():
+                    remove(files)
+            except (NotNative, TraceqError):
+                pass  # the file is given up already
+
+        return _FileParse(header, policy, remove_scratch, batches(), on_close=drain, digest=digest)
+
+    def close(self) -> None:
+        self.closed = True
+        self.slots.release(self.AHEAD_BATCHES + 1)  # a reader waiting for a slot sees `closed`
+        try:
+            self.items.close()
+        finally:
+            self.cursor.close()
 
 
 def _leading_rank(header: TraceHeader) -> int | None:

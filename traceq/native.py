@@ -186,9 +186,10 @@ def remove(files: list[str]) -> None:
         os.unlink(name)
 
 
-def prefetch(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, produced one ahead in a thread (reading and cutting overlap DuckDB's parsing)."""
-    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+def prefetch(items: Iterator[Any], ahead: int = 1) -> Iterator[Any]:
+    """``items``, produced ``ahead`` items ahead in a thread (reading and cutting overlap DuckDB's
+    parsing); 0: no bound (the producer bounds itself)."""
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=ahead)
     stop = threading.Event()
 
     def produce() -> None:

@@ -1,0 +1,103 @@
+"""Several files in one ingest are parsed ahead, across file boundaries (traceq.ingest._ReadAhead):
+whatever happens to a file in the middle of the list, the warehouse ends up as if each file had been
+ingested on its own (one file per call reads without read-ahead)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import traceq.ingest as ingest
+import traceq.native as native
+from tests.test_native import TABLES, _rows
+from tests.tracegen import TraceBuilder
+from traceq.ingest import ingest_traces
+
+
+def _gpu_trace(rank: int, kernels: int) -> TraceBuilder:
+    b = TraceBuilder(rank=rank)
+    for n in range(3):
+        b.step(n, n * 1_000_000, n * 1_000_000 + 900_000)
+        for k in range(kernels):
+            start = n * 1_000_000 + k * 2_000
+            b.kernel(f"sgemm_{k % 3}", start + 500, start + 1_500, launch_ns=start)
+    return b
+
+
+def _files(tmp_path: Path) -> tuple[list[Path], dict[str, str]]:
+    """Trace files in a row, and what each must come to (status, and the message's start)."""
+    job = tmp_path / "job"
+    job.mkdir()
+    a = _gpu_trace(0, 40).write(job / "a.json")
+    (job / "b.json").write_text("{ this is not JSON")
+    text = _gpu_trace(2, 40).write(job / "c_full.json").read_text()
+    (job / "c_full.json").unlink()
+    (job / "c.json").write_text(text[: int(len(text) * 0.7)])  # ends inside the event array
+    odd = _gpu_trace(3, 10).document()
+    odd["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "late", "pid": 0, "tid": 7,
+                               "ts": 1712195495519689.047, "dur": 1, "args": {"correlation": 1}})
+    (job / "d.json").write_text(json.dumps(odd))
+    cpu = TraceBuilder(rank=4)  # CPU-only, with deviceProperties: read again with every CPU operator
+    cpu.step(1, 0, 100_000)
+    cpu.events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 100, "tid": 1,
+                       "ts": 10, "dur": 30, "args": {"External id": 1}})
+    (job / "e.json").write_text(json.dumps({"deviceProperties": [{"id": 0}], **cpu.document()}))  # before the events
+    (job / "a2.json").write_bytes(a.read_bytes())  # a's content, next in line: parsed ahead, then skipped
+    (job / "f.json").write_bytes(a.read_bytes())  # a's content, later: the reader sees it is known
+    _gpu_trace(1, 40).write(job / "g.json")
+    expect = {"a": "ingested", "a2": "skipped", "b": "failed", "c": "failed", "d": "ingested", "e": "ingested",
+              "f": "skipped", "g": "ingested"}
+    return sorted(job.glob("*.json")), expect
+
+
+def _outcome(files: list[ingest.FileResult]) -> dict[str, tuple[str, str]]:
+    return {Path(f.path).stem: (f.status, f.message) for f in files}
+
+
+def _scratch_left() -> list[str]:
+    base = native.scratch_base()
+    return [n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")]
+
+
+@pytest.mark.parametrize("one_chunk_per_batch", [False, True])
+def test_files_parsed_ahead_end_as_files_read_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_chunk_per_batch: bool
+) -> None:
+    paths, expect = _files(tmp_path)
+    parsed: list[str] = []  # which files the read-ahead thread parsed batches of
+
+    def recording_parse(con: object, files: list[str], all_ops: bool) -> object:
+        parsed.append(files[0])
+        return native.parse_batch(con, files, all_ops)
+
+    monkeypatch.setattr(ingest, "parse_batch", recording_parse)
+    if one_chunk_per_batch:  # several batches per file: a file is given up with batches still to come
+        monkeypatch.setattr(ingest, "batch_files", lambda chunks, directory: native.batch_files(chunks, directory, 1))
+    ahead, alone = tmp_path / "ahead.duckdb", tmp_path / "alone.duckdb"
+    kwargs = {"chunk_bytes": 4 << 10} if one_chunk_per_batch else {}
+    together = ingest_traces(paths, ahead, **kwargs)
+    one_by_one = [ingest_traces([p], alone, **kwargs).files[0] for p in paths]
+
+    got = _outcome(together.files)
+    assert {stem: status for stem, (status, _) in got.items()} == expect
+    assert got["d"][1].startswith("read by traceq.decode: values that DuckDB"), got["d"]
+    assert "ends inside the event array" in got["c"][1] and "not a Kineto trace" in got["b"][1], got
+    assert got == _outcome(one_by_one)
+    for table, query in TABLES.items():
+        assert _rows(ahead, query) == _rows(alone, query), table
+    assert _rows(ahead, TABLES["traces"]), "nothing was ingested"
+    assert _scratch_left() == []
+    assert len(parsed) > len(paths)  # parsed on the read-ahead thread and on the per-file reads
+
+    # again: every file is in the warehouse already (skipped) or fails as before; no rows change
+    again = _outcome(ingest_traces(paths, ahead, **kwargs).files)
+    assert {stem: status for stem, (status, _) in again.items()} == {
+        "a": "skipped", "a2": "skipped", "b": "failed", "c": "failed", "d": "skipped", "e": "skipped",
+        "f": "skipped", "g": "skipped",
+    }
+    for table, query in TABLES.items():
+        assert _rows(ahead, query) == _rows(alone, query), table
+    assert _scratch_left() == []
