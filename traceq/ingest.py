@@ -475,9 +475,13 @@ class _Loader:
             return
         with closing(_ReadAhead(self, paths)) as ahead:
             for path in paths:
-                parse = ahead.next_file(path)
                 try:
-                    yield self._load(path, parse)
+                    parse, digest = ahead.next_file(path)
+                except TraceqError as exc:  # it could not be opened or hashed
+                    yield FileResult(str(path), "failed", str(exc))
+                    continue
+                try:
+                    yield self._load(path, parse, digest)
                 finally:
                     if parse is not None:
                         parse.close()
@@ -489,19 +493,17 @@ class _Loader:
         self.notify("bytes", {"bytes": _size(path)})
         return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]})", run=known[0][1])
 
-    def _load(self, path: Path, parse: _FileParse | None = None) -> FileResult:
+    def _load(self, path: Path, parse: _FileParse | None = None, taken_digest: str | None = None) -> FileResult:
         """Ingest one file; ``parse``: its batches parsed ahead (:class:`_ReadAhead`), else it is
-        read here."""
+        read here; ``taken_digest``: its digest, where the reader took it already."""
         started = time.perf_counter()
         size = _size(path)
         digest: str | Future[str]
         try:
             known = self.known.get(size)
             if known:  # hashed before it is read: it may be in the warehouse already
-                digest = parse.digest if parse is not None and parse.digest else file_digest(path)
-                # a file ingested before BLAKE3 is known by its SHA-256
-                match = digest if digest in known else digest_in(path, known - {digest})
-                skipped = self._already(path, match or digest)
+                digest = taken_digest or file_digest(path)
+                skipped = self._already(path, _stored_digest(path, digest, known) or digest)
                 if skipped is not None:
                     return skipped
             else:
@@ -567,11 +569,11 @@ class _Loader:
         parse_start = time.perf_counter()
         trace_id = self._next_trace_id()
         with closing(parse or self._parse_file(path, size, all_ops)) as parsed:
-            header, policy = parsed.start()
+            header, policy = parsed.header, parsed.policy
             fill = _leading_rank(header)
             counts = _Counts()
             n_names = 0
-            for files, used, events in parsed.batches():
+            for files, used, events in parsed.batches:
                 if used != policy.all_ops:  # parsed before the batch that switched the policy
                     used = policy.all_ops
                     events = parse_batch(con, files, used)
@@ -591,12 +593,13 @@ class _Loader:
         directory = scratch.enter_context(scratch_dir())
         cursor = self._parse_cursor()
 
-        def parsed() -> Iterator[tuple[list[str], bool, Any]]:
+        def parsed() -> Iterator[Batch]:
             for files in batch_files(_counting(chunks, self.notify, size), directory):
                 used = policy.all_ops
                 yield files, used, parse_batch(cursor, files, used)
 
-        return _FileParse(header, policy, scratch.close, prefetch(parsed()))
+        ready = prefetch(parsed())
+        return _FileParse(header, policy, ready, stop=ready.close, remove_scratch=scratch.close)
 
     def _chunked(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
         """Decode ``path`` chunk by chunk with :mod:`traceq.decode` in this process."""
@@ -660,39 +663,29 @@ class _Loader:
 Batch = tuple[list[str], bool, Any]  # batch files, all_ops they were parsed with, the parsed rows
 
 
+@dataclass
 class _FileParse:
-    """One file's parsed batches for :meth:`_Loader._native`: its header and the policy its batches
-    are parsed under (:meth:`start`), then the batches in order (:meth:`batches`). :meth:`close`
-    drops the batches not taken and removes the file's scratch directory."""
+    """One file's parsed batches for :meth:`_Loader._native`, in order, with the file's header and
+    the policy they are parsed under. :meth:`close` stops the parsing (the batches not taken are
+    dropped) and removes the file's scratch directory."""
 
-    def __init__(
-        self, header: TraceHeader | None, policy: OpsPolicy | None, remove_scratch: Callable[[], Any] | None,
-        items: Iterator[Batch], error: BaseException | None = None, on_close: Callable[[], None] | None = None,
-        digest: str | None = None,
-    ) -> None:
-        self.header, self.policy, self.remove_scratch, self.items = header, policy, remove_scratch, items
-        self.error = error  # the file could not be read (raised by start, where a reading fails)
-        self.on_close = on_close
-        self.digest = digest  # taken by the reader when a file of this size is in the warehouse
-
-    def start(self) -> tuple[TraceHeader, OpsPolicy]:
-        if self.error is not None:
-            raise self.error
-        assert self.header is not None and self.policy is not None
-        return self.header, self.policy
-
-    def batches(self) -> Iterator[Batch]:
-        return self.items
+    header: TraceHeader
+    policy: OpsPolicy
+    batches: Iterator[Batch]
+    stop: Callable[[], None]
+    remove_scratch: Callable[[], Any]
 
     def close(self) -> None:
         try:
-            if self.on_close is not None:
-                self.on_close()
-            elif hasattr(self.items, "close"):
-                self.items.close()  # a prefetch generator: stops its thread
+            self.stop()
         finally:
-            if self.remove_scratch is not None:
-                self.remove_scratch()
+            self.remove_scratch()
+
+
+def _stored_digest(path: Path, digest: str, known: set[str]) -> str | None:
+    """The digest under which ``path`` (BLAKE3 ``digest``) is in the warehouse, if it is: a file
+    ingested before BLAKE3 is known by its SHA-256. ``known``: the digests of files of its size."""
+    return digest if digest in known else digest_in(path, known - {digest})
 
 
 class _ReadAhead:
@@ -721,7 +714,7 @@ class _ReadAhead:
         if not known:
             return False, None
         digest = file_digest(path)
-        return bool(digest in known or digest_in(path, known - {digest})), digest
+        return _stored_digest(path, digest, known) is not None, digest
 
     def _produce(self, paths: list[Path]) -> Iterator[tuple[str, Path, Any]]:
         loader = self.loader
@@ -730,7 +723,7 @@ class _ReadAhead:
             try:
                 known, digest = self._known(path, size)
                 if known:
-                    yield "deferred", path, None
+                    yield "deferred", path, digest
                     continue
                 header, chunks = read_trace_ranges(path, loader.chunk_bytes_for(path))
             except TraceqError as exc:
@@ -768,28 +761,30 @@ class _ReadAhead:
             raise RuntimeError(f"read-ahead out of order: {item_path} where {path} was expected")
         return kind, value
 
-    def next_file(self, path: Path) -> _FileParse | None:
-        """``path``'s parse, or None where the writer reads the file itself."""
+    def next_file(self, path: Path) -> tuple[_FileParse | None, str | None]:
+        """``path``'s parse (None where the writer skips the file, being in the warehouse) and its
+        digest where the reader took it. Raises the error that kept the reader from opening it."""
         kind, value = self._take(path)
         if kind == "deferred":
-            return None
+            return None, value
         if kind == "stop":
-            return _FileParse(None, None, None, iter(()), error=value)
+            raise value
         header, policy, remove_scratch, digest = value
-        state = {"done": False}
+        done = False
 
         def batches() -> Iterator[Batch]:
-            while not state["done"]:
+            nonlocal done
+            while not done:
                 kind, value = self._take(path)
                 if kind == "batch":
                     yield value
                 else:
-                    state["done"] = True
+                    done = True
                     if kind == "stop":
                         raise value
 
         def drain() -> None:  # what is left of this file, when the writer stopped taking it early
-            if state["done"]:
+            if done:
                 return
             self.abandoned.add(path)
             try:
@@ -798,7 +793,7 @@ class _ReadAhead:
             except (NotNative, TraceqError):
                 pass  # the file is given up already
 
-        return _FileParse(header, policy, remove_scratch, batches(), on_close=drain, digest=digest)
+        return _FileParse(header, policy, batches(), stop=drain, remove_scratch=remove_scratch), digest
 
     def close(self) -> None:
         self.closed = True
