@@ -110,15 +110,15 @@ print(json.dumps({"events": len(events), "kernels": n_kernels, "read_s": t1 - t0
 """
 
 
-# The parse-only limit of the engine traceq ingests with: the reader's chunks written as batch files
-# (traceq.native) and DuckDB's JSON reader (every core) reading the columns traceq reads, aggregated
-# instead of typed, filtered and written.
+# The parse-only limit of the engine traceq ingests with: the reader's chunks as the batch files traceq
+# parses (traceq.native: named pipes for an uncompressed trace) and DuckDB's JSON reader (every core)
+# reading the columns traceq reads, aggregated instead of typed, filtered and written.
 DUCKDB_PARSE_CHILD = r"""
 import json, sys, time
 from pathlib import Path
 import duckdb
-from traceq.native import batch_files, remove, scratch_dir
-from traceq.reader import read_trace
+from traceq.native import batch_files, scratch_dir
+from traceq.reader import read_trace_ranges
 
 ARGS = ('STRUCT("External id" VARCHAR, correlation VARCHAR, device VARCHAR, stream VARCHAR, rank VARCHAR, '
         '"Collective name" VARCHAR, "Process Group Name" VARCHAR, "Process Group Description" VARCHAR, '
@@ -131,10 +131,11 @@ con = duckdb.connect()
 events = 0
 t0 = time.perf_counter()
 with scratch_dir() as scratch:
-    header, chunks = read_trace(Path(sys.argv[1]), 8 << 20, verify=False)
+    header, chunks = read_trace_ranges(Path(sys.argv[1]), 8 << 20)
     for files in batch_files(chunks, scratch):
-        events += con.execute(QUERY, [files]).fetchall()[0][0]
-        remove(files)
+        with files.feeding():
+            events += con.execute(QUERY, [files.names]).fetchall()[0][0]
+        files.remove()
 print(json.dumps({"events": events, "seconds": time.perf_counter() - t0}))
 """
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,23 @@ def corpus_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     summary = ingest_traces(files, db)
     assert summary.ok, [f.message for f in summary.by_status("failed")]
     return db
+
+
+@pytest.fixture(scope="session")
+def long_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """(An uncompressed trace of a corpus trace's events repeated, its number of events), of about
+    three ingest batches: seconds of ingest on one core, long enough to stop in the middle. The reader
+    cuts a batch ahead of the parse, so the file offset it shows moves a batch at a time
+    (traceq.native.BATCH_BYTES)."""
+    from traceq.native import BATCH_BYTES
+
+    doc = json.loads(gzip.decompress(corpus_path("hta/trace_filter/sampled_rank-0.json.gz").read_bytes()))
+    events = json.dumps(doc["traceEvents"])[1:-1].encode()
+    copies = int(3.2 * BATCH_BYTES / len(events)) + 1
+    path = tmp_path_factory.mktemp("long") / "rank0.json"
+    with open(path, "wb") as f:
+        f.write(b'{"distributedInfo": {"rank": 0, "world_size": 2, "backend": "nccl"}, "traceEvents": [')
+        for n in range(copies):
+            f.write(b", " + events if n else events)
+        f.write(b"]}")
+    return path, len(doc["traceEvents"]) * copies

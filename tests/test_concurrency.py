@@ -4,8 +4,6 @@ warehouse.connect's wait_s) and then works, or fails with one clear line. No cor
 
 from __future__ import annotations
 
-import gzip
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,14 +24,9 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="
 SMALL = "hta/trace_filter/sampled_rank-1.json.gz"
 
 
-@pytest.fixture(scope="module")
-def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ~300 MB trace (a corpus trace's events repeated): a few seconds of ingest on one core."""
-    doc = json.loads(gzip.decompress(corpus_path("hta/trace_filter/sampled_rank-0.json.gz").read_bytes()))
-    events = json.dumps(doc["traceEvents"])[1:-1].encode()
-    path = tmp_path_factory.mktemp("long") / "rank0.json"
-    path.write_bytes(b'{"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": [' + b", ".join([events] * 170) + b"]}")
-    return path
+@pytest.fixture
+def trace(long_trace: tuple[Path, int]) -> Path:
+    return long_trace[0]
 
 
 @pytest.fixture
@@ -61,12 +54,12 @@ def _assert_complete(db: Path, n_traces: int) -> None:
     assert rows == (n_traces, n_traces) and orphans == (0,)
 
 
-def test_two_ingests_on_one_warehouse_both_complete(long_trace: Path, db: Path) -> None:
-    first = _start("ingest", long_trace, "--db", db, "--workers", "0", "-q")
-    wait_until_mid_file(first, long_trace)
+def test_two_ingests_on_one_warehouse_both_complete(trace: Path, db: Path) -> None:
+    first = _start("ingest", trace, "--db", db, "--workers", "0", "-q")
+    wait_until_mid_file(first, trace)
     # the second process also brings the first one's file: it must be skipped, not loaded twice
     other = small_trace(rank=1).write(db.parent / "other" / "rank1.json")
-    second = _start("ingest", corpus_path(SMALL), other, long_trace, "--db", db, "--workers", "0", "-q")
+    second = _start("ingest", corpus_path(SMALL), other, trace, "--db", db, "--workers", "0", "-q")
     assert first.poll() is None  # the second started while the first held the lock
     out1, err1 = first.communicate(timeout=120)
     out2, err2 = second.communicate(timeout=120)
@@ -77,16 +70,16 @@ def test_two_ingests_on_one_warehouse_both_complete(long_trace: Path, db: Path) 
     _assert_complete(db, 4)
 
 
-def test_report_while_an_ingest_runs_waits_and_sees_the_whole_file(long_trace: Path, db: Path) -> None:
-    ingest = _start("ingest", long_trace, "--db", db, "--workers", "0", "-q")
-    wait_until_mid_file(ingest, long_trace)
+def test_report_while_an_ingest_runs_waits_and_sees_the_whole_file(trace: Path, db: Path) -> None:
+    ingest = _start("ingest", trace, "--db", db, "--workers", "0", "-q")
+    wait_until_mid_file(ingest, trace)
     report = _start("report", "--db", db, "--by", "run,rank", "--window", "trace", "--format", "csv")
     assert ingest.poll() is None
     _, err = ingest.communicate(timeout=120)
     out, report_err = report.communicate(timeout=120)
     assert ingest.returncode == 0, err
     assert report.returncode == 0, report_err
-    assert long_trace.parent.name in out  # the ingested file's run is in the report: it waited for the commit
+    assert trace.parent.name in out  # the ingested file's run is in the report: it waited for the commit
     _assert_complete(db, 2)
 
 

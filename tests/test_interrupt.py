@@ -3,8 +3,6 @@ warehouse opens afterwards and running the same command again completes the file
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import signal
 import subprocess
@@ -15,30 +13,14 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import corpus_path
 from tests.test_bad_input import small_trace, table_counts
 from traceq.ingest import ingest_traces
 from traceq.native import STALE_SCRATCH_S, remove_stale_scratch, scratch_base
 from traceq.warehouse import connect
 
 TRACEQ = Path(sys.executable).with_name("traceq")
-REPLICAS = 170  # x 1.8 MB of JSON: about 300 MB, a few seconds to ingest on one core
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="needs Linux /proc to see the file offset")
-
-
-@pytest.fixture(scope="module")
-def big_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    """(a ~100 MB trace made of a corpus trace's events repeated, its number of events)."""
-    doc = json.loads(gzip.decompress(corpus_path("hta/trace_filter/sampled_rank-0.json.gz").read_bytes()))
-    n_events = len(doc["traceEvents"])
-    events = json.dumps(doc["traceEvents"])[1:-1].encode()
-    path = tmp_path_factory.mktemp("big") / "rank0.json"
-    with open(path, "wb") as f:
-        f.write(b'{"distributedInfo": {"rank": 0, "world_size": 2, "backend": "nccl"}, "traceEvents": [')
-        f.write(b", ".join([events] * REPLICAS))
-        f.write(b"]}")
-    return path, n_events * REPLICAS
 
 
 @pytest.fixture
@@ -108,8 +90,10 @@ def _assert_rerun_completes(trace: Path, n_events: int, db: Path, before: dict[s
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
-def test_interrupted_ingest_leaves_nothing_and_rerun_completes(sig: signal.Signals, big_trace, db: Path) -> None:
-    trace, n_events = big_trace
+def test_interrupted_ingest_leaves_nothing_and_rerun_completes(
+    sig: signal.Signals, long_trace: tuple[Path, int], db: Path
+) -> None:
+    trace, n_events = long_trace
     before = table_counts(db)
     proc = _ingest(trace, db, "--workers", "0")
     wait_until_mid_file(proc, trace)

@@ -257,8 +257,8 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_parsed_again(
     path = b.write(tmp_path / "job" / "trace.json")
     parses: dict[tuple[str, ...], list[bool]] = {}  # batch files -> all_ops of each parse
 
-    def recording_parse(con: object, files: list[str], all_ops: bool) -> object:
-        parses.setdefault(tuple(files), []).append(all_ops)
+    def recording_parse(con: object, files: native.BatchFiles, all_ops: bool) -> object:
+        parses.setdefault(tuple(files.names), []).append(all_ops)
         return native.parse_batch(con, files, all_ops)
 
     monkeypatch.setattr(ingest, "parse_batch", recording_parse)

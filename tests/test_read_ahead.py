@@ -69,8 +69,8 @@ def test_files_parsed_ahead_end_as_files_read_one_by_one(
     paths, expect = _files(tmp_path)
     parsed: list[str] = []  # which files the read-ahead thread parsed batches of
 
-    def recording_parse(con: object, files: list[str], all_ops: bool) -> object:
-        parsed.append(files[0])
+    def recording_parse(con: object, files: native.BatchFiles, all_ops: bool) -> object:
+        parsed.append(files.names[0])
         return native.parse_batch(con, files, all_ops)
 
     monkeypatch.setattr(ingest, "parse_batch", recording_parse)

@@ -36,7 +36,7 @@ import msgspec
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.kineto import OP_CATS, to_int
 from traceq.native import (
-    BatchCounts, NotNative, batch_files, count_batch, parse_batch, parser, prefetch, remove, scratch_dir,
+    BatchCounts, BatchFiles, NotNative, batch_files, count_batch, parse_batch, parser, prefetch, scratch_dir,
     write_batch,
 )
 from traceq.reader import FileRange, TraceHeader, digest_in, file_digest, read_trace, read_trace_ranges
@@ -55,9 +55,10 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # Chunks the reader cuts a file into (bytes of JSON); traceq.native parses several per statement.
 INGEST_CHUNK_BYTES = 8 << 20
 MIN_CHUNK_BYTES = 1 << 20
-# DuckDB's buffer pool while ingesting: room for one batch's parse on every thread (measured: 256
-# MB peaks at ~390 MB RSS on a 0.5 GB trace, ~430 MB on 1.5 GB); row groups go to the file as they fill.
-INGEST_MEMORY_LIMIT = "256MB"
+# DuckDB's buffer pool while ingesting: room for one batch's parse on every thread; row groups go to
+# the file as they fill. Measured with 192 MB batches: 384 MB peaks at ~470 MB RSS on a 0.5 GB trace
+# and ~500 MB on 1.5 GB; less makes DuckDB evict and fault its pages back in (BENCHMARKS.md).
+INGEST_MEMORY_LIMIT = "384MB"
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 # traceq.decode makes ~10 tracked objects per event, all alive until the chunk is converted: with the
 # default thresholds the cyclic GC scans them over and over (measured: msgspec decode 163 -> 273
@@ -577,9 +578,9 @@ class _Loader:
                 if used != policy.all_ops:  # parsed before the batch that switched the policy
                     used = policy.all_ops
                     events = parse_batch(con, files, used)
-                batch = count_batch(con, events)
+                batch = count_batch(con, events, files)
                 n_names += write_batch(con, events, trace_id, n_names, fill)
-                remove(files)
+                files.remove()
                 counts.add_batch(batch, used)
                 policy.saw(batch.gpu)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
@@ -660,7 +661,7 @@ class _Loader:
         return self.con.execute("select nextval('trace_ids')").fetchall()[0][0]
 
 
-Batch = tuple[list[str], bool, Any]  # batch files, all_ops they were parsed with, the parsed rows
+Batch = tuple[BatchFiles, bool, Any]  # batch files, all_ops they were parsed with, the parsed rows
 
 
 @dataclass
@@ -789,7 +790,7 @@ class _ReadAhead:
             self.abandoned.add(path)
             try:
                 for files, _, _ in batches():
-                    remove(files)
+                    files.remove()
             except (NotNative, TraceqError):
                 pass  # the file is given up already
 

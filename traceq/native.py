@@ -1,16 +1,16 @@
 """Parse event chunks with DuckDB's JSON reader, straight into the warehouse (the fast path).
 
 The reader (:mod:`traceq.reader`) cuts a trace's event array into chunks of whole events; here a
-batch of chunks is written as JSON array files to a scratch directory (in memory where ``/dev/shm``
-exists; chunks of an uncompressed file are copied by ``sendfile`` without passing through Python)
-and parsed by DuckDB on every core (``sql/read_events.sql``) into rows held in memory, then written as
-rows (``sql/load_events.sql``) while the next batch is parsed: no Python touches an event.
+batch of chunks becomes JSON array files that DuckDB parses on every core (``sql/read_events.sql``)
+into rows held in memory, then written as rows (``sql/load_events.sql``) while the next batch is
+parsed: no Python touches an event. A range of an uncompressed trace reaches DuckDB through a named
+pipe, filled by ``splice`` from the page cache while DuckDB reads it (no copy of the trace is
+made); decompressed bytes are written as scratch files (in memory where ``/dev/shm`` exists).
 Whatever that path would read differently from :mod:`traceq.decode` (an element that is not an
 object, args that are not an object, epoch microseconds with a fraction, ...) raises
 :class:`NotNative`, and ingest decodes the file with :mod:`traceq.decode` instead, which handles
 every case.
 """
-
 from __future__ import annotations
 
 import os
@@ -22,7 +22,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -33,9 +34,12 @@ from traceq.reader import FileRange
 from traceq.warehouse import execute_over, named_params, sql_text
 
 # Bytes of JSON parsed per statement: several files, so that DuckDB parses them on all its threads.
-# Measured on a 508 MB trace (2 cores): 48 MB batches 3.15 s, 96 MB 2.95 s, 192 MB 2.85 s in-process,
-# with peak RSS 320, 390 and 505 MiB; every batch costs CPU of its own, each costs memory.
-BATCH_BYTES = 96 << 20
+# Every batch costs CPU of its own, each costs memory. Measured on a 508 MB trace (2 cores), ingest
+# with pipes: 96 MB batches 2.11 s, 192 MB 2.00 s, peak RSS 336 and 466 MiB (BENCHMARKS.md). A batch
+# of scratch files (a compressed trace) holds half as much: its files take memory too until it is
+# written (in /dev/shm), where pipes take none.
+BATCH_BYTES = 192 << 20
+SCRATCH_BATCH_BYTES = BATCH_BYTES // 2
 # Traces of 2021 spell it "external id" on some events; one struct type cannot hold both spellings: a
 # batch file with events whose args lack "External id" is searched for the other (count_batch).
 _LOWERCASE_EXTERNAL_ID = b'"external id"'
@@ -84,7 +88,7 @@ def scratch_base() -> str:
     batches (containers often give it 64 MB), else the temp directory."""
     try:
         st = os.statvfs("/dev/shm")
-        if os.access("/dev/shm", os.W_OK) and st.f_bavail * st.f_frsize >= 4 * BATCH_BYTES:
+        if os.access("/dev/shm", os.W_OK) and st.f_bavail * st.f_frsize >= 4 * SCRATCH_BATCH_BYTES:
             return "/dev/shm"
     except OSError:
         pass
@@ -144,35 +148,107 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+@dataclass
+class BatchFiles:
+    """One batch of chunks as the JSON array files DuckDB parses (``names``).
+
+    A range of an uncompressed trace (:class:`FileRange`) is a named pipe, made and filled for each
+    parse while DuckDB reads it (:meth:`feeding`): the bytes go from the page cache into the pipe
+    (``splice``) without a scratch copy. Other chunks (decompressed bytes, the end of a file), and
+    every chunk where named pipes cannot be made, are scratch files, deleted by :meth:`remove`.
+    """
+
+    names: list[str] = field(default_factory=list)
+    largest: int = 0  # bytes of the largest file: no event is larger
+    ranges: dict[str, FileRange] = field(default_factory=dict)  # pipe name -> what it carries
+
+    def add(self, name: str, size: int, piece: FileRange | None = None) -> None:
+        self.names.append(name)
+        self.largest = max(self.largest, size)
+        if piece is not None:
+            self.ranges[name] = piece
+
+    def read(self, name: str) -> bytes:
+        """The JSON of file ``name``."""
+        piece = self.ranges.get(name)
+        if piece is None:
+            with open(name, "rb") as f:
+                return f.read()
+        with open(piece.path, "rb") as f:
+            return b"[" + os.pread(f.fileno(), piece.length, piece.offset) + b"]"
+
+    @contextmanager
+    def feeding(self) -> Iterator[None]:
+        """Make the pipes and fill each in a thread of its own, while the block parses them (a
+        pipe is read once: a batch parsed again gets new ones); then stop the threads and remove
+        the pipes, however far the parse read."""
+        if not self.ranges:
+            yield
+            return
+        feeders: list[tuple[str, threading.Thread]] = []
+        source = None
+        try:
+            source = os.open(next(iter(self.ranges.values())).path, os.O_RDONLY)
+            for name, piece in self.ranges.items():
+                os.mkfifo(name, 0o600)
+                thread = threading.Thread(target=_feed, args=(name, source, piece), name="traceq-pipe", daemon=True)
+                feeders.append((name, thread))
+                thread.start()
+        except BaseException as exc:
+            _stop_feeders(feeders, source)
+            if isinstance(exc, OSError):
+                where = os.path.dirname(self.names[0])
+                raise NotNative(f"cannot make named pipes in {where} ({exc.strerror or exc})") from None
+            raise
+        try:
+            yield
+        finally:
+            _stop_feeders(feeders, source)
+
+    def remove(self) -> None:
+        """Delete the scratch files (the pipes are gone once each parse is)."""
+        for name in self.names:
+            if name not in self.ranges:
+                os.unlink(name)
+
+
 def batch_files(
     chunks: Iterator[bytes | FileRange], directory: str, batch_bytes: int = BATCH_BYTES
-) -> Iterator[list[str]]:
-    """Write chunks (bytes, or ranges of the trace file) as JSON array files, yielding the files of
-    each batch of about ``batch_bytes`` (the consumer deletes them, :func:`remove`)."""
-    files: list[str] = []
-    size = 0
+) -> Iterator[BatchFiles]:
+    """The chunks (bytes, or ranges of the trace file) as the JSON array files of batches of about
+    ``batch_bytes``, half that in scratch files (the consumer deletes them, :meth:`BatchFiles.remove`)."""
+    pipes = _pipes_work(directory)
+    batch, size = BatchFiles(), 0
     for n, chunk in enumerate(chunks):
         name = os.path.join(directory, f"{n}.json")
-        try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, b"[")
-                if isinstance(chunk, FileRange):
-                    chunk.copy_to(fd)
-                else:
-                    _write_all(fd, chunk)
-                os.write(fd, b"]")
-            finally:
-                os.close(fd)
-        except OSError as exc:  # e.g. a full temp directory: traceq.decode needs no scratch files
-            raise NotNative(f"cannot write scratch files in {directory} ({exc.strerror or exc})") from None
-        files.append(name)
-        size += len(chunk)
+        if pipes and isinstance(chunk, FileRange):
+            batch.add(name, len(chunk) + 2, chunk)
+            size += len(chunk)
+        else:
+            _write_array(name, chunk, directory)
+            batch.add(name, len(chunk) + 2)
+            size += 2 * len(chunk)
         if size >= batch_bytes:
-            yield files
-            files, size = [], 0
-    if files:
-        yield files
+            yield batch
+            batch, size = BatchFiles(), 0
+    if batch.names:
+        yield batch
+
+
+def _write_array(name: str, chunk: bytes | FileRange, directory: str) -> None:
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"[")
+            if isinstance(chunk, FileRange):
+                chunk.copy_to(fd)
+            else:
+                _write_all(fd, chunk)
+            os.write(fd, b"]")
+        finally:
+            os.close(fd)
+    except OSError as exc:  # e.g. a full temp directory: traceq.decode needs no scratch files
+        raise NotNative(f"cannot write scratch files in {directory} ({exc.strerror or exc})") from None
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -181,9 +257,86 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def remove(files: list[str]) -> None:
-    for name in files:
+@cache
+def _pipes_work(directory: str) -> bool:
+    """Whether named pipes can be made in ``directory`` (not on Windows, nor on some network or FUSE
+    file systems); once per directory."""
+    if not hasattr(os, "mkfifo"):
+        return False
+    probe = os.path.join(directory, "probe.pipe")
+    try:
+        os.mkfifo(probe, 0o600)
+        os.unlink(probe)
+    except OSError:
+        return False
+    return True
+
+
+# Bytes a pipe holds (the default, 64 KiB, wakes DuckDB's reading thread 16 times as often); where the
+# system allows less, the pipe keeps its size.
+_PIPE_BYTES = 1 << 20
+
+
+def _feed(name: str, source: int, piece: FileRange) -> None:
+    """Write ``[``, the range of the trace open as ``source``, ``]`` into the pipe ``name`` (the
+    body of a feeder thread). Opening the pipe waits for its reader. A reader that stops early (DuckDB
+    at an error elsewhere) ends the thread; a trace that ends before the range leaves the array
+    unclosed, which DuckDB reports as malformed JSON (and the file goes to traceq.decode, which names
+    the truncation)."""
+    import fcntl  # not on Windows, which has no named pipes to feed (_pipes_work)
+
+    try:
+        fd = os.open(name, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        if hasattr(fcntl, "F_SETPIPE_SZ"):
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+            except OSError:
+                pass
+        os.write(fd, b"[")
+        offset, left = piece.offset, piece.length
+        while left:
+            sent = _splice(source, fd, left, offset)
+            if sent == 0:
+                return
+            offset += sent
+            left -= sent
+        os.write(fd, b"]")
+    except OSError:  # BrokenPipeError: the reader closed its end
+        pass
+    finally:
+        os.close(fd)
+
+
+def _splice(source: int, fd: int, count: int, offset: int) -> int:
+    if hasattr(os, "splice"):  # Linux: the pages go into the pipe without a copy through user space
+        return os.splice(source, fd, count, offset_src=offset)
+    data = os.pread(source, min(count, _PIPE_BYTES), offset)
+    _write_all(fd, data)
+    return len(data)
+
+
+def _stop_feeders(feeders: list[tuple[str, threading.Thread]], source: int | None) -> None:
+    """Wait for the feeder threads, reading out what the parse left in their pipes (a feeder whose
+    pipe DuckDB never opened, or stopped reading, is blocked until then), and remove the pipes."""
+    for name, thread in feeders:
+        if thread.is_alive():
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK)  # lets a feeder waiting to open the pipe go on
+            try:
+                while thread.is_alive():
+                    try:
+                        while os.read(fd, _PIPE_BYTES):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    thread.join(0.005)
+            finally:
+                os.close(fd)
         os.unlink(name)
+    if source is not None:
+        os.close(source)
 
 
 def prefetch(items: Iterator[Any], ahead: int = 1) -> Iterator[Any]:
@@ -235,7 +388,7 @@ def parser(con: Any) -> Any:
     return cursor
 
 
-def parse_batch(con: Any, files: list[str], all_ops: bool) -> Any:
+def parse_batch(con: Any, files: BatchFiles, all_ops: bool) -> Any:
     """Parse ``files`` (``sql/read_events.sql``) into a materialized relation, one row per event,
     that statements on ``con``'s connection read as ``_rows``. (Per 500 MB: 0.14 CPU s less than an
     Arrow table, which was 0.5 s less than a DuckDB temp table, and no pyarrow import.)
@@ -243,24 +396,25 @@ def parse_batch(con: Any, files: list[str], all_ops: bool) -> Any:
     Raises :class:`NotNative` when DuckDB cannot parse them.
     """
     (read,) = _statements("read_events.sql")
-    largest = max(os.path.getsize(f) for f in files)  # no event is larger than its file
-    params = {"files": files, "all_ops": all_ops, "op_cats": sorted(OP_CATS), "max_object_bytes": largest + 1}
+    params = {
+        "files": files.names, "all_ops": all_ops, "op_cats": sorted(OP_CATS), "max_object_bytes": files.largest + 1,
+    }
     try:
-        return con.sql(read, params=named_params(read, params)).materialize()
+        with files.feeding():
+            return con.sql(read, params=named_params(read, params)).materialize()
     except duckdb.Error as exc:
         raise NotNative(str(exc).splitlines()[0]) from None
 
 
-def count_batch(con: Any, events: Any) -> BatchCounts:
-    """What the parsed ``events`` hold.
+def count_batch(con: Any, events: Any, files: BatchFiles) -> BatchCounts:
+    """What the parsed ``events`` (of ``files``) hold.
 
     Raises :class:`NotNative` when a row needs :mod:`traceq.decode`.
     """
     counts = BatchCounts(*_run(con, _statements("load_events.sql")[0], {}, events)[0])
     for name in counts.unsure_files:
-        with open(name, "rb") as f:
-            if _LOWERCASE_EXTERNAL_ID in f.read():
-                raise NotNative('args with "external id" (2021 traces), which the JSON reader does not read')
+        if _LOWERCASE_EXTERNAL_ID in files.read(name):
+            raise NotNative('args with "external id" (2021 traces), which the JSON reader does not read')
     if counts.odd:
         raise NotNative("values that DuckDB's JSON reader would read differently (e.g. epoch microseconds with a fraction)")
     return counts

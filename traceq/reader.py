@@ -273,11 +273,13 @@ def _open_events(path: Path) -> tuple[BinaryIO, TraceHeader, bytes, bytes]:
 @dataclass(frozen=True)
 class FileRange:
     """Whole events as a byte range of an uncompressed trace file, copied without reading them into
-    Python (:meth:`copy_to`); valid while the iterator that yielded it has not moved on."""
+    Python (:meth:`copy_to`, through ``fd``: valid while the iterator that yielded it has not moved
+    on; later, the range can be read from ``path``)."""
 
     fd: int
     offset: int
     length: int
+    path: Path
 
     def __len__(self) -> int:
         return self.length
@@ -325,7 +327,7 @@ def _ranges(
                 pass
             if last is None:  # one event spans the window: cut the rest in memory
                 break
-            yield FileRange(fd, start, base + last.start() + 1 - start)
+            yield FileRange(fd, start, base + last.start() + 1 - start, path)
             start = base + last.end()
             stream.seek(start)
         yield from _chunks(stream, path, prefix, b"", header, chunk_bytes, verify=False, offset=start)
