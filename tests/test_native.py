@@ -262,7 +262,7 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_parsed_again(
         return native.parse_batch(con, files, all_ops)
 
     monkeypatch.setattr(ingest, "parse_batch", recording_parse)
-    monkeypatch.setattr(ingest, "batch_files", lambda chunks, directory: native.batch_files(chunks, directory, 1))
+    monkeypatch.setattr(ingest, "batch_files", lambda chunks, directory, **_: native.batch_files(chunks, directory, 1))
     native_db, decoded_db = tmp_path / "native.duckdb", tmp_path / "decode.duckdb"
     summary = ingest_traces([path], native_db, chunk_bytes=64 << 10)
     assert summary.ok and summary.files[0].message == ""

@@ -131,8 +131,11 @@ def test_a_batch_parsed_twice_gets_new_pipes_and_its_text_reads_back(tmp_path: P
     again = native.parse_batch(cursor, batch, all_ops=False)
     for rows in (first, again):
         assert rows.aggregate("count(*), count(distinct name)").fetchall() == [(500, 500)]
-    # the lower-case "external id" is looked for in the batch's text, read back from the trace
-    assert json.loads(batch.read(batch.names[0])) == events
+    # the lower-case "external id" is looked for in the batch's text, in the trace
+    assert batch.holds(batch.names[0], b'"external id"') and not batch.holds(batch.names[0], b'"External id"')
+    part = native.BatchFiles()  # a range that ends before the first "external id"
+    part.add(str(directory / "1.json"), 100, FileRange(-1, 0, path.read_bytes().index(b'"external id"'), path))
+    assert not part.holds(part.names[0], b'"external id"')
     with pytest.raises(native.NotNative, match="external id"):
         native.count_batch(con, first, batch)
     assert _feeders() == [] and os.listdir(directory) == []
@@ -148,3 +151,50 @@ def test_a_gzip_trace_is_written_as_scratch_files(tmp_path: Path, counted_feeds:
     assert summary.ok and summary.files[0].message == ""
     assert counted_feeds == []
     assert _rows(tmp_path / "w.duckdb", TABLES["gpu_events"])
+
+
+def _batch_sizes(tmp_path: Path, flags: list[bool]) -> list[int]:
+    """Chunks per batch of 40 ranges of 100 bytes, batches of 1000 bytes, with small() answering
+    ``flags`` in turn (then False)."""
+    answers = iter(flags)
+    ranges = (FileRange(-1, 100 * i, 100, tmp_path / "t.json") for i in range(40))
+    batches = native.batch_files(ranges, str(tmp_path), 1000, small=lambda: next(answers, False))
+    return [len(b.names) for b in batches]
+
+
+def test_batches_start_at_one_chunk_and_double_while_the_file_may_drop_its_cpu_operators(tmp_path: Path) -> None:
+    assert _batch_sizes(tmp_path, []) == [10, 10, 10, 10]  # decided from the start (deviceProperties)
+    assert _batch_sizes(tmp_path, [True, True, True]) == [1, 2, 4, 10, 10, 10, 3]  # GPU activity seen late
+    assert _batch_sizes(tmp_path, [True] * 99) == [1, 2, 4, 8, 10, 10, 5]  # CPU only: up to full batches
+
+
+def test_a_file_without_device_properties_reads_little_with_every_cpu_operator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kernels from the first chunk on, but no deviceProperties before the events: the file starts
+    with every CPU operator; the switch comes after the first one-chunk batch, so at most the batch
+    parsed ahead (two chunks) is parsed again."""
+    import traceq.ingest as ingest
+
+    b = _many_kernels(6000)
+    for i in range(6000):
+        b.events.insert(2 * i, {"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 7}", "pid": 100, "tid": 1,
+                                "ts": i * 10, "dur": 0.5, "args": {"External id": i}})
+    path = b.write(tmp_path / "job" / "trace.json")
+    assert b"deviceProperties" not in path.read_bytes()
+    parses: list[tuple[int, bool]] = []  # chunks, all_ops of each parse
+
+    def recording_parse(con: object, files: native.BatchFiles, all_ops: bool) -> object:
+        parses.append((len(files.names), all_ops))
+        return native.parse_batch(con, files, all_ops)
+
+    monkeypatch.setattr(ingest, "parse_batch", recording_parse)
+    db, decoded = tmp_path / "w.duckdb", tmp_path / "decoded.duckdb"
+    summary = ingest_traces([path], db, chunk_bytes=CHUNK)
+    assert summary.ok and summary.files[0].message == ""
+    assert parses[0] == (1, True)
+    assert sum(n for n, all_ops in parses if all_ops) <= 3, parses
+    assert sum(n for n, _ in parses) > 20  # the rest in full batches, once each
+    assert ingest_traces([path], decoded, native=False).ok
+    for table, query in TABLES.items():
+        assert _rows(db, query) == _rows(decoded, query), table

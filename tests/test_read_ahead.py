@@ -75,7 +75,7 @@ def test_files_parsed_ahead_end_as_files_read_one_by_one(
 
     monkeypatch.setattr(ingest, "parse_batch", recording_parse)
     if one_chunk_per_batch:  # several batches per file: a file is given up with batches still to come
-        monkeypatch.setattr(ingest, "batch_files", lambda chunks, directory: native.batch_files(chunks, directory, 1))
+        monkeypatch.setattr(ingest, "batch_files", lambda chunks, directory, **_: native.batch_files(chunks, directory, 1))
     ahead, alone = tmp_path / "ahead.duckdb", tmp_path / "alone.duckdb"
     kwargs = {"chunk_bytes": 4 << 10} if one_chunk_per_batch else {}
     together = ingest_traces(paths, ahead, **kwargs)

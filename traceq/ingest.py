@@ -320,6 +320,10 @@ class OpsPolicy:
         if gpu_rows and not self.fixed:
             self.all_ops = False
 
+    def undecided(self) -> bool:
+        """Whether the file may still switch to without CPU operators."""
+        return self.all_ops and not self.fixed
+
 
 class _NeedsOps(Exception):
     """A file decoded without CPU operators turned out to have no GPU activity: decode it again."""
@@ -595,7 +599,7 @@ class _Loader:
         cursor = self._parse_cursor()
 
         def parsed() -> Iterator[Batch]:
-            for files in batch_files(_counting(chunks, self.notify, size), directory):
+            for files in batch_files(_counting(chunks, self.notify, size), directory, small=policy.undecided):
                 used = policy.all_ops
                 yield files, used, parse_batch(cursor, files, used)
 
@@ -737,7 +741,7 @@ class _ReadAhead:
                 directory = scratch.enter_context(scratch_dir())
                 yield "start", path, (header, policy, scratch.close, digest)
                 handed = True
-                batches = batch_files(_counting(chunks, loader.notify, size), directory)
+                batches = batch_files(_counting(chunks, loader.notify, size), directory, small=policy.undecided)
                 while True:
                     self.slots.acquire()  # before the batch's files are written: they take room too
                     files = None if self.closed or path in self.abandoned else next(batches, None)
