@@ -21,8 +21,10 @@ last_gpu as (
     select rank, max(start_ns) as last_start_ns from gpu_events where trace_id = $trace_id group by all
 ),
 
-launches as (
-    select h.rank, h.start_ns, (gc.correlation is null and h.start_ns > coalesce(lg.last_start_ns, -1)) as missing_gpu_work
+-- only the launches that count: joining every launch to the step spans by time was 0.02 s of a
+-- 0.05 s statement on a 500 MB trace
+launches_without_gpu_work as (
+    select h.rank, h.start_ns
     from host_events as h
     inner join names as n on n.trace_id = h.trace_id and n.name_id = h.name_id
     left join gpu_correlations as gc on gc.rank = h.rank and gc.correlation = h.correlation
@@ -30,12 +32,14 @@ launches as (
     where h.trace_id = $trace_id
         and h.cat in ('cuda_runtime', 'Runtime', 'cuda_driver')
         and regexp_matches(n.name, '(?i)launchkernel|graphlaunch|launchcooperative|memcpyasync|memsetasync|moduleLaunch|cuLaunch')
+        and gc.correlation is null
+        and h.start_ns > coalesce(lg.last_start_ns, -1)
 ),
 
 cut as (
-    select s.rank, s.step, count(*) filter (where l.missing_gpu_work) as launches_without_gpu_work
+    select s.rank, s.step, count(l.rank) as launches_without_gpu_work
     from spans as s
-    left join launches as l on l.rank = s.rank and l.start_ns >= s.start_ns and l.start_ns < s.end_ns
+    left join launches_without_gpu_work as l on l.rank = s.rank and l.start_ns >= s.start_ns and l.start_ns < s.end_ns
     group by all
 ),
 
