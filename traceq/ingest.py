@@ -56,8 +56,8 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 INGEST_CHUNK_BYTES = 8 << 20
 MIN_CHUNK_BYTES = 1 << 20
 # DuckDB's buffer pool while ingesting: room for one batch's parse on every thread; row groups go to
-# the file as they fill. Measured with 192 MB batches: 384 MB peaks at ~470 MB RSS on a 0.5 GB trace
-# and ~500 MB on 1.5 GB; less makes DuckDB evict and fault its pages back in (BENCHMARKS.md).
+# the file as they fill. With 192 MB batches, 384 MB peaks at 443-469 MiB RSS on a 0.5 GB trace and
+# 488-529 MiB on 1.5 GB; 512 MB or 1 GB were 1-3 % faster, for up to 50 MiB more (BENCHMARKS.md).
 INGEST_MEMORY_LIMIT = "384MB"
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 # traceq.decode makes ~10 tracked objects per event, all alive until the chunk is converted: with the

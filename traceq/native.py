@@ -35,10 +35,10 @@ from traceq.reader import FileRange
 from traceq.warehouse import execute_over, named_params, sql_text
 
 # Bytes of JSON parsed per statement: several files, so that DuckDB parses them on all its threads.
-# Every batch costs CPU of its own, each costs memory. Measured on a 508 MB trace (2 cores), ingest
-# with pipes: 96 MB batches 2.11 s, 192 MB 2.00 s, peak RSS 336 and 466 MiB (BENCHMARKS.md). A batch
-# of scratch files (a compressed trace) holds half as much: its files take memory too until it is
-# written (in /dev/shm), where pipes take none.
+# Every batch costs CPU of its own, each costs memory. Measured on three 500 MB traces (2 cores):
+# 96 MB batches 1.60 / 2.08 / 2.21 s, 192 MB 1.51 / 2.06 / 2.04 s, peak RSS ~290-370 vs ~350-460 MiB
+# (BENCHMARKS.md). A batch of scratch files (a compressed trace) holds half as much: its files take
+# memory too until it is written (in /dev/shm), where pipes take none.
 BATCH_BYTES = 192 << 20
 SCRATCH_BATCH_BYTES = BATCH_BYTES // 2
 # Traces of 2021 spell it "external id" on some events; one struct type cannot hold both spellings: a
