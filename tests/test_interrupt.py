@@ -31,33 +31,39 @@ def db(tmp_path: Path) -> Path:
     return db
 
 
-def _offset(pid: int, path: Path) -> tuple[str, int] | None:
-    """(fd, read offset) of the process's open descriptor on ``path``, if it has one."""
+def _offsets(pid: int, path: Path) -> dict[str, int]:
+    """The read offset of each of the process's open descriptors on ``path``."""
+    offsets = {}
     try:
         for fd in os.listdir(f"/proc/{pid}/fd"):
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
-                with open(f"/proc/{pid}/fdinfo/{fd}") as info:
-                    return fd, next(int(line.split()[1]) for line in info if line.startswith("pos:"))
-    except (OSError, StopIteration):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                    with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                        offsets[fd] = next(int(line.split()[1]) for line in info if line.startswith("pos:"))
+            except (OSError, StopIteration):  # closed meanwhile
+                pass
+    except OSError:
         pass
-    return None
+    return offsets
 
 
 def wait_until_mid_file(proc: subprocess.Popen, path: Path, timeout_s: float = 60) -> None:
     """Return once ``proc`` is reading ``path`` slowly between 15% and 85% of it: decoding and inserting.
 
-    Hashing the file also reads it, but at disk speed: it is past the end or closed 0.2 s later.
+    The reader's descriptor shows how far it has cut the file (a batch ahead of the writer). Hashing
+    the file also reads it, but at disk speed: it is past the end or closed 0.2 s later; the pipes'
+    feeders read at explicit offsets, their descriptors stay at 0.
     """
     size = path.stat().st_size
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"the ingest finished (exit {proc.returncode}) before it could be interrupted")
-        first = _offset(proc.pid, path)
-        if first is not None and 0.15 * size < first[1] < 0.6 * size:
+        first = {fd: pos for fd, pos in _offsets(proc.pid, path).items() if 0.15 * size < pos < 0.6 * size}
+        if first:
             time.sleep(0.2)
-            second = _offset(proc.pid, path)
-            if second is not None and second[0] == first[0] and second[1] < 0.85 * size:
+            second = _offsets(proc.pid, path)
+            if any(fd in second and second[fd] < 0.85 * size for fd in first):
                 return
         time.sleep(0.01)
     pytest.fail("the ingest never got to the middle of the file")

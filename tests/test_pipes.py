@@ -62,7 +62,6 @@ def test_pipes_give_the_rows_of_scratch_files_and_of_decode(
     assert len(counted_feeds) > 20 and fed > 0.9 * path.stat().st_size  # nearly all of it went by pipe
 
     counted_feeds.clear()
-    native._pipes_work.cache_clear()
     monkeypatch.setattr(native, "_pipes_work", lambda directory: False)  # e.g. Windows, or a file system without them
     assert ingest_traces([path], files, chunk_bytes=CHUNK).ok
     assert counted_feeds == []
@@ -172,8 +171,9 @@ def test_a_file_without_device_properties_reads_little_with_every_cpu_operator(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Kernels from the first chunk on, but no deviceProperties before the events: the file starts
-    with every CPU operator; the switch comes after the first one-chunk batch, so at most the batch
-    parsed ahead (two chunks) is parsed again."""
+    with every CPU operator and switches once the first batch, of one chunk, is counted. By then the
+    reader may have parsed the next two batches (one waits for the writer, one is being parsed), of
+    two chunks and about four: those are parsed again, the rest is parsed once, in full batches."""
     import traceq.ingest as ingest
 
     b = _many_kernels(6000)
@@ -193,8 +193,8 @@ def test_a_file_without_device_properties_reads_little_with_every_cpu_operator(
     summary = ingest_traces([path], db, chunk_bytes=CHUNK)
     assert summary.ok and summary.files[0].message == ""
     assert parses[0] == (1, True)
-    assert sum(n for n, all_ops in parses if all_ops) <= 3, parses
-    assert sum(n for n, _ in parses) > 20  # the rest in full batches, once each
+    assert sum(n for n, all_ops in parses if all_ops) <= 1 + 2 + 5, parses
+    assert len(parses) <= 3 + 2 + 3 and sum(n for n, _ in parses) > 50, parses  # the rest in full batches, once
     assert ingest_traces([path], decoded, native=False).ok
     for table, query in TABLES.items():
         assert _rows(db, query) == _rows(decoded, query), table

@@ -583,10 +583,10 @@ class _Loader:
                     used = policy.all_ops
                     events = parse_batch(con, files, used)
                 batch = count_batch(con, events, files)
+                policy.saw(batch.gpu)  # before the writes: the reader cuts its next batch by it
                 n_names += write_batch(con, events, trace_id, n_names, fill)
                 files.remove()
                 counts.add_batch(batch, used)
-                policy.saw(batch.gpu)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
 
     def _parse_file(self, path: Path, size: int, all_ops: bool | None) -> _FileParse:

@@ -11,6 +11,7 @@ object, args that are not an object, epoch microseconds with a fraction, ...) ra
 :class:`NotNative`, and ingest decodes the file with :mod:`traceq.decode` instead, which handles
 every case.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -268,10 +269,9 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-@cache
 def _pipes_work(directory: str) -> bool:
     """Whether named pipes can be made in ``directory`` (not on Windows, nor on some network or FUSE
-    file systems); once per directory."""
+    file systems)."""
     if not hasattr(os, "mkfifo"):
         return False
     probe = os.path.join(directory, "probe.pipe")
