@@ -599,9 +599,8 @@ class _Loader:
         cursor = self._parse_cursor()
 
         def parsed() -> Iterator[Batch]:
-            for files in batch_files(_counting(chunks, self.notify, size), directory, small=policy.undecided):
-                used = policy.all_ops
-                yield files, used, parse_batch(cursor, files, used)
+            for files in _cut(chunks, self.notify, size, directory, policy):
+                yield _parsed(cursor, files, policy)
 
         ready = prefetch(parsed())
         return _FileParse(header, policy, ready, stop=ready.close, remove_scratch=scratch.close)
@@ -666,6 +665,21 @@ class _Loader:
 
 
 Batch = tuple[BatchFiles, bool, Any]  # batch files, all_ops they were parsed with, the parsed rows
+
+
+def _cut(
+    chunks: Iterator[bytes | FileRange], notify: Progress, size: int, directory: str, policy: OpsPolicy
+) -> Iterator[BatchFiles]:
+    """A file's ``chunks`` as batch files in ``directory``, counted for progress; small batches
+    while ``policy`` may still switch."""
+    return batch_files(_counting(chunks, notify, size), directory, small=policy.undecided)
+
+
+def _parsed(cursor: Any, files: BatchFiles, policy: OpsPolicy) -> Batch:
+    """``files`` parsed under ``policy`` as it is now: the writer may switch it meanwhile, and
+    parses a batch again where the two differ (:meth:`_Loader._native`)."""
+    used = policy.all_ops
+    return files, used, parse_batch(cursor, files, used)
 
 
 @dataclass
@@ -741,15 +755,14 @@ class _ReadAhead:
                 directory = scratch.enter_context(scratch_dir())
                 yield "start", path, (header, policy, scratch.close, digest)
                 handed = True
-                batches = batch_files(_counting(chunks, loader.notify, size), directory, small=policy.undecided)
+                batches = _cut(chunks, loader.notify, size, directory, policy)
                 while True:
                     self.slots.acquire()  # before the batch's files are written: they take room too
                     files = None if self.closed or path in self.abandoned else next(batches, None)
                     if files is None:
                         self.slots.release()
                         break
-                    used = policy.all_ops
-                    yield "batch", path, (files, used, parse_batch(self.cursor, files, used))
+                    yield "batch", path, _parsed(self.cursor, files, policy)
             except (NotNative, TraceqError) as exc:
                 yield "stop", path, exc
                 continue
