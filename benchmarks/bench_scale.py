@@ -148,10 +148,10 @@ def synthesize_run(db: str | Path, *, ranks: int, steps: int, run: str = "synthe
             insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, file_rank, world_size,
                 n_events, n_gpu_events, n_host_events, n_dropped)
             select $first + r, $run, 'synthetic/rank' || r, 'synthetic-' || $run || '-' || r, 0, 'distributedInfo', r,
-                $ranks, 0, 0, 0, 0
+                $ranks, 0, $steps * $kernels, 0, 0
             from range($ranks) as t(r)
             """,
-            {"first": first, "run": run, "ranks": ranks},
+            {"first": first, "run": run, "ranks": ranks, "steps": steps, "kernels": 2 * half},
         )
         con.execute(
             """
@@ -166,8 +166,8 @@ def synthesize_run(db: str | Path, *, ranks: int, steps: int, run: str = "synthe
         )
         con.execute(
             """
-            insert into steps (trace_id, rank, step, start_ns, end_ns, step_time_ns, launches_without_gpu_work)
-            select $first + r, r, s, s * 100000, s * 100000 + 100000, 100000, 0
+            insert into steps (trace_id, rank, step, start_ns, end_ns, step_time_ns, launches_without_gpu_work, source)
+            select $first + r, r, s, s * 100000, s * 100000 + 100000, 100000, 0, 'marker'
             from range($ranks) as t(r) cross join range(1, $steps + 1) as u(s)
             """,
             {"first": first, "ranks": ranks, "steps": steps},

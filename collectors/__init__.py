@@ -20,13 +20,12 @@ from traceq.collectors.collector import TraceCollector, import_torch
 from traceq.collectors.config import CollectorConfig
 from traceq.collectors.errors import CollectorConfigError, CollectorError
 from traceq.collectors.files import POWER_FILE, RUN_FILE, TRACE_CYCLE_FILE, TRACE_FILE
-from traceq.collectors.metadata import CLOCK_RULE, PEAK_TFLOPS, peak_tflops_for
+from traceq.collectors.metadata import CLOCK_RULE
 from traceq.collectors.model import count_non_embedding_params
 from traceq.collectors.power import PowerSampler
 
 __all__ = [
     "CLOCK_RULE",
-    "PEAK_TFLOPS",
     "POWER_FILE",
     "RUN_FILE",
     "TRACE_CYCLE_FILE",
@@ -38,5 +37,4 @@ __all__ = [
     "TraceCollector",
     "count_non_embedding_params",
     "import_torch",
-    "peak_tflops_for",
 ]

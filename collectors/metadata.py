@@ -12,8 +12,8 @@ One JSON object per rank (written at start with `"complete": false`, rewritten a
     tokens_per_step      global tokens per optimizer step (user-given), global_batch_size, micro_batch_size
     model, n_params_non_embedding, n_layers, n_heads, head_dim, seq_len, flops_per_step
     device               "cuda" | "cpu"; gpu_model (torch.cuda.get_device_name) or null
-    peak_tflops          dense BF16 peak of gpu_model (FP16 for V100) or user-given; peak_tflops_source
-                         "table" | "user" | null
+    peak_tflops          dense BF16 peak of one GPU if the user gave one (peak_tflops_source "user"), else
+                         null: reports take it from traceq's peak table for gpu_model
     torch_version, cuda_version, nccl_version, python_version
     warmup_steps         recorded steps that reports skip (study: 10)
     profiled_steps       recorded steps per cycle (= schedule.active; study: 60)
@@ -54,34 +54,9 @@ RUN_METADATA_VERSION = 1
 CLOCK_RULE = "wall_ns = trace_ts_ns + offset_ns; trace_ts_ns = ts_us * 1000"
 WALL_CLOCK = "time.time_ns(): CLOCK_REALTIME, ns since the Unix epoch (also the power log's wall_ns)"
 
-# Dense BF16 peak TFLOPS (V100: FP16, it has no BF16), DESIGN section 4. First match wins, so the
-# more specific names come first. Override with CollectorConfig.peak_tflops.
-PEAK_TFLOPS = (
-    ("H100 PCIe", 756.0),
-    ("GH200", 989.0),
-    ("H200", 989.0),
-    ("H100", 989.0),
-    ("A100", 312.0),
-    ("V100", 125.0),
-    ("B200", 2250.0),
-    ("MI300X", 1307.0),
-)
-
-
 def sample_clocks() -> dict[str, int]:
     """The three Python clocks read back to back, in ns."""
     return {"time_ns": time.time_ns(), "perf_counter_ns": time.perf_counter_ns(), "monotonic_ns": time.monotonic_ns()}
-
-
-def peak_tflops_for(gpu_model: str | None) -> float | None:
-    """Dense BF16 peak TFLOPS of a GPU named like torch.cuda.get_device_name(), or None if unknown."""
-    if not gpu_model:
-        return None
-    name = gpu_model.lower()
-    for key, tflops in PEAK_TFLOPS:
-        if key.lower() in name:
-            return tflops
-    return None
 
 
 def detect_rank(torch: Any) -> dict[str, Any]:
@@ -103,7 +78,7 @@ def detect_rank(torch: Any) -> dict[str, Any]:
 
 
 def describe_device(torch: Any, peak_override: float | None) -> dict[str, Any]:
-    """Device kind, GPU model, its peak TFLOPS and the torch / CUDA / NCCL versions."""
+    """Device kind, GPU model, the peak TFLOPS the user gave (else null) and the torch / CUDA / NCCL versions."""
     info: dict[str, Any] = {"device": "cpu", "gpu_model": None, "gpu_uuid": None}
     if torch.cuda.is_available():
         index = torch.cuda.current_device()
@@ -113,9 +88,9 @@ def describe_device(torch: Any, peak_override: float | None) -> dict[str, Any]:
             info["gpu_uuid"] = str(torch.cuda.get_device_properties(index).uuid)
         except Exception:
             pass
-    table = peak_tflops_for(info["gpu_model"])
-    info["peak_tflops"] = peak_override if peak_override is not None else table
-    info["peak_tflops_source"] = "user" if peak_override is not None else ("table" if table is not None else None)
+    # traceq's reports take the peak of gpu_model from their table (sql/gpu_peaks.csv), unless one is given
+    info["peak_tflops"] = peak_override
+    info["peak_tflops_source"] = "user" if peak_override is not None else None
     info["torch_version"] = str(torch.__version__)
     info["cuda_version"] = torch.version.cuda
     info["nccl_version"] = None

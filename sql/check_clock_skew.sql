@@ -1,3 +1,4 @@
+-- inputs: gpu_activity
 -- check_clock_skew: one row per (run, rank) whose clock differs from the run's reference rank (its
 -- lowest known rank) by more than $threshold_ns.
 -- Columns: run, path (the rank's trace), rank, check, severity, count (matched collectives), detail

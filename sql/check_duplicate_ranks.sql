@@ -1,23 +1,27 @@
--- check_duplicate_ranks: one row per (run, rank) that more than one trace claims.
+-- check_duplicate_ranks: one row per (run, rank) with steps that more than one trace holds (a rank
+-- collision). Ingest refuses such a file since traceq 0.2; a warehouse written before may hold them.
 -- Columns: run, path (null: several), rank, check, severity, count (traces), detail (their paths).
--- Usually the same trace stored twice with different bytes (e.g. .json and .json.gz) or unrelated
--- traces in one directory: every metric of that rank mixes both.
+-- Usually the same trace stored twice with different bytes (e.g. .json and .json.gz), or traces of two
+-- jobs in one run, or rankless traces that all got rank -1: every metric of that rank mixes them.
 with claims as (
-    select t.run, r.rank, t.path
-    from traces as t
-    inner join (
-        select distinct trace_id, rank from gpu_events
-        union
-        select distinct trace_id, rank from host_events
-    ) as r using (trace_id)
-    where r.rank >= 0
+    select t.run, s.rank, s.step, t.path
+    from steps as s
+    inner join traces as t using (trace_id)
 ),
 
-duplicates as (
-    select run, rank, count(distinct path) as n_traces, string_agg(distinct path, ', ' order by path) as paths
+shared as (
+    select run, rank, step
     from claims
     group by all
     having count(distinct path) > 1
+),
+
+duplicates as (
+    select c.run, c.rank, count(distinct c.path) as n_traces, count(distinct c.step) as n_steps,
+           string_agg(distinct c.path, ', ' order by c.path) as paths
+    from claims as c
+    semi join shared as s on s.run = c.run and s.rank = c.rank and s.step = c.step
+    group by all
 ),
 
 final as (
@@ -28,8 +32,9 @@ final as (
         'duplicate_rank' as "check",
         'warning' as severity,
         n_traces as count,
-        format('{} traces of run {} hold rank {}: {}; delete one or ingest them as separate runs (--run)',
-            n_traces, run, rank, paths) as detail
+        format('{} traces of run {} hold the same step(s) of rank {} ({} step(s)): {}; delete one, or ingest '
+            || 'them again into a new warehouse (each file then keeps a rank of its own, or use --run)',
+            n_traces, run, rank, n_steps, paths) as detail
     from duplicates
 )
 

@@ -6,7 +6,7 @@ with incomplete as (
         trace_id,
         rank,
         count(*) as n_steps,
-        string_agg(format('ProfilerStep#{} ({} launches without GPU work)', step, launches_without_gpu_work), ', '
+        string_agg(format('step {} ({} launches without device work)', step, launches_without_gpu_work), ', '
             order by step) as which
     from steps
     where launches_without_gpu_work > 0

@@ -1,12 +1,12 @@
 -- check_kernels_without_launch: one row per (trace, rank) with kernels that have no launch event.
 -- Columns: run, path, rank, check, severity, count (kernels whose correlation id matches no
--- cuda_runtime/cuda_driver event of the same rank), detail (share of all kernels).
--- Expected for graph replay and GPU-only traces; such kernels get their step from the device-side
--- step annotation or by time instead of by launch (DESIGN §3).
+-- runtime event ($runtime_cats) of the same rank), detail (share of all kernels).
+-- Expected for GPU-only traces and kernels launched before the profiler started; such kernels get their
+-- step from the device-side step annotation, or by time on ranks with neither (DESIGN §3).
 with launches as (
     select distinct trace_id, rank, correlation
     from host_events
-    where cat in ('cuda_runtime', 'Runtime', 'cuda_driver') and correlation is not null
+    where list_contains($runtime_cats, cat) and correlation is not null
 ),
 
 kernels as (
@@ -33,8 +33,8 @@ final as (
         'info' as severity,
         o.n_orphans as count,
         format(
-            '{} of {} kernels ({}%) have no launch event (graph replay or GPU-only trace); '
-            || 'their step comes from the device-side step annotation or by time',
+            '{} of {} kernels ({}%) have no launch event (launched before the profiler started, or a GPU-only '
+            || 'trace); their step comes from the device-side step annotation, else by time on ranks without launches',
             o.n_orphans, k.n_kernels, round(100 * o.n_orphans / k.n_kernels, 1)
         ) as detail
     from orphans as o

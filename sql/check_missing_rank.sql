@@ -1,12 +1,12 @@
--- check_missing_rank: one row per trace whose rank is unknown (traces.rank_source = 'unknown').
--- Columns: run, path, rank (-1), check, severity, count (events stored with rank -1), detail.
--- A warning when the run holds other traces (their GPUs cannot be told apart), else info.
+-- check_missing_rank: one row per trace whose rank is unknown (traces.rank_source = 'unknown'): ingest
+-- gave it a negative rank of its own in its run (-1, -2, ...), so it never merges with another trace.
+-- Columns: run, path, rank (the one given), check, severity (info), count (events stored under it), detail.
 with unknown as (
     select trace_id, count(*) as n_events
     from (
-        select trace_id from gpu_events where rank = -1
+        select trace_id from gpu_events where rank < 0
         union all
-        select trace_id from host_events where rank = -1
+        select trace_id from host_events where rank < 0
     )
     group by all
 ),
@@ -21,14 +21,13 @@ final as (
     select
         t.run,
         t.path,
-        -1 as rank,
+        coalesce(t.file_rank, -1) as rank,
         'missing_rank' as "check",
-        case when r.n_traces > 1 then 'warning' else 'info' end as severity,
+        'info' as severity,
         coalesce(u.n_events, 0) as count,
-        case when r.n_traces > 1 then format('no rank in distributedInfo, in event args or in the file name, and '
-            || 'run {} holds {} traces: their GPUs cannot be told apart; ', t.run, r.n_traces)
-            else 'no rank in distributedInfo, in event args or in the file name; '
-        end || 're-ingest with --rank N or name the file rank<N>.json.gz' as detail
+        format('no rank in distributedInfo, in event args or in the file name: stored as rank {} of run {} '
+            || '({} trace(s)), a rank of its own; re-ingest with --rank N or name the file rank<N>.json.gz to set it',
+            coalesce(t.file_rank, -1), t.run, r.n_traces) as detail
     from traces as t
     inner join traces_per_run as r using (run)
     left join unknown as u using (trace_id)

@@ -1,17 +1,13 @@
--- check_unattributed_kernels: one row per (trace, rank) with kernels outside every ProfilerStep.
--- Columns: run, path, rank, check, severity, count (kernels with gpu_events.step null), detail.
--- A rank without any ProfilerStep#N has no step metrics at all (warning: use --window trace);
--- otherwise kernels outside the profiled steps are normal but left out of step metrics (info).
-with steps_per_rank as (
-    select trace_id, rank, count(*) as n_steps
-    from steps
-    group by all
-),
-
-unattributed as (
-    select trace_id, rank, count(*) as n_kernels, count(*) filter (where step is null) as n_unattributed
-    from gpu_events
-    where kind = 1
+-- inputs: device_activity
+-- check_unattributed_kernels: one row per (trace, rank) with device events that no step launched (their
+-- launch lies outside every step's CPU span, e.g. before the profiler's first step, or they have no launch
+-- event and no device-side step annotation holds them).
+-- Columns: run, path, rank, check, severity (info), count (such events), detail.
+-- Step figures still count the part of them that lies inside a step's device window (DESIGN §3).
+with per_rank as (
+    select trace_id, rank, count(*) as n_events, count(*) filter (where step is null) as n_unattributed
+    from device_activity
+    where device >= 0
     group by all
 ),
 
@@ -19,24 +15,18 @@ final as (
     select
         t.run,
         t.path,
-        u.rank,
+        p.rank,
         'unattributed_kernels' as "check",
-        case when s.n_steps is null then 'warning' else 'info' end as severity,
-        u.n_unattributed as count,
-        case
-            when s.n_steps is null then format(
-                'no ProfilerStep#N annotation: none of the {} kernels belongs to a step, so step metrics are empty; '
-                || 'report with --window trace, or profile with a schedule and call prof.step()', u.n_kernels
-            )
-            else format(
-                '{} of {} kernels ({}%) fall outside every ProfilerStep and are left out of step metrics',
-                u.n_unattributed, u.n_kernels, round(100 * u.n_unattributed / u.n_kernels, 1)
-            )
-        end as detail
-    from unattributed as u
+        'info' as severity,
+        p.n_unattributed as count,
+        format(
+            '{} of {} device events ({}%) were launched by no step (e.g. before the profiler''s first step); '
+            || 'step figures count what of them lies inside a step''s window',
+            p.n_unattributed, p.n_events, round(100 * p.n_unattributed / p.n_events, 1)
+        ) as detail
+    from per_rank as p
     inner join traces as t using (trace_id)
-    left join steps_per_rank as s using (trace_id, rank)
-    where u.n_unattributed > 0
+    where p.n_unattributed > 0
 )
 
 select * from final

@@ -1,13 +1,23 @@
--- cpu_activity / cpu_activity_whole: the CPU-side activity of traces with no GPU events (training
--- on CPU with the gloo backend), shaped like gpu_classified for sql/interval_breakdown.sql (device -1).
+-- cpu_activity: one row per CPU span of the traces with no device events (training on CPU with the
+-- gloo backend), shaped like gpu_classified for sql/device_activity.sql (device -1, step null):
 --   comm:    gloo:* spans: the collective itself, run by a pt_gloo_runloop thread
---   compute: cpu_op spans on every other thread, except c10d::* ops, which only enqueue a collective
--- cpu_activity has one row per span and step it overlaps, clipped to the step's CPU span;
--- cpu_activity_whole has every span once, unclipped (step null), for --window trace.
+--   compute: operator spans ($op_cats) on every other thread, except c10d::* ops, which only enqueue a
+--            collective, and the step markers themselves ($step_marker)
 -- On CPU, "exposed" communication is gloo time during which no op runs on the other threads. A main
 -- thread that waits for a collective outside any op is idle; one that blocks inside an op looks busy.
-create or replace temp view cpu_activity_whole as
-with spans as (
+with cpu_traces as (
+    select trace_id, coalesce(step_marker, $step_marker) as step_marker from traces where n_gpu_events = 0
+),
+
+-- the step markers (matched on the trace's few distinct names, not on every span)
+marker_names as (
+    select n.trace_id, n.name_id
+    from names as n
+    inner join cpu_traces as t using (trace_id)
+    where regexp_matches(n.name, t.step_marker)
+),
+
+spans as (
     select
         h.trace_id,
         h.rank,
@@ -15,13 +25,12 @@ with spans as (
         h.start_ns,
         h.start_ns + h.dur_ns as end_ns,
         h.dur_ns,
-        case when n.name like 'gloo:%' then 'comm' else 'compute' end as class,
-        n.name
+        case when n.name like 'gloo:%' then 'comm' else 'compute' end as class
     from host_events as h
     inner join names as n on n.trace_id = h.trace_id and n.name_id = h.name_id
-    inner join traces as t on t.trace_id = h.trace_id and t.n_gpu_events = 0
-    where n.name like 'gloo:%'
-        or (h.cat in ('cpu_op', 'Operator') and n.name not like 'c10d::%' and n.name not like 'ProfilerStep#%')
+    semi join cpu_traces as t on t.trace_id = h.trace_id
+    anti join marker_names as m on m.trace_id = h.trace_id and m.name_id = h.name_id
+    where n.name like 'gloo:%' or (list_contains($op_cats, h.cat) and n.name not like 'c10d::%')
 ),
 
 comm_threads as (
@@ -35,21 +44,4 @@ final as (
         on s.class = 'compute' and c.trace_id = s.trace_id and c.rank = s.rank and c.tid = s.tid
 )
 
-select * from final;
-
-create or replace temp view cpu_activity as
-with clipped as (
-    select
-        a.trace_id,
-        a.rank,
-        a.device,
-        st.step,
-        greatest(a.start_ns, st.start_ns) as start_ns,
-        least(a.end_ns, st.end_ns) as end_ns,
-        a.class
-    from cpu_activity_whole as a
-    inner join steps as st
-        on st.trace_id = a.trace_id and st.rank = a.rank and a.start_ns < st.end_ns and st.start_ns < a.end_ns
-)
-
-select trace_id, rank, device, step, start_ns, end_ns, end_ns - start_ns as dur_ns, class from clipped;
+select * from final

@@ -1,67 +1,14 @@
--- gpu_classified: one row per GPU event (kernel, memcpy, memset) with its class, category and the
--- collective its rule names: all that interval metrics read (sql/interval_breakdown.sql; a report of
--- them skips the launch lookup below, 0.05 -> 0.01 s on the 500 MB trace).
--- gpu_activity: the same rows with each comm kernel's collective and process group.
--- Both are temporary views created on every connection, so changed rules apply to data already ingested.
--- class: comm | compute | memcpy | memset. A kernel is comm when it carries a "Collective name"
--- argument or its name matches a comm rule; collective type comes from the kernel's own argument,
--- else from the CPU record_param_comms op that launched it, else from the rule.
-create or replace temp view gpu_classified as
-with kernel_names as (
-    select distinct n.name
-    from names as n
-    semi join gpu_events as g on g.trace_id = n.trace_id and g.name_id = n.name_id and g.kind = 1
-),
-
-ranked_rules as (
-    select
-        k.name,
-        r.class,
-        r.category,
-        r.collective,
-        row_number() over (partition by k.name order by r.priority, r.source = 'builtin') as pick
-    from kernel_names as k
-    inner join kernel_rules as r on regexp_matches(k.name, r.pattern)
-),
-
-kernel_classes as (
-    select name, class, category, collective as rule_collective
-    from ranked_rules
-    where pick = 1
-),
-
-final as (
-    select
-        g.*,
-        n.name,
-        g.start_ns + g.dur_ns as end_ns,
-        case
-            when g.kind = 2 then 'memcpy'
-            when g.kind = 3 then 'memset'
-            when g.collective is not null or kc.class = 'comm' then 'comm'
-            else 'compute'
-        end as class,
-        case
-            when g.kind = 2 then 'memcpy'
-            when g.kind = 3 then 'memset'
-            else coalesce(kc.category, case when g.collective is not null then 'collective' else 'other' end)
-        end as category,
-        kc.rule_collective
-    from gpu_events as g
-    inner join names as n on n.trace_id = g.trace_id and n.name_id = g.name_id
-    left join kernel_classes as kc on kc.name = n.name
-)
-
-select * from final;
-
-create or replace temp view gpu_activity as
+-- inputs: gpu_classified
+-- gpu_activity: the rows of gpu_classified with each comm kernel's collective type and process group:
+-- from the kernel's own "Collective name" argument, else from the CPU record_param_comms op around its
+-- launch (runtime calls: $runtime_cats), else from the rule that made it comm.
 -- comm kernels without collective args: the record_param_comms op around their launch
 with comm_launches as (
     select e.trace_id, e.rank, e.correlation, min(h.start_ns) as launch_ns, any_value(h.tid) as tid
     from gpu_classified as e
     inner join host_events as h
         on h.trace_id = e.trace_id and h.rank = e.rank and h.correlation = e.correlation
-        and h.cat in ('cuda_runtime', 'Runtime', 'cuda_driver')
+        and list_contains($runtime_cats, h.cat)
     where e.class = 'comm' and e.collective is null
     group by all
 ),

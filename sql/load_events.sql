@@ -39,7 +39,7 @@ where e.kind > 0 and e.span and e.valid;
 insert into host_events (trace_id, rank, cat, name_id, pid, tid, start_ns, dur_ns, correlation, external_id, device,
     collective, pg_name, pg_desc, pg_ranks, group_size, in_nelems, out_nelems, dtype, seq)
 select $trace_id, coalesce(e.rank, $fill_rank), e.cat, n.name_id, e.pid, e.tid, e.start_ns, e.dur_ns, e.correlation,
-    e.external_id, case when e.device is null and e.cat = 'gpu_user_annotation' then e.pid else e.device end,
+    e.external_id, case when e.device is null and list_contains($device_annotation_cats, e.cat) then e.pid else e.device end,
     e.collective, e.pg_name, e.pg_desc, e.pg_ranks, e.group_size, e.in_nelems, e.out_nelems, e.dtype, e.seq
 from _rows as e
 inner join names as n on n.trace_id = $trace_id and n.name = e.name

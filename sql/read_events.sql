@@ -3,9 +3,11 @@
 -- sql/load_events.sql).
 -- Rows that become warehouse rows (`keep`) get the columns of traceq.decode's tables, with the name as
 -- text (sql/load_events.sql interns it), the others only count.
---   kind: 1 kernel, 2 memcpy, 3 memset, 0 other complete (X) event, null for any other phase
+--   kind: 1 kernel, 2 memcpy, 3 memset ($kernel_cats, $memcpy_cats, $memset_cats: sql/event_categories.csv),
+--     0 other complete (X) event, null for any other phase
 --   plain_op: a CPU operator that no GPU-trace metric reads (cat in $op_cats, no collective args,
---     not a ProfilerStep#N), kept only when $all_ops (CPU-only traces: they are the compute)
+--     not a step marker: $step_marker, $step_marker_prefix), kept only when $all_ops (CPU-only traces:
+--     they are the compute)
 --   valid: ts and dur are JSON numbers within +-2**62 ns and dur >= 0 (else the span is dropped and
 --     counted). The JSON reader is lenient where traceq is strict (a string "12.5" passes for a
 --     number), so ph, cat, name, ts and dur are read as JSON text and typed here.
@@ -37,9 +39,9 @@ classified as (
         *,
         case
             when ph is distinct from 'X' then null
-            when cat in ('kernel', 'Kernel') then 1
-            when cat in ('gpu_memcpy', 'Memcpy') then 2
-            when cat in ('gpu_memset', 'Memset') then 3
+            when list_contains($kernel_cats, cat) then 1
+            when list_contains($memcpy_cats, cat) then 2
+            when list_contains($memset_cats, cat) then 3
             else 0
         end as kind,
         ph = 'M' and name in ('process_name', 'thread_name', 'process_labels') and args is not null as meta
@@ -50,7 +52,7 @@ flagged as (
     select
         *,
         coalesce(kind = 0 and list_contains($op_cats, cat) and args."Collective name" is null
-            and not starts_with(name, 'ProfilerStep#'), false) as plain_op
+            and not (starts_with(name, $step_marker_prefix) and regexp_matches(name, $step_marker)), false) as plain_op
     from classified
 ),
 

@@ -1,19 +1,23 @@
 -- run_metadata: one row per run, its metadata (runs.metadata: the collector's run.json merged with
--- `traceq runs set` values) as typed columns. A temporary view, created before the metric queries.
+-- `traceq runs set` values) as typed columns.
 --   world_size          ranks: metadata, else distributedInfo world_size, else ranks seen in steps
---   nodes, gpus_per_node, tp, pp, cp, dp, model, seq_len (tokens), gpu (GPU model name)
+--   nodes, gpus_per_node, tp, pp, cp, dp, model, seq_len (tokens)
+--   gpu                 GPU model: metadata gpu_model, else the device name in the traces'
+--                       deviceProperties (the most common over the run's traces)
 --   tokens_per_step     global tokens per optimizer step (all ranks together)
 --   flops_per_token     model FLOPs per token: model_flops_per_token if set, else 6·N + 12·L·H·Q·T
 --                       (PaLM appendix B; N non-embedding params, L layers, H heads, Q head dim, T seq_len)
 --   flops_per_step      global model FLOPs per step: flops_per_step if set, else flops_per_token × tokens_per_step
 --   flops_source        flops_per_step | model_flops_per_token | 6N+12LHQT | null (unknown)
---   peak_tflops         peak dense BF16 TFLOP/s of one GPU; peak_source: table | user | null
+--   peak_tflops         peak dense BF16 TFLOP/s of one GPU: set by the user, else the peak table's row for
+--                       gpu ($gpu_peaks: sql/gpu_peaks.csv, first match), else what the collector wrote;
+--                       peak_source: user | table | collector | null; peak_gpu: the table's name for it
 --   warmup_steps        recorded steps that reports skip by default
-create or replace temp view run_metadata as
 with traced as (
     select
         t.run,
         max(t.world_size) as trace_world_size,
+        mode(t.gpu_model) as trace_gpu,
         (select count(distinct s.rank) from steps as s
          inner join traces as t2 using (trace_id) where t2.run = t.run and s.rank >= 0) as ranks_seen
     from traces as t
@@ -32,7 +36,7 @@ raw as (
         try_cast(json_extract_string(r.metadata, '$.dp') as bigint) as dp,
         json_extract_string(r.metadata, '$.model') as model,
         try_cast(json_extract_string(r.metadata, '$.seq_len') as bigint) as seq_len,
-        json_extract_string(r.metadata, '$.gpu_model') as gpu,
+        json_extract_string(r.metadata, '$.gpu_model') as meta_gpu,
         json_extract_string(r.metadata, '$.device') as device_kind,
         try_cast(json_extract_string(r.metadata, '$.tokens_per_step') as bigint) as tokens_per_step,
         try_cast(json_extract_string(r.metadata, '$.n_params_non_embedding') as double) as n_params,
@@ -41,8 +45,8 @@ raw as (
         try_cast(json_extract_string(r.metadata, '$.head_dim') as double) as head_dim,
         try_cast(json_extract_string(r.metadata, '$.model_flops_per_token') as double) as user_flops_per_token,
         try_cast(json_extract_string(r.metadata, '$.flops_per_step') as double) as user_flops_per_step,
-        try_cast(json_extract_string(r.metadata, '$.peak_tflops') as double) as peak_tflops,
-        json_extract_string(r.metadata, '$.peak_tflops_source') as peak_source,
+        try_cast(json_extract_string(r.metadata, '$.peak_tflops') as double) as meta_peak_tflops,
+        json_extract_string(r.metadata, '$.peak_tflops_source') as meta_peak_source,
         try_cast(json_extract_string(r.metadata, '$.warmup_steps') as bigint) as warmup_steps
     from runs as r
 ),
@@ -55,6 +59,27 @@ flops as (
             6 * n_params + 12 * n_layers * n_heads * head_dim * seq_len
         ) as flops_per_token
     from raw
+),
+
+peaks as (
+    select unnest($gpu_peaks, recursive := true)
+),
+
+with_gpu as (
+    select
+        f.*,
+        coalesce(f.meta_gpu, tr.trace_gpu) as gpu,
+        -- a peak without a source was set by hand (before sources were recorded)
+        f.meta_peak_tflops is not null and coalesce(f.meta_peak_source, 'user') = 'user' as peak_by_hand
+    from flops as f
+    left join traced as tr using (run)
+),
+
+table_peaks as (
+    select g.run, arg_min(p.peak_tflops, p.position) as peak_tflops, arg_min(p.gpu, p.position) as peak_gpu
+    from with_gpu as g
+    inner join peaks as p on regexp_matches(g.gpu, '(?i)' || p.pattern)
+    group by g.run
 ),
 
 final as (
@@ -79,11 +104,17 @@ final as (
             when f.user_flops_per_token is not null and f.tokens_per_step is not null then 'model_flops_per_token'
             when f.flops_per_token is not null and f.tokens_per_step is not null then '6N+12LHQT'
         end as flops_source,
-        f.peak_tflops,
-        case when f.peak_tflops is not null then coalesce(f.peak_source, 'user') end as peak_source,
+        case when f.peak_by_hand then f.meta_peak_tflops else coalesce(p.peak_tflops, f.meta_peak_tflops) end as peak_tflops,
+        case
+            when f.peak_by_hand then 'user'
+            when p.peak_tflops is not null then 'table'
+            when f.meta_peak_tflops is not null then 'collector'
+        end as peak_source,
+        case when not f.peak_by_hand then p.peak_gpu end as peak_gpu,
         f.warmup_steps
-    from flops as f
+    from with_gpu as f
     left join traced as tr using (run)
+    left join table_peaks as p using (run)
 )
 
 select * from final

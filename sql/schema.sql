@@ -1,6 +1,7 @@
 -- The traceq warehouse. Times are integer nanoseconds on the trace's own clock (Kineto ts x 1000);
 -- wall-clock ns = start_ns + traces.base_time_ns where the trace has baseTimeNanoseconds.
--- rank -1 means unknown (see traces.rank_source).
+-- A negative rank means unknown: a file that names no rank gets -1, -2, ... in its run, one of its own
+-- (see traces.rank_source).
 
 create sequence if not exists trace_ids start 1;
 
@@ -25,6 +26,9 @@ create table if not exists traces (
     display_time_unit varchar,
     trace_name varchar,
     header json,                       -- every top-level field except traceEvents
+    step_marker varchar,               -- regular expression its steps were read by (catalog.StepMarker)
+    devices json,                      -- deviceProperties as [{"id", "name"}] (every device the trace lists)
+    gpu_model varchar,                 -- name of the device(s) its activity ran on, from deviceProperties
     n_events bigint not null,          -- events read
     n_gpu_events bigint not null,
     n_host_events bigint not null,
@@ -60,8 +64,8 @@ create table if not exists gpu_events (
     out_nelems bigint,
     dtype varchar,
     seq bigint,
-    step bigint,                       -- ProfilerStep number, null when unattributed
-    step_source varchar                -- launch | device_annotation | time
+    step bigint,                       -- the step that launched it (DESIGN §3), null when none did
+    step_source varchar                -- launch | device_annotation | time | whole_trace
 );
 
 -- CPU-side spans: annotations (ProfilerStep#N), runtime/driver calls, GPU annotations, operators.
@@ -90,7 +94,8 @@ create table if not exists host_events (
     seq bigint
 );
 
--- ProfilerStep#N CPU spans per rank (sql/steps.sql).
+-- Step CPU spans per rank (sql/steps.sql): ProfilerStep#N, or the step marker given at ingest. A rank
+-- with no step marker has one step, -1, spanning its whole trace (source 'whole_trace').
 create table if not exists steps (
     trace_id integer not null,
     rank bigint,                       -- filled with the file rank (or -1) when the event has none
@@ -98,7 +103,8 @@ create table if not exists steps (
     start_ns bigint not null,
     end_ns bigint not null,
     step_time_ns bigint not null,
-    launches_without_gpu_work bigint not null  -- > 0: the trace was cut inside this step
+    launches_without_gpu_work bigint not null,  -- > 0: the trace was cut inside this step
+    source varchar                     -- marker | whole_trace
 );
 
 -- Process and thread names from metadata events (e.g. the pt_gloo_runloop thread).
@@ -115,7 +121,7 @@ create table if not exists trace_threads (
 create table if not exists kernel_rules (
     priority integer not null,
     pattern varchar not null,          -- RE2 regular expression matched against the kernel name
-    class varchar not null,            -- comm | compute
+    class varchar not null,            -- comm | compute | memcpy | sync (not activity)
     category varchar not null,
     collective varchar,                -- collective type implied by the name, if any
     source varchar not null            -- builtin | user
@@ -178,4 +184,10 @@ create table if not exists power_samples (
     step bigint,                       -- step in progress (power) or starting (energy)
     power_w double,
     energy_mj bigint                   -- cumulative counter, millijoules
+);
+
+-- Facts about the warehouse itself: schema_version (traceq.warehouse.SCHEMA_VERSION).
+create table if not exists warehouse_info (
+    key varchar primary key,
+    value varchar
 );

@@ -1,14 +1,15 @@
 -- selected_steps: the steps a report uses, one row per (trace_id, rank, step).
 -- Steps are numbered by their order within the trace and rank (ordinal 1, 2, ...).
 -- $skip_steps: leading steps to skip (warm-up); null = the run's warmup_steps metadata, else 0.
--- $step_min/$step_max: ProfilerStep numbers to keep (inclusive; null = no bound).
+-- $step_min/$step_max: step numbers to keep (inclusive; null = no bound).
 -- $drop_incomplete: drop a last step that the end of the trace cut ($drop_last drops the last always).
-create or replace temp table selected_steps as
+-- A rank without steps (its one window is the whole trace, step -1) is kept unless a step range is given.
 with ordered as (
     select
         s.trace_id,
         s.rank,
         s.step,
+        s.source,
         s.launches_without_gpu_work,
         row_number() over (partition by s.trace_id, s.rank order by s.step) as ordinal,
         count(*) over (partition by s.trace_id, s.rank) as n_steps,
@@ -19,13 +20,16 @@ with ordered as (
 ),
 
 final as (
-    select trace_id, rank, step, ordinal
+    select trace_id, rank, step, ordinal, source
     from ordered
-    where ordinal > skip
-        and ($step_min is null or step >= $step_min)
-        and ($step_max is null or step <= $step_max)
-        and not (ordinal = n_steps and $drop_last)
-        and not (ordinal = n_steps and $drop_incomplete and launches_without_gpu_work > 0)
+    where case
+        when source = 'whole_trace' then $step_min is null and $step_max is null
+        else ordinal > skip
+            and ($step_min is null or step >= $step_min)
+            and ($step_max is null or step <= $step_max)
+            and not (ordinal = n_steps and $drop_last)
+            and not (ordinal = n_steps and $drop_incomplete and launches_without_gpu_work > 0)
+    end
 )
 
 select * from final

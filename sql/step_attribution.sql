@@ -1,73 +1,119 @@
--- Assign every GPU event of one trace ($trace_id) to a step (DESIGN §3), in O(n log n):
--- 1. launch: the runtime event with the same (rank, correlation) lies inside the CPU ProfilerStep span;
--- 2. no launch event: the device-side ProfilerStep annotation (same rank and device) contains its start;
--- 3. else the CPU step span contains its start. Events matching none stay unattributed (step null).
-update gpu_events as g
-set step = a.step, step_source = a.step_source
-from (
-    with kernels as (
-        select rowid as rid, rank, device, start_ns, correlation
-        from gpu_events
-        where trace_id = $trace_id
-    ),
+-- step_attribution: the step that launched each device event of one trace ($trace_id), DESIGN §3; one row
+-- per attributed event: rid (gpu_events.rowid), step, step_source. In O(n log n) (ASOF joins):
+-- 1. launch: the runtime event with the same (rank, correlation) lies inside the step's CPU span;
+-- 2. no launch event: the device-side step annotation (same rank and device) contains its start;
+-- 3. neither, on a rank that has no launch event for any device event and no device-side step
+--    annotation (a GPU-only trace): the CPU step span contains its start. On other ranks such an event
+--    was launched by no step (e.g. before the profiler started) and is not attributed.
+-- A rank without any step marker has one step, -1, over its whole trace: every event belongs to it.
+-- Device annotations are numbered as sql/steps.sql numbers CPU spans ($step_marker, $step_marker_prefix).
+with events as (
+    select rowid as rid, rank, device, start_ns, correlation
+    from gpu_events
+    where trace_id = $trace_id
+),
 
-    launches as (
-        select rank, correlation, min(start_ns) as launch_ns
-        from host_events
-        where trace_id = $trace_id and cat in ('cuda_runtime', 'Runtime', 'cuda_driver') and correlation is not null
-        group by all
-    ),
+launches as (
+    select rank, correlation, min(start_ns) as launch_ns
+    from host_events
+    where trace_id = $trace_id and list_contains($runtime_cats, cat) and correlation is not null
+    group by all
+),
 
-    cpu_steps as (
-        select rank, step, start_ns, end_ns from steps where trace_id = $trace_id
-    ),
+cpu_steps as (
+    select rank, step, start_ns, end_ns, source from steps where trace_id = $trace_id
+),
 
-    device_steps as (
-        select h.rank, h.device, profiler_step(n.name) as step, min(h.start_ns) as start_ns,
-               max(h.start_ns + h.dur_ns) as end_ns
-        from host_events as h
-        inner join names as n on n.trace_id = h.trace_id and n.name_id = h.name_id
-        where h.trace_id = $trace_id and h.cat = 'gpu_user_annotation' and profiler_step(n.name) is not null
-        group by all
-    ),
+whole_trace_ranks as (
+    select distinct rank from cpu_steps where source = 'whole_trace'
+),
 
-    with_launch as (
-        select k.*, l.launch_ns
-        from kernels as k
-        left join launches as l on l.rank = k.rank and l.correlation = k.correlation
-    ),
+annotations as (
+    select
+        h.rank,
+        h.device,
+        try_cast(regexp_extract(n.name, $step_marker, 1) as bigint) as number,
+        h.start_ns,
+        h.start_ns + h.dur_ns as end_ns
+    from host_events as h
+    inner join names as n on n.trace_id = h.trace_id and n.name_id = h.name_id
+    where h.trace_id = $trace_id
+        and list_contains($device_annotation_cats, h.cat)
+        and starts_with(n.name, $step_marker_prefix)
+        and regexp_matches(n.name, $step_marker)
+),
 
-    by_launch as (
-        select w.rid, s.step
-        from with_launch as w
-        asof inner join cpu_steps as s on s.rank = w.rank and w.launch_ns >= s.start_ns
-        where w.launch_ns < s.end_ns
-    ),
-
-    by_device as (
-        select w.rid, d.step
-        from with_launch as w
-        asof inner join device_steps as d on d.rank = w.rank and d.device = w.device and w.start_ns >= d.start_ns
-        where w.launch_ns is null and w.start_ns < d.end_ns
-    ),
-
-    by_time as (
-        select w.rid, s.step
-        from with_launch as w
-        asof inner join cpu_steps as s on s.rank = w.rank and w.start_ns >= s.start_ns
-        where w.launch_ns is null and w.start_ns < s.end_ns
-    ),
-
-    -- by_launch holds kernels with a launch, the other two kernels without one: a kernel is in
-    -- by_launch, or in by_device, or in by_time alone
-    final as (
-        select rid, step, 'launch' as step_source from by_launch
-        union all
-        select rid, step, 'device_annotation' from by_device
-        union all
-        select t.rid, t.step, 'time' from by_time as t anti join by_device as d on d.rid = t.rid
+device_steps as (
+    select rank, device, step, min(start_ns) as start_ns, max(end_ns) as end_ns
+    from (
+        select
+            rank,
+            device,
+            case
+                when count(*) filter (where number is null) over (partition by rank, device) = 0 then number
+                else row_number() over (partition by rank, device order by start_ns, end_ns)
+            end as step,
+            start_ns,
+            end_ns
+        from annotations
     )
+    group by all
+),
 
-    select * from final
-) as a
-where g.rowid = a.rid and a.step is not null
+with_launch as (
+    select e.*, l.launch_ns
+    from events as e
+    left join launches as l on l.rank = e.rank and l.correlation = e.correlation
+    anti join whole_trace_ranks as w on w.rank = e.rank
+),
+
+-- ranks where time containment may decide: no device event has a launch, no device-side step annotation
+by_time_ranks as (
+    select distinct rank from with_launch
+    except
+    select distinct rank from with_launch where launch_ns is not null
+    except
+    select distinct rank from device_steps
+),
+
+by_launch as (
+    select w.rid, s.step
+    from with_launch as w
+    asof inner join cpu_steps as s on s.rank = w.rank and w.launch_ns >= s.start_ns
+    where w.launch_ns < s.end_ns
+),
+
+by_device as (
+    select w.rid, d.step
+    from with_launch as w
+    asof inner join device_steps as d on d.rank = w.rank and d.device = w.device and w.start_ns >= d.start_ns
+    where w.launch_ns is null and w.start_ns < d.end_ns
+),
+
+by_time as (
+    select w.rid, s.step
+    from with_launch as w
+    semi join by_time_ranks as r on r.rank = w.rank
+    asof inner join cpu_steps as s on s.rank = w.rank and w.start_ns >= s.start_ns
+    where w.start_ns < s.end_ns
+),
+
+whole_trace as (
+    select e.rid, -1 as step
+    from events as e
+    semi join whole_trace_ranks as w on w.rank = e.rank
+),
+
+-- by_launch holds events with a launch; by_device those without; by_time events of ranks with neither
+-- launches nor device annotations (so never one in by_device); whole_trace the rest of the ranks
+final as (
+    select rid, step, 'launch' as step_source from by_launch
+    union all
+    select rid, step, 'device_annotation' from by_device
+    union all
+    select rid, step, 'time' from by_time
+    union all
+    select rid, step, 'whole_trace' from whole_trace
+)
+
+select * from final

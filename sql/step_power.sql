@@ -1,6 +1,6 @@
+-- inputs: selected_steps
 -- step_power: one row per selected (trace_id, rank, step) with the NVML power and energy of the GPUs
--- in that rank's power log over the step's wall-clock window (step_windows: the ProfilerStep#N CPU span).
--- Expects temp table selected_steps. Creates temp table step_power.
+-- in that rank's power log over the step's wall-clock window (step_windows: the step's CPU span).
 --   power_source   nvml | unavailable (log says NVML was absent) | null (no power log)
 --   power_gpus     GPUs in the log (1 unless the collector sampled every GPU of the node)
 --   power_w        W, summed over those GPUs: time-weighted mean of the sampled power, each sample held
@@ -13,7 +13,6 @@
 --   window_s       s, length of the wall-clock window
 -- NVML power is a ~1 s moving average on A100/H100 (power_logs.note): steps much shorter than 1 s
 -- smear into each other; the energy counter is the better source for joules.
-create or replace temp table step_power as
 with windows as (
     select w.trace_id, w.rank, w.step, w.start_wall_ns, w.end_wall_ns
     from step_windows as w

@@ -146,9 +146,10 @@ def test_bad_files_among_good_ones_fail_alone_and_leave_no_scratch(db: Path, tmp
     files = {"a.json": data, "truncated.json": data[: len(data) // 2], "b.json": data + b"\n",
              "garbage_after.json": data + b"\x00garbage"}
     paths = []
-    for name, content in files.items():
-        (tmp_path / name).write_bytes(content)
-        paths.append(tmp_path / name)
+    for name, content in files.items():  # a run each: a and b hold the same steps of rank 0
+        (tmp_path / name.split(".")[0]).mkdir()
+        paths.append(tmp_path / name.split(".")[0] / name)
+        paths[-1].write_bytes(content)
     before = scratch()
     summary = ingest_traces(paths, db, chunk_bytes=256 << 10)
     assert [f.status for f in summary.files] == ["ingested", "failed", "ingested", "failed"]
@@ -254,7 +255,8 @@ def test_header_values_out_of_range_are_unknown(db: Path, tmp_path: Path) -> Non
         b'"distributedInfo": {"rank": "zero", "world_size": -1e999},'))
     code, out, err = ingest_cli(str(path), "--db", str(db), "--workers", "0")
     assert code == 0, err
-    assert "rank unknown" in out[0]
+    assert "rank -1," in out[0]
+    assert any("names no rank" in e and "stored as rank -1" in e for e in err)
     con = duckdb.connect(str(db), read_only=True)
     row = con.execute("select schema_version, base_time_ns, world_size, rank_source from traces where path = ?",
                       [str(path.resolve())]).fetchone()
@@ -302,17 +304,22 @@ def test_same_file_under_two_names_is_ingested_once(db: Path, tmp_path: Path) ->
     assert table_counts(db) == after
 
 
-def test_same_trace_stored_twice_with_other_bytes_is_reported_by_check(db: Path, tmp_path: Path) -> None:
+def test_same_trace_stored_twice_with_other_bytes_is_refused_in_one_line(db: Path, tmp_path: Path) -> None:
     run = tmp_path / "job"
     run.mkdir()
     (run / "rank0.json").write_bytes(_corpus_json())
     shutil.copy(corpus_path(GOOD), run / "rank0_copy.json.gz")
-    code, _, err = ingest_cli(str(run), "--db", str(db), "--workers", "0")
-    assert code == 0, err
+    before = table_counts(db)
+    code, out, err = ingest_cli(str(run), "--db", str(db), "--workers", "0")
+    assert code == 1
+    assert out[0].startswith(f"ingested {run / 'rank0.json'}")
+    (line,) = [e for e in err if e.startswith("failed")]
+    assert str(run / "rank0_copy.json.gz") in line and "run job already holds steps 551..552 of rank 0 from" in line
+    assert "--run NAME" in line
+    assert table_counts(db)["traces"] == before["traces"] + 1
     from traceq.check import check_warehouse
 
-    dup = check_warehouse(db).filter(check="duplicate_rank", run="job")
-    assert dup.select("rank", "count").rows() == [(0, 2)]
+    assert check_warehouse(db).filter(check="duplicate_rank", run="job").is_empty()
 
 
 def test_directory_mixing_good_and_bad_files(db: Path, tmp_path: Path) -> None:

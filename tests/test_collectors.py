@@ -24,7 +24,6 @@ from traceq.collectors import (
     PowerSampler,
     TraceCollector,
     count_non_embedding_params,
-    peak_tflops_for,
 )
 from traceq.collectors.power import MAX_ERRORS_PER_CALL
 
@@ -447,15 +446,6 @@ def test_gloo_job_power_log_is_unavailable_without_numbers(gloo_run, rank):
 
 
 # --------------------------------------------------------------------------- small helpers
-
-
-def test_peak_tflops_table():
-    assert peak_tflops_for("NVIDIA H100 80GB HBM3") == 989
-    assert peak_tflops_for("NVIDIA H100 PCIe") == 756
-    assert peak_tflops_for("NVIDIA A100-SXM4-80GB") == 312
-    assert peak_tflops_for("NVIDIA H200") == 989
-    assert peak_tflops_for("AMD Instinct MI300X") == 1307
-    assert peak_tflops_for("NVIDIA GeForce RTX 4090") is None and peak_tflops_for(None) is None
 
 
 def test_non_embedding_params_leave_out_embeddings_and_count_tied_weights_once():

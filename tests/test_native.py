@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import CORPUS
 from tests.tracegen import TraceBuilder
+from traceq.catalog import StepMarker
 from traceq.ingest import ingest_traces
 
 TABLES = {
@@ -257,9 +258,9 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_parsed_again(
     path = b.write(tmp_path / "job" / "trace.json")
     parses: dict[tuple[str, ...], list[bool]] = {}  # batch files -> all_ops of each parse
 
-    def recording_parse(con: object, files: native.BatchFiles, all_ops: bool) -> object:
+    def recording_parse(con: object, files: native.BatchFiles, all_ops: bool, marker: StepMarker) -> object:
         parses.setdefault(tuple(files.names), []).append(all_ops)
-        return native.parse_batch(con, files, all_ops)
+        return native.parse_batch(con, files, all_ops, marker)
 
     monkeypatch.setattr(ingest, "parse_batch", recording_parse)
     monkeypatch.setattr(ingest, "batch_files", lambda chunks, directory, **_: native.batch_files(chunks, directory, 1))

@@ -14,6 +14,7 @@ import duckdb
 import pytest
 
 import traceq.native as native
+from traceq.catalog import StepMarker
 from tests.test_native import TABLES, _many_kernels, _rows
 from traceq.ingest import ingest_traces
 from traceq.reader import FileRange
@@ -184,9 +185,9 @@ def test_a_file_without_device_properties_reads_little_with_every_cpu_operator(
     assert b"deviceProperties" not in path.read_bytes()
     parses: list[tuple[int, bool]] = []  # chunks, all_ops of each parse
 
-    def recording_parse(con: object, files: native.BatchFiles, all_ops: bool) -> object:
+    def recording_parse(con: object, files: native.BatchFiles, all_ops: bool, marker: StepMarker) -> object:
         parses.append((len(files.names), all_ops))
-        return native.parse_batch(con, files, all_ops)
+        return native.parse_batch(con, files, all_ops, marker)
 
     monkeypatch.setattr(ingest, "parse_batch", recording_parse)
     db, decoded = tmp_path / "w.duckdb", tmp_path / "decoded.duckdb"

@@ -185,7 +185,7 @@ def test_run_json_fills_run_metadata_and_user_settings_win(tmp_path: Path) -> No
     row = json.loads(runner.invoke(app, ["runs", "llama", "--format", "json", "--db", str(db)]).stdout)[0]
     assert row["tokens_per_step"] == 8000 and row["gpu"] == "H100 SXM"
     assert row["peak_tflops"] == 989.0 and row["peak_source"] == "table"
-    assert row["set_by_user"] == "gpu_model,peak_tflops,tokens_per_step"
+    assert row["set_by_user"] == "gpu_model,tokens_per_step"  # the peak comes from the table when reported
     runner.invoke(app, ["runs", "set", "llama", "--peak-tflops", "900", "--db", str(db)])
     runner.invoke(app, ["runs", "set", "llama", "--gpu", "A100", "--db", str(db)])  # a hand-set peak stays
     row = json.loads(runner.invoke(app, ["runs", "llama", "--format", "json", "--db", str(db)]).stdout)[0]
@@ -200,10 +200,17 @@ def test_runs_set_errors_are_one_line_with_the_fix(tmp_path: Path) -> None:
         (["runs", "set", "nope", "--tp", "2"], "no run 'nope'"),
         (["runs", "set", "job"], "nothing to set"),
         (["runs", "set", "job", "--tp", "0"], "must be positive"),
+        # a GPU the peak table does not know would leave MFU without a peak: not without --peak-tflops
+        (["runs", "set", "job", "--gpu", "Mystery Accelerator 9000"], "not in the peak table"),
     ]:
         result = runner.invoke(app, [*args, "--db", str(db)])
         assert result.exit_code == 1 and text in result.stderr, (args, result.output)
         assert len(result.stderr.strip().splitlines()) == 1
+    ok = runner.invoke(app, ["runs", "set", "job", "--gpu", "Mystery Accelerator 9000", "--peak-tflops", "100",
+                             "--db", str(db), "--format", "json"])
+    assert ok.exit_code == 0, ok.output
+    row = json.loads(ok.stdout)[0]
+    assert (row["gpu"], row["peak_tflops"], row["peak_source"]) == ("Mystery Accelerator 9000", 100.0, "user")
 
 
 def test_trace_without_base_time_uses_run_json_offset(tmp_path: Path) -> None:

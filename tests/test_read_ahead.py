@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import traceq.ingest as ingest
+from traceq.catalog import StepMarker
 import traceq.native as native
 from tests.test_native import TABLES, _rows
 from tests.tracegen import TraceBuilder
@@ -69,9 +70,9 @@ def test_files_parsed_ahead_end_as_files_read_one_by_one(
     paths, expect = _files(tmp_path)
     parsed: list[str] = []  # which files the read-ahead thread parsed batches of
 
-    def recording_parse(con: object, files: native.BatchFiles, all_ops: bool) -> object:
+    def recording_parse(con: object, files: native.BatchFiles, all_ops: bool, marker: StepMarker) -> object:
         parsed.append(files.names[0])
-        return native.parse_batch(con, files, all_ops)
+        return native.parse_batch(con, files, all_ops, marker)
 
     monkeypatch.setattr(ingest, "parse_batch", recording_parse)
     if one_chunk_per_batch:  # several batches per file: a file is given up with batches still to come

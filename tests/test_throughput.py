@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from tests.tracegen import TraceBuilder
 from traceq.cli import app
+from traceq.errors import ConfigError
 from traceq.ingest import ingest_traces
 from traceq.metrics import METRIC_NAMES, compute_metric, metric_report
 from traceq.run_metadata import set_run_metadata
@@ -69,7 +70,7 @@ def test_tflops_and_mfu_follow_the_flops_convention_and_the_peak(two_runs: Path)
     mfu, notes = metric_report(two_runs, "mfu", by=["run", "rank", "step"], runs=["job"])
     assert mfu["mfu"].to_list() == pytest.approx([0.246144, 0.123072, 0.246144, 0.061536])
     text = "\n".join(notes)
-    assert "6·N + 12·L·H·Q·T" in text and "H100 989" in text and "A100 312" in text
+    assert "6·N + 12·L·H·Q·T" in text and "H100 SXM 989" in text and "A100 312" in text
     assert f"run job: {FLOPS_PER_STEP:.4g} FLOPs/step (6N+12LHQT); peak 0.5 TFLOP/s (user)" in text
 
 
@@ -81,7 +82,7 @@ def test_user_flops_replace_the_convention(two_runs: Path) -> None:
     mfu, notes = metric_report(two_runs, "mfu", by=["run", "rank", "step"], runs=["job2"])
     # 1e6 x 4000 / 2 / 0.1 s = 2e10 FLOP/s = 0.02 TFLOP/s; / 312
     assert mfu["mfu"][0] == pytest.approx(0.02 / 312)
-    assert any("model_flops_per_token" in n and "312 TFLOP/s (table, NVIDIA A100" in n for n in notes)
+    assert any("model_flops_per_token" in n and "312 TFLOP/s (table, A100 for 'NVIDIA A100-SXM4-80GB')" in n for n in notes)
 
 
 def test_steps_then_ranks_then_runs(two_runs: Path) -> None:
@@ -113,7 +114,7 @@ def test_report_by_metadata_from_the_cli_and_bad_columns(two_runs: Path) -> None
                              "--db", str(two_runs)])
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)[0]["tokens_per_s"] == pytest.approx(16_875)
-    assert "steps used: run job: ProfilerStep 1..2" in ok.stderr
+    assert "steps used: run job: steps 1..2" in ok.stderr
     bad = runner.invoke(app, ["report", "--by", "colour", "--db", str(two_runs)])
     assert bad.exit_code == 1 and "unknown column(s) ['colour']" in bad.stderr
 
@@ -184,6 +185,8 @@ def test_steps_without_gpu_activity_still_get_throughput(tmp_path: Path) -> None
         from traceq.metrics import step_metrics
 
         row = step_metrics(con).row(0, named=True)
-    assert row["tokens_per_s"] == pytest.approx(2_000) and row["exposed_comm_us"] is None
-    _, notes = metric_report(db, "tokens_per_s", window="trace")
-    assert any("use --window steps" in n for n in notes)
+    # the step's CPU span is its window, and nothing ran in it
+    assert row["tokens_per_s"] == pytest.approx(2_000) and row["exposed_comm_us"] == 0
+    assert row["window_us"] == row["idle_us"] == 50_000
+    with pytest.raises(ConfigError, match="tokens_per_s is measured per step"):
+        metric_report(db, "tokens_per_s", window="trace")

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import polars as pl
 
-from traceq.warehouse import DEFAULT_DB, connect, named_params, sql_text, to_polars
+from traceq import query
+from traceq.metrics import query_params
+from traceq.warehouse import DEFAULT_DB, connect, to_polars
 
 # sql/check_<name>.sql, in report order: per-trace checks, then per-run checks.
 CHECKS = (
@@ -21,6 +23,10 @@ CHECKS = (
     "overlapping_kernels",
     "kernels_without_launch",
     "unattributed_kernels",
+    "no_steps",
+    "outside_steps",
+    "clamped_windows",
+    "comm_without_compute",
     "incomplete_steps",
     "missing_metadata",
     "duplicate_ranks",
@@ -51,13 +57,12 @@ def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = D
     not apply, -1 unknown), check, severity (warning | info), count (of the things found) and detail,
     warnings first. An empty frame means every check passed.
     """
-    params = {"threshold_ns": skew_threshold_us * 1000}
+    params = {"threshold_ns": skew_threshold_us * 1000, **query_params()}
     con = connect(db, read_only=True)
     try:
         frames = []
         for name in CHECKS:
-            query = sql_text(f"check_{name}.sql")
-            frame = to_polars(con.sql(query, params=named_params(query, params) or None))
+            frame = to_polars(query.run(con, f"check_{name}", params))
             frames.append(frame.select([pl.col(c).cast(t) for c, t in COLUMNS.items()]))
     finally:
         con.close()

@@ -54,21 +54,31 @@ def ingest(
     inputs: Annotated[list[str], typer.Argument(help="Trace files (.json, .json.gz), globs or directories.")],
     db: DbOption = Path(DEFAULT_DB),
     run: Annotated[Optional[str], typer.Option(help="Run name for every file (default: the parent directory's name).")] = None,
-    rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none (no distributedInfo, no per-event rank, none in the file name).")] = None,
+    rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none (no distributedInfo, no per-event rank, none in the file name); without it each such file gets a rank of its own: -1, -2, ...")] = None,
+    step_marker: Annotated[Optional[str], typer.Option(help="Regular expression naming the steps, for traces whose steps are not ProfilerStep#N, e.g. '^step\\[DECODE' or 'Optimizer.step#'. A group that captures an integer numbers the steps; else they are numbered 1, 2, ... in time order.")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Cores to parse on (default: all; 0 or 1 = one).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Load Kineto traces into the warehouse (one transaction per file; re-ingesting is a no-op).
 
-    Example:
+    Steps are the ProfilerStep#N spans unless --step-marker names others; a trace with no step is
+    reported over its whole timeline as one window. Each file's ranks belong to it alone: a file whose
+    run already holds a step of one of its ranks is refused (the same trace twice, or two jobs in one
+    run: use --run).
+
+    Examples:
 
       traceq ingest runs/llama-8n/*.json.gz --db runs.duckdb --run llama-8n
+
+      traceq ingest vllm_decode.json.gz --step-marker '^step\\[DECODE'
     """
     from traceq.ingest import ingest_traces
 
     try:
         summary = _with_progress(
-            lambda progress: ingest_traces(inputs, db, run=run, rank=rank, workers=workers, progress=progress),
+            lambda progress: ingest_traces(
+                inputs, db, run=run, rank=rank, workers=workers, progress=progress, step_marker=step_marker,
+            ),
             enabled=not quiet and sys.stderr.isatty(),
         )
     except TraceqError as exc:
@@ -76,8 +86,10 @@ def ingest(
         return
     for f in summary.files:
         if f.status == "ingested":
-            ranks = ",".join("unknown" if r == -1 else str(r) for r in f.ranks) or "none"
+            ranks = ",".join(str(r) for r in f.ranks) or "none"
             typer.echo(f"ingested {f.path}: run {f.run}, rank {ranks}, {f.events:,} events ({f.gpu_events:,} on GPU) in {f.seconds:.2f} s")
+            for note in f.notes:
+                typer.echo(f"note: {note}", err=True)
         elif f.status == "skipped":
             typer.echo(f"skipped {f.message}")
         else:
@@ -243,6 +255,7 @@ def runs(
     gpu: Annotated[Optional[str], typer.Option(help="Set: GPU model, e.g. 'H100 SXM'; sets the peak from the table unless --peak-tflops.")] = None,
     peak_tflops: Annotated[Optional[float], typer.Option(help="Set: peak dense BF16 TFLOP/s of one GPU (overrides the table).")] = None,
     warmup_steps: Annotated[Optional[int], typer.Option(help="Set: recorded steps that reports skip.")] = None,
+    traces: Annotated[bool, typer.Option("--traces", help="List the trace files instead: their run, ranks, steps, GPU and path.")] = False,
 ) -> None:
     """List the runs in the warehouse with their metadata, or set metadata of one run.
 
@@ -253,9 +266,11 @@ def runs(
 
       traceq runs --db runs.duckdb
 
+      traceq runs --traces --db runs.duckdb
+
       traceq runs set llama-8n --world-size 8 --tp 2 --tokens-per-step 4194304 --gpu H100 --db runs.duckdb
     """
-    from traceq.run_metadata import list_runs, set_run_metadata
+    from traceq.run_metadata import list_runs, list_traces, set_run_metadata
 
     words = list(target or [])
     setting = bool(words) and words[0] == "set"
@@ -282,7 +297,7 @@ def runs(
                 return
             set_run_metadata(db, words[0], given)
             typer.echo(f"set {', '.join(sorted(given))} of run {words[0]}", err=True)
-        frame = list_runs(db)
+        frame = list_traces(db) if traces else list_runs(db)
     except TraceqError as exc:
         _fail(str(exc))
         return

@@ -14,6 +14,8 @@ decoded again with exact decimal arithmetic.
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Union
@@ -22,7 +24,8 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from traceq.kineto import OP_CATS, to_int  # noqa: F401 (re-exported)
+from traceq.catalog import StepMarker, event_categories
+from traceq.kineto import to_int  # noqa: F401 (re-exported)
 
 # Largest |ts| in microseconds for which float64 -> integer ns rounding is exact (ULP/2 < 0.5 ns).
 _FLOAT_EXACT_LIMIT_US = float(2**43)
@@ -68,8 +71,9 @@ _EXACT = msgspec.json.Decoder(list[Event], float_hook=Decimal)
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _ANY_EXACT = msgspec.json.Decoder(float_hook=Decimal)
 
-GPU_KINDS = {"kernel": 1, "Kernel": 1, "gpu_memcpy": 2, "Memcpy": 2, "gpu_memset": 3, "Memset": 3}
-RUNTIME_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
+GPU_KINDS = event_categories().gpu_kinds()
+OP_CATS = frozenset(event_categories().cats("operator"))
+DEVICE_ANNOTATION_CATS = frozenset(event_categories().cats("device_annotation"))
 
 # Collective args (args["Collective name"] etc.), the same columns in gpu_events and host_events.
 _COLLECTIVE_COLUMNS = [
@@ -209,7 +213,7 @@ def _decode_typed(data: bytes, exact: bool) -> tuple[list[Event], int, bool]:
     return events, len(items) - len(events), True
 
 
-def decode_chunk(chunk: bytes, all_ops: bool = True) -> ChunkTables:
+def decode_chunk(chunk: bytes, all_ops: bool = True, marker: StepMarker = StepMarker()) -> ChunkTables:
     """Decode ``chunk`` (whole events joined by commas, without the enclosing brackets).
 
     The reader has checked the JSON syntax; values of the wrong type never raise here: an element
@@ -219,20 +223,20 @@ def decode_chunk(chunk: bytes, all_ops: bool = True) -> ChunkTables:
     """
     data = b"[" + chunk + b"]"
     events, left_out, exact = _decode_lenient(data)
-    tables = events_to_tables(events, all_ops)
+    tables = events_to_tables(events, all_ops, marker)
     if tables.inexact and not exact:  # epoch-microsecond times with a fraction: decode them exactly
         events, left_out, _ = _decode_lenient(data, exact=True)
-        tables = events_to_tables(events, all_ops)
+        tables = events_to_tables(events, all_ops, marker)
     tables.counts["events"] += left_out
     tables.counts["dropped"] += left_out
     return tables
 
 
-def events_to_tables(events: list[Event], all_ops: bool = True) -> ChunkTables:
+def events_to_tables(events: list[Event], all_ops: bool = True, marker: StepMarker = StepMarker()) -> ChunkTables:
     """Split decoded events into GPU activity, host spans and thread/process metadata tables.
 
     ``all_ops=False`` (traces with GPU activity) leaves out the CPU operators (``cpu_op``,
-    ``python_function``) that carry no collective arguments and are not a ``ProfilerStep#N``: the
+    ``python_function``) that carry no collective arguments and are not a step (``marker``): the
     metrics of a GPU trace read the runtime launches, annotations and ``record_param_comms`` only,
     and the operators are most of a trace's events. They are counted in ``counts["skipped_ops"]``.
     CPU-only traces need them (they are the compute, ``sql/cpu_activity.sql``).
@@ -244,6 +248,7 @@ def events_to_tables(events: list[Event], all_ops: bool = True) -> ChunkTables:
     meta_rows: list[Event] = []
     counts = {"events": len(events), "dropped": 0, "other": 0, "skipped_ops": 0}
     no_phase = 0
+    is_step = re.compile(marker.pattern).search
     for e in events:
         ph = e.ph
         if ph == "X":
@@ -252,7 +257,7 @@ def events_to_tables(events: list[Event], all_ops: bool = True) -> ChunkTables:
             if kind is not None:
                 gpu_rows.append(e)
                 gpu_kind.append(kind)
-            elif all_ops or not _is_plain_op(e):
+            elif all_ops or not _is_plain_op(e, is_step):
                 host_rows.append(e)
             else:
                 counts["skipped_ops"] += 1
@@ -274,12 +279,12 @@ def events_to_tables(events: list[Event], all_ops: bool = True) -> ChunkTables:
     )
 
 
-def _is_plain_op(e: Event) -> bool:
+def _is_plain_op(e: Event, is_step: Callable[[str], object]) -> bool:
     """A CPU operator that GPU-trace metrics do not read (see :func:`events_to_tables`)."""
     return (
         isinstance(e.cat, str) and e.cat in OP_CATS
         and (e.args is None or e.args.collective is None)
-        and not (isinstance(e.name, str) and e.name.startswith("ProfilerStep#"))
+        and not (isinstance(e.name, str) and is_step(e.name))
     )
 
 
@@ -392,7 +397,7 @@ def _host_devices(rows: list[Event]) -> list[int | None]:
     """args.device; for device-side annotations without it (ROCm), the trace viewer's pid."""
     out = _args_column(rows, "device", True)
     for i, e in enumerate(rows):
-        if out[i] is None and e.cat == "gpu_user_annotation":
+        if out[i] is None and isinstance(e.cat, str) and e.cat in DEVICE_ANNOTATION_CATS:
             out[i] = to_int(e.pid)
     return out
 

@@ -17,3 +17,8 @@ class WarehouseError(TraceqError):
 
 class ConfigError(TraceqError):
     """Bad options: an unknown metric, a bad step range, a bad rule file."""
+
+
+class EmptySelection(ConfigError):
+    """A report's selection leaves nothing to report: no such run, steps out of range, an empty
+    warehouse. The message says what exists."""

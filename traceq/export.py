@@ -162,7 +162,6 @@ def open_parquet(directory: str | Path, *, read_only: bool = True) -> duckdb.Duc
         kind = "table" if rows <= IN_MEMORY_ROWS else "view"
         con.execute(f"create {kind} {name} as {query}")
     con.execute(sql_text("macros.sql"))
-    con.execute(sql_text("gpu_activity.sql"))
     return con
 
 

@@ -31,17 +31,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import duckdb
 import msgspec
 
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
-from traceq.kineto import OP_CATS, to_int
+from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, event_categories
+from traceq.derive import device_properties, gpu_model_of, write_steps
+from traceq.kineto import to_int
 from traceq.native import (
     BatchCounts, BatchFiles, NotNative, batch_files, count_batch, parse_batch, parser, prefetch, scratch_dir,
     write_batch,
 )
 from traceq.reader import FileRange, TraceHeader, digest_in, file_digest, read_trace, read_trace_ranges
 from traceq.sidecar import load_side_files
-from traceq.warehouse import DEFAULT_DB, connect, execute_over, sql_text
+from traceq.warehouse import DEFAULT_DB, connect, execute_over, fetch_one, named_params, sql_text
 
 if TYPE_CHECKING:  # the decode path imports them when it runs: the fast path needs neither
     import numpy as np
@@ -82,6 +85,7 @@ class FileResult:
     events: int = 0
     gpu_events: int = 0
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what a user should know, e.g. a rank assigned
 
 
 @dataclass
@@ -133,6 +137,7 @@ def ingest_traces(
     chunk_bytes: int = INGEST_CHUNK_BYTES,
     progress: Progress | None = None,
     native: bool = True,
+    step_marker: str | None = None,
 ) -> IngestSummary:
     """Ingest trace files into the warehouse at ``db``.
 
@@ -146,10 +151,15 @@ def ingest_traces(
         progress: called as ``progress(event, info)`` for "start", "bytes", "file_read" and "done".
         native: parse with DuckDB where it reads a file the same (:mod:`traceq.native`); False
             decodes every file with :mod:`traceq.decode` (the reference the tests compare with).
+        step_marker: regular expression naming the steps (default ``ProfilerStep#N``), e.g.
+            ``^step\[DECODE`` (see :class:`traceq.catalog.StepMarker`).
 
     A file that fails leaves nothing behind; the others still ingest. Re-ingesting a file whose
-    content is already in the warehouse is a no-op reported as skipped.
+    content is already in the warehouse is a no-op reported as skipped. A file that names no rank
+    gets a rank of its own in its run (-1, -2, ...; noted in its result). A file is refused when its
+    run already holds a step of one of its ranks (the same trace twice, or two jobs in one run).
     """
+    marker = StepMarker.parse(step_marker)
     paths = expand_inputs(inputs)
     release_large_buffers()
     notify = progress or (lambda event, info: None)
@@ -161,7 +171,8 @@ def ingest_traces(
         # JSON on one thread within this memory limit
         con.execute("set preserve_insertion_order = false")
         con.execute(f"set threads = {max(1, (os.cpu_count() or 1) if workers is None else workers)}")
-        loader = _Loader(con, run, rank, chunk_bytes, notify, native)
+        check_marker(con, marker)
+        loader = _Loader(con, run, rank, chunk_bytes, notify, native, marker)
     except BaseException:
         con.close()
         raise
@@ -312,9 +323,10 @@ class OpsPolicy:
     without them and shows no GPU activity after all is decoded again with them (:class:`_NeedsOps`).
     """
 
-    def __init__(self, leading: dict[str, Any], all_ops: bool | None = None) -> None:
+    def __init__(self, leading: dict[str, Any], marker: StepMarker, all_ops: bool | None = None) -> None:
         self.all_ops = not leading.get("deviceProperties") if all_ops is None else all_ops
         self.fixed = all_ops is not None
+        self.marker = marker  # operators that are steps are always kept
 
     def saw(self, gpu_rows: int) -> None:
         if gpu_rows and not self.fixed:
@@ -363,6 +375,15 @@ def _rank_of(path: Path, fields: dict[str, Any], option_rank: int | None, counts
 # writing (main process only)
 
 
+def check_marker(con: Any, marker: StepMarker) -> None:
+    """ConfigError when DuckDB's regular expressions (RE2) cannot read ``marker``."""
+    try:
+        con.execute("select regexp_matches('', ?)", [marker.pattern])
+    except duckdb.Error as exc:
+        raise ConfigError(f"--step-marker {marker.pattern!r}: not a regular expression DuckDB reads (RE2): "
+                          f"{str(exc).splitlines()[0]}") from None
+
+
 def run_name_of(path: Path, run: str | None) -> str:
     """The run a file belongs to: ``run`` if given, else the name of the file's directory."""
     return run or path.resolve().parent.name or "default"
@@ -380,29 +401,33 @@ def _finish_trace(
     file_rank: int | None,
     rank_source: str,
     parse_seconds: float,
+    marker: StepMarker,
 ) -> FileResult:
     """Everything after the events are in: the traces row, steps, step attribution, side files."""
+    params = {"trace_id": trace_id, "run": run_name, **event_categories().sql_params(), **marker.sql_params()}
     if counts.gpu and counts.kept_ops:
-        counts.host -= _drop_plain_ops(con, trace_id)
+        counts.host -= _drop_plain_ops(con, params)
     dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
+    devices = device_properties(fields.get("deviceProperties"))
     con.execute("insert into runs (run) values (?) on conflict do nothing", [run_name])
     con.execute(
         """
         insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, file_rank, world_size,
-            backend, schema_version, base_time_ns, display_time_unit, trace_name, header, n_events, n_gpu_events,
-            n_host_events, n_dropped, parse_seconds)
-        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            backend, schema_version, base_time_ns, display_time_unit, trace_name, header, step_marker, devices,
+            gpu_model, n_events, n_gpu_events, n_host_events, n_dropped, parse_seconds)
+        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
         """,
         [
             trace_id, run_name, str(path.resolve()), digest, size, rank_source, file_rank,
             to_int(dist.get("world_size")), _text(dist.get("backend")), to_int(fields.get("schemaVersion")),
             to_int(fields.get("baseTimeNanoseconds")), _text(fields.get("displayTimeUnit")),
-            _text(fields.get("traceName")), msgspec.json.encode(_header_summary(fields)).decode(),
+            _text(fields.get("traceName")), msgspec.json.encode(_header_summary(fields)).decode(), marker.pattern,
+            msgspec.json.encode(devices).decode() if devices else None, gpu_model_of(con, trace_id, devices),
             counts.events, counts.gpu, counts.host, counts.dropped, parse_seconds,
         ],
     )
-    con.execute(sql_text("steps.sql"), {"trace_id": trace_id})
-    con.execute(sql_text("step_attribution.sql"), {"trace_id": trace_id})
+    write_steps(con, params)
+    _refuse_rank_collisions(con, path, params, rank_source)
     load_side_files(con, trace_id, path, run_name)
     ranks = [r for (r,) in con.execute(
         "select distinct rank from gpu_events where trace_id = ? union select distinct rank from host_events "
@@ -412,20 +437,66 @@ def _finish_trace(
     )
 
 
-def _drop_plain_ops(con: Any, trace_id: int) -> int:
+def _refuse_rank_collisions(con: Any, path: Path, params: dict[str, Any], rank_source: str) -> None:
+    """ConfigError when the run already holds a step of one of this trace's ranks: (run, rank, step)
+    comes from one file, so that no step is counted twice (the same trace as .json and .json.gz, or two
+    jobs in one run). Files of one rank with other steps (the collectors' profiling cycles) are fine."""
+    clash = fetch_one(
+        con,
+        """
+        select s.rank, any_value(t.path), count(*), min(s.step), max(s.step)
+        from steps as s
+        inner join traces as t on t.trace_id = s.trace_id
+        semi join steps as mine on mine.trace_id = $trace_id and mine.rank = s.rank and mine.step = s.step
+        where t.run = $run and s.trace_id <> $trace_id
+        group by s.rank
+        order by s.rank
+        limit 1
+        """,
+        {"trace_id": params["trace_id"], "run": params["run"]},
+    )
+    if clash is None:
+        return
+    rank, other, n, lo, hi = clash
+    held = "the whole timeline (no steps)" if lo == hi == WHOLE_TRACE_STEP else (
+        f"step {lo}" if n == 1 else f"steps {lo}..{hi}" if hi - lo + 1 == n else f"{n} steps in {lo}..{hi}")
+    fix = "ingest it under another run (--run NAME)"
+    if rank_source in ("option", "file name"):
+        fix += " or give it another rank (--rank N)"
+    raise ConfigError(
+        f"{path}: run {params['run']} already holds {held} of rank {rank} from {other}; "
+        f"the same trace twice, or traces of two jobs in one run? {fix[0].upper()}{fix[1:]}"
+    )
+
+
+def free_rank(con: Any, run: str) -> int:
+    """The rank for a file that names none: -1, -2, ... the first negative rank not held in ``run``."""
+    return fetch_one(
+        con,
+        "select least(coalesce(min(s.rank), 0), 0) - 1 from steps as s inner join traces as t using (trace_id) "
+        "where t.run = ? and s.rank < 0",
+        [run],
+    )[0]
+
+
+def _drop_plain_ops(con: Any, params: dict[str, Any]) -> int:
     """Delete the CPU operators read before :class:`OpsPolicy` switched (``sql/drop_plain_ops.sql``);
     returns how many."""
-    return con.execute(sql_text("drop_plain_ops.sql"), {"trace_id": trace_id, "op_cats": sorted(OP_CATS)}).fetchall()[0][0]
+    statement = sql_text("drop_plain_ops.sql")
+    return con.execute(statement, named_params(statement, params)).fetchall()[0][0]
 
 
 def ingest_in_process(
-    con: Any, path: Path, *, run: str | None = None, rank: int | None = None, chunk_bytes: int = INGEST_CHUNK_BYTES
+    con: Any, path: Path, *, run: str | None = None, rank: int | None = None, chunk_bytes: int = INGEST_CHUNK_BYTES,
+    step_marker: str | None = None,
 ) -> FileResult:
     """Ingest one file into the open warehouse ``con`` (one transaction).
 
     The trace id comes from the warehouse's ``trace_ids`` sequence.
     """
-    loader = _Loader(con, run, rank, chunk_bytes, lambda event, info: None)
+    marker = StepMarker.parse(step_marker)
+    check_marker(con, marker)
+    loader = _Loader(con, run, rank, chunk_bytes, lambda event, info: None, marker=marker)
     try:
         with few_collections():
             return next(loader.load([path]))
@@ -438,10 +509,12 @@ class _Loader:
     else decoded by :mod:`traceq.decode`."""
 
     def __init__(
-        self, con: Any, run: str | None, rank: int | None, chunk_bytes: int, notify: Progress, native: bool = True
+        self, con: Any, run: str | None, rank: int | None, chunk_bytes: int, notify: Progress, native: bool = True,
+        marker: StepMarker = StepMarker(),
     ) -> None:
         self.con = con
         self.native = native
+        self.marker = marker
         self.run = run
         self.rank = rank
         self.chunk_bytes = chunk_bytes
@@ -581,7 +654,7 @@ class _Loader:
             for files, used, events in parsed.batches:
                 if used != policy.all_ops:  # parsed before the batch that switched the policy
                     used = policy.all_ops
-                    events = parse_batch(con, files, used)
+                    events = parse_batch(con, files, used, policy.marker)
                 batch = count_batch(con, events, files)
                 policy.saw(batch.gpu)  # before the writes: the reader cuts its next batch by it
                 n_names += write_batch(con, events, trace_id, n_names, fill)
@@ -593,7 +666,7 @@ class _Loader:
         """The batches of ``path`` alone, each parsed (on a cursor, in a reader thread) while the one
         before is written."""
         header, chunks = read_trace_ranges(path, self.chunk_bytes_for(path))
-        policy = OpsPolicy(header.leading, all_ops)
+        policy = OpsPolicy(header.leading, self.marker, all_ops)
         scratch = ExitStack()
         directory = scratch.enter_context(scratch_dir())
         cursor = self._parse_cursor()
@@ -619,10 +692,10 @@ class _Loader:
         names = _Names()
         counts = _Counts()
         meta: list[pa.Table] = []
-        policy = OpsPolicy(header.leading, all_ops)
+        policy = OpsPolicy(header.leading, self.marker, all_ops)
         for c in _counting(chunks, self.notify, size):
             used = policy.all_ops
-            ct = decode_chunk(c, used)
+            ct = decode_chunk(c, used, policy.marker)
             policy.saw(ct.counts.get("gpu", 0))
             counts.add(ct, used)
             remap = names.remap(ct.names)
@@ -648,17 +721,25 @@ class _Loader:
             skipped = self._already(path, digest)
             if skipped is not None:
                 return skipped
+        run = run_name_of(path, self.run)
         file_rank, rank_source = _rank_of(path, header.fields, self.rank, counts)
+        notes = []
+        fill_rank = file_rank
+        if fill_rank is None and counts.rows_without_rank:  # a rank of its own: never shared by accident
+            fill_rank = free_rank(con, run)
+            if not counts.rows_with_rank:
+                file_rank = fill_rank
+                notes.append(f"{path} names no rank (no distributedInfo, event args or rank<N> in its name): "
+                             f"stored as rank {file_rank} of run {run}; set one with --rank N")
         if counts.rows_without_rank and fill is None:  # the header is complete only now
             for table in ("gpu_events", "host_events", "trace_threads"):
-                con.execute(
-                    f"update {table} set rank = ? where trace_id = ? and rank is null",
-                    [-1 if file_rank is None else file_rank, trace_id],
-                )
-        return _finish_trace(
-            con, path, trace_id, run_name_of(path, self.run), digest, size, header.fields, counts, file_rank,
-            rank_source, time.perf_counter() - parse_start,
+                con.execute(f"update {table} set rank = ? where trace_id = ? and rank is null", [fill_rank, trace_id])
+        result = _finish_trace(
+            con, path, trace_id, run, digest, size, header.fields, counts, file_rank, rank_source,
+            time.perf_counter() - parse_start, self.marker,
         )
+        result.notes.extend(notes)
+        return result
 
     def _next_trace_id(self) -> int:
         return self.con.execute("select nextval('trace_ids')").fetchall()[0][0]
@@ -679,7 +760,7 @@ def _parsed(cursor: Any, files: BatchFiles, policy: OpsPolicy) -> Batch:
     """``files`` parsed under ``policy`` as it is now: the writer may switch it meanwhile, and
     parses a batch again where the two differ (:meth:`_Loader._native`)."""
     used = policy.all_ops
-    return files, used, parse_batch(cursor, files, used)
+    return files, used, parse_batch(cursor, files, used, policy.marker)
 
 
 @dataclass
@@ -748,7 +829,7 @@ class _ReadAhead:
             except TraceqError as exc:
                 yield "stop", path, exc
                 continue
-            policy = OpsPolicy(header.leading)
+            policy = OpsPolicy(header.leading, loader.marker)
             scratch = ExitStack()
             handed = False  # once the writer has the scratch directory, it removes it
             try:

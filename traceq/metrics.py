@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from traceq.errors import ConfigError, WarehouseError
-from traceq.warehouse import DEFAULT_DB, connect, import_in_background, sql_text, to_polars
+from traceq import query
+from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, event_categories, gpu_peaks
+from traceq.errors import ConfigError, EmptySelection, WarehouseError
+from traceq.warehouse import DEFAULT_DB, connect, import_in_background, to_polars
 
 if TYPE_CHECKING:  # imported where used: a report imports it while DuckDB runs the first query
     import polars as pl
@@ -57,6 +59,9 @@ METRICS: tuple[Metric, ...] = (
            "|U(comm of process group g) − U(compute)| per process group; groups may overlap, so these can sum to more than exposed_comm_us"),
 )
 METRIC_NAMES = tuple(m.name for m in METRICS)
+# metrics over a step's CPU span (throughput, power): they have no whole-trace value
+PER_STEP_METRICS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
+                    "tokens_per_j")
 # `--metric exposed_comm` and `--metric exposed_comm_us` both work.
 _ALIASES = {m.name.removesuffix("_us").removesuffix("_ms"): m.name for m in METRICS}
 # Run metadata columns that can group a report (see sql/run_metadata.sql).
@@ -87,6 +92,7 @@ _NS_COLUMNS = {
 _THROUGHPUT_COLUMNS = (
     "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j", "tokens_per_j",
     "power_source", "power_gpus", "energy_source", "flops_per_step", "flops_source", "peak_tflops", "peak_source",
+    "peak_gpu",
 )
 @dataclass(frozen=True)
 class StepSelection:
@@ -104,6 +110,17 @@ class StepSelection:
     step_max: int | None = None
     drop_incomplete: bool = True
     drop_last: bool = False
+
+    def describe(self) -> str:
+        """The selection in words, e.g. 'steps 900..1000, warm-up: the run's warmup_steps'."""
+        parts = []
+        if self.step_min is not None or self.step_max is not None:
+            parts.append(f"steps {'' if self.step_min is None else self.step_min}..{'' if self.step_max is None else self.step_max}")
+        parts.append("warm-up: the run's warmup_steps, 0 if unset" if self.skip_steps is None
+                     else f"skipping the first {self.skip_steps} step(s)")
+        parts.append("dropping every last step" if self.drop_last
+                     else "dropping a cut last step" if self.drop_incomplete else "keeping the last step")
+        return ", ".join(parts)
 
     @classmethod
     def parse(cls, steps: str | None = None, skip_steps: int | None = None, drop_last: bool = False) -> StepSelection:
@@ -142,24 +159,36 @@ def resolve_metric(name: str) -> str:
 
 
 
-def select_steps(con: duckdb.DuckDBPyConnection, selection: StepSelection) -> None:
-    """(Re)create temp table selected_steps for ``selection`` (``sql/selected_steps.sql``)."""
-    con.execute(
-        sql_text("selected_steps.sql"),
-        {
-            "skip_steps": selection.skip_steps,
-            "step_min": selection.step_min,
-            "step_max": selection.step_max,
-            "drop_incomplete": selection.drop_incomplete,
-            "drop_last": selection.drop_last,
-        },
-    )
+def query_params(selection: StepSelection = StepSelection()) -> dict[str, object]:
+    """Every parameter the report queries take: the step selection, the event categories, the default
+    step marker (for traces ingested before markers were stored) and the GPU peak table."""
+    return {
+        "skip_steps": selection.skip_steps,
+        "step_min": selection.step_min,
+        "step_max": selection.step_max,
+        "drop_incomplete": selection.drop_incomplete,
+        "drop_last": selection.drop_last,
+        **event_categories().sql_params(),
+        **StepMarker().sql_params(),
+        "gpu_peaks": [
+            {"position": i, "pattern": p.pattern, "gpu": p.gpu, "peak_tflops": p.peak_tflops}
+            for i, p in enumerate(gpu_peaks())
+        ],
+    }
+
+
+def relation(
+    con: duckdb.DuckDBPyConnection, name: str, selection: StepSelection = StepSelection(),
+    bind: dict[str, str] | None = None,
+) -> duckdb.DuckDBPyRelation:
+    """The relation of ``sql/<name>.sql`` (e.g. ``gpu_activity``, ``device_windows``) on ``con``, with the
+    parameters reports use: for queries of your own over traceq's classification and windows."""
+    return query.run(con, name, query_params(selection), bind)
 
 
 def run_metadata_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per run with the metadata columns a report can group by (``sql/run_metadata.sql``)."""
-    con.execute(sql_text("run_metadata.sql"))
-    return to_polars(con.sql(f"select run, {', '.join(META_COLUMNS)} from run_metadata"))
+    return to_polars(query.run(con, "run_metadata", query_params()).select(f"run, {', '.join(META_COLUMNS)}"))
 
 
 SIDE_TABLES = ("run_files", "run_settings", "step_windows", "power_logs", "power_samples")
@@ -181,23 +210,17 @@ def require_side_tables(con: duckdb.DuckDBPyConnection) -> None:
         )
 
 
-def interval_breakdown(con: duckdb.DuckDBPyConnection, whole_trace: bool) -> pl.DataFrame:
-    """Interval metrics (ns) per (trace, rank, device, step) from GPU kernels and, for traces with no
-    GPU activity, from CPU-side gloo communication (``activity`` column: gpu | cpu)."""
-    views = {"gpu": "gpu_classified"}
-    # CPU-side activity comes only from traces without GPU events: no such trace, no second sweep
-    if con.execute("select count(*) from traces where n_gpu_events = 0").fetchall()[0][0]:
-        con.execute(sql_text("cpu_activity.sql"))
-        views["cpu"] = "cpu_activity_whole" if whole_trace else "cpu_activity"
-    parts = {}
-    for activity, view in views.items():
-        con.execute(f"create or replace temp view breakdown_input as select * from {view}")  # a fixed name
-        # run now (materialized): polars may still be importing meanwhile (metric_report)
-        parts[activity] = con.sql(sql_text("interval_breakdown.sql"), params={"whole_trace": whole_trace}).materialize()
-    import polars as pl
-
-    frames = [to_polars(part).with_columns(pl.lit(activity).alias("activity")) for activity, part in parts.items()]
-    return pl.concat(frames, how="vertical_relaxed")
+def interval_breakdown(
+    con: duckdb.DuckDBPyConnection, whole_trace: bool, selection: StepSelection = StepSelection()
+) -> pl.DataFrame:
+    """Interval metrics (ns) per window: per (trace, rank, device, step) of the selected steps, or per
+    (trace, rank, device) over the whole timeline (step -1). Device activity (``activity`` gpu), or for
+    traces without any, CPU-side gloo communication and operators (``activity`` cpu, device -1)."""
+    windows = "trace_windows" if whole_trace else "selected_windows"
+    # run now (materialized): polars may still be importing meanwhile (metric_report)
+    rows = query.run(con, "interval_breakdown", query_params(selection), bind={"windows": windows}).materialize()
+    activity = con.sql("select trace_id, case when n_gpu_events > 0 then 'gpu' else 'cpu' end as activity from traces")
+    return to_polars(rows.join(activity, "trace_id"))
 
 
 def step_metrics(
@@ -219,22 +242,20 @@ def step_metrics(
         raise ConfigError(f"--window {window!r}: use steps or trace")
     whole = window == "trace"
     require_side_tables(con)
-    select_steps(con, selection)
-    frame = interval_breakdown(con, whole)
+    frame = interval_breakdown(con, whole, selection)
     import polars as pl
 
     meta = run_metadata_frame(con)
     if whole:
         traces = to_polars(con.sql("select trace_id, run from traces"))
         frame = frame.join(traces, on="trace_id", how="left").with_columns(
-            *[pl.lit(None).alias(c) for c in _THROUGHPUT_COLUMNS]
+            *[pl.lit(None).alias(c) for c in (*_THROUGHPUT_COLUMNS, "step_time_ns")]
         )
     else:
-        con.execute(sql_text("step_power.sql"))
-        throughput = to_polars(con.sql(sql_text("step_throughput.sql"))).select(
+        throughput = to_polars(query.run(con, "step_throughput", query_params(selection))).select(
             "trace_id", "rank", "step", "run", "step_time_ns", *_THROUGHPUT_COLUMNS
         )
-        frame = throughput.join(frame.drop("step_time_ns"), on=["trace_id", "rank", "step"], how="left")
+        frame = throughput.join(frame, on=["trace_id", "rank", "step"], how="left")
     frame = frame.join(meta, on="run", how="left")
     if runs:
         frame = frame.filter(pl.col("run").is_in(list(runs)))
@@ -260,8 +281,8 @@ def breakdown_metrics(
     dimension, key = BREAKDOWNS[metric]
     if window not in ("steps", "trace"):
         raise ConfigError(f"--window {window!r}: use steps or trace")
-    select_steps(con, selection)
-    frame = to_polars(con.sql(sql_text("exposed_comm_by_collective.sql"), params={"whole_trace": window == "trace"}))
+    windows = "trace_windows" if window == "trace" else "selected_windows"
+    frame = to_polars(query.run(con, "exposed_comm_by_collective", query_params(selection), bind={"windows": windows}))
     frame = frame.filter(pl.col("dimension") == dimension).drop("dimension").rename({"key": key})
     extra = to_polars(con.sql("select trace_id, rank, step, step_time_ns from steps"))
     traces = to_polars(con.sql("select trace_id, run from traces"))
@@ -323,22 +344,103 @@ def metric_report(
     bad = [c for c in by if c not in GROUP_COLUMNS]
     if bad:
         raise ConfigError(f"--by {','.join(by)}: unknown column(s) {bad}; use any of {', '.join(GROUP_COLUMNS)}")
+    if window == "trace" and name in PER_STEP_METRICS:
+        raise ConfigError(f"{name} is measured per step (over the step's time); report it with the steps window")
     # polars (0.09 s to import) loads while DuckDB opens the warehouse and runs the interval query
     with import_in_background("polars"):
         con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
         try:
+            require_runs(con, runs)
             if name in BREAKDOWNS:
                 rows = breakdown_metrics(con, name, window=window, selection=selection, runs=runs)
                 by = [*by, BREAKDOWNS[name][1]]
             else:
                 rows = step_metrics(con, window=window, selection=selection, runs=runs)
+            if rows.height == 0:
+                raise EmptySelection(nothing_selected(con, selection, runs))
             from traceq.throughput import metric_notes
 
             notes = metric_notes(con, rows, name, window)
+            if window == "steps":
+                notes.extend(step_window_notes(con, rows, selection))
         finally:
             if con is not db:
                 con.close()
     return aggregate(rows, name, by), notes
+
+
+def require_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None) -> None:
+    """EmptySelection when the warehouse holds no trace, or no run of ``runs``; it names those it holds."""
+    held = [r for (r,) in con.execute("select distinct run from traces order by run").fetchall()]
+    if not held:
+        raise EmptySelection("the warehouse holds no trace yet; ingest some first (traceq ingest TRACES)")
+    missing = [r for r in runs or () if r not in held]
+    if missing:
+        raise EmptySelection(
+            f"no run {', '.join(map(repr, missing))} in the warehouse; it holds {_listing(held)}"
+        )
+
+
+def nothing_selected(con: duckdb.DuckDBPyConnection, selection: StepSelection, runs: Sequence[str] | None) -> str:
+    """What to say when ``selection`` leaves no step: the selection, and the steps each run has."""
+    rows = con.execute(
+        """
+        select t.run, min(s.step) filter (where s.source = 'marker'), max(s.step) filter (where s.source = 'marker'),
+               max(n) as per_rank, bool_or(s.source = 'whole_trace')
+        from steps as s
+        inner join traces as t using (trace_id)
+        inner join (select trace_id, rank, count(*) as n from steps group by all) using (trace_id, rank)
+        where $runs is null or list_contains($runs, t.run)
+        group by t.run order by t.run
+        """,
+        {"runs": list(runs) if runs else None},
+    ).fetchall()
+    held = []
+    for run, lo, hi, per_rank, whole in rows:
+        parts = [f"steps {lo}..{hi} ({per_rank} per rank)"] if lo is not None else []
+        if whole:
+            parts.append("ranks without steps (one window over the whole trace)")
+        held.append(f"run {run}: {', '.join(parts)}")
+    return f"no step is selected ({selection.describe()}); {_listing(held, 8)}"
+
+
+def _listing(items: Sequence[str], most: int = 20) -> str:
+    shown = ", ".join(items[:most])
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, selection: StepSelection) -> list[str]:
+    """Notes on the step windows behind ``rows`` (step rows of a report): ranks reported over their whole
+    trace, device activity outside every step window, devices with communication and no compute."""
+    import polars as pl
+
+    notes = []
+    runs = rows["run"].unique().to_list()
+    whole = rows.filter(pl.col("step") == WHOLE_TRACE_STEP).group_by("run").agg(pl.col("rank").unique().sort())
+    for run, ranks in whole.sort("run").iter_rows():
+        notes.append(f"run {run}: rank {', '.join(map(str, ranks))} has no step marker: reported over its whole "
+                     "trace as one window (step -1); name its steps with `traceq ingest --step-marker REGEX`")
+    outside = to_polars(query.run(con, "outside_steps", query_params(selection)))
+    traces = to_polars(con.sql("select trace_id, run from traces"))
+    outside = outside.join(traces, on="trace_id").filter(pl.col("run").is_in(runs) & (pl.col("n_before") + pl.col("n_after") > 0))
+    for r in outside.sort("run", "rank", "device").iter_rows(named=True):
+        where = "CPU" if r["device"] < 0 else f"device {r['device']}"
+        parts = [f"{r[f'{p}_ns'] / 1e6:,.3f} ms ({r[f'n_{p}']} events) {p} the {'first' if p == 'before' else 'last'} "
+                 f"step's window" for p in ("before", "after") if r[f"n_{p}"]]
+        notes.append(f"run {r['run']} rank {r['rank']} {where}: activity outside every step: {' and '.join(parts)}; "
+                     "no step counts it (--window trace does)")
+    if "compute_kernel_us" in rows.columns:
+        lone = (
+            rows.filter(pl.col("device") >= 0)
+            .group_by("run", "rank", "device")
+            .agg(pl.col("comm_kernel_us").sum().alias("comm"), pl.col("compute_kernel_us").sum().alias("compute"))
+            .filter((pl.col("comm") > 0) & (pl.col("compute") == 0))
+            .sort("run", "rank", "device")
+        )
+        for r in lone.iter_rows(named=True):
+            notes.append(f"run {r['run']} rank {r['rank']} device {r['device']}: communication but no compute kernel "
+                         "in the selected steps, so all of it is exposed (did the trace keep only NCCL kernels?)")
+    return notes
 
 
 def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFrame:

@@ -31,7 +31,7 @@ from typing import Any
 
 import duckdb
 
-from traceq.kineto import OP_CATS
+from traceq.catalog import StepMarker, event_categories
 from traceq.reader import FileRange
 from traceq.warehouse import execute_over, named_params, sql_text
 
@@ -399,16 +399,18 @@ def parser(con: Any) -> Any:
     return cursor
 
 
-def parse_batch(con: Any, files: BatchFiles, all_ops: bool) -> Any:
+def parse_batch(con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker = StepMarker()) -> Any:
     """Parse ``files`` (``sql/read_events.sql``) into a materialized relation, one row per event,
     that statements on ``con``'s connection read as ``_rows``. (Per 500 MB: 0.14 CPU s less than an
-    Arrow table, which was 0.5 s less than a DuckDB temp table, and no pyarrow import.)
+    Arrow table, which was 0.5 s less than a DuckDB temp table, and no pyarrow import.) ``all_ops``:
+    keep every CPU operator, not only the step markers (``marker``) and those with collective args.
 
     Raises :class:`NotNative` when DuckDB cannot parse them.
     """
     (read,) = _statements("read_events.sql")
     params = {
-        "files": files.names, "all_ops": all_ops, "op_cats": sorted(OP_CATS), "max_object_bytes": files.largest + 1,
+        "files": files.names, "all_ops": all_ops, "max_object_bytes": files.largest + 1,
+        **event_categories().sql_params(), **marker.sql_params(),
     }
     try:
         with files.feeding():
@@ -433,7 +435,10 @@ def count_batch(con: Any, events: Any, files: BatchFiles) -> BatchCounts:
 
 def write_batch(con: Any, events: Any, trace_id: int, next_name_id: int, fill_rank: int | None) -> int:
     """Write the parsed ``events`` as rows of ``trace_id``; returns how many new names it added."""
-    params = {"trace_id": trace_id, "next_name_id": next_name_id, "fill_rank": fill_rank}
+    params = {
+        "trace_id": trace_id, "next_name_id": next_name_id, "fill_rank": fill_rank,
+        **event_categories().sql_params(),
+    }
     names, *rows = _statements("load_events.sql")[1:]
     added = _run(con, names, params, events)[0][0]
     for statement in rows:

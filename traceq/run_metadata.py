@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
+from traceq import query
+from traceq.catalog import gpu_peaks, peak_for
 from traceq.errors import ConfigError
 from traceq.warehouse import DEFAULT_DB, connect, fetch_one, sql_text, to_polars
 
@@ -65,24 +67,6 @@ RUN_KEYS: tuple[RunKey, ...] = (
 RUN_KEY_NAMES = tuple(k.key for k in RUN_KEYS)
 
 
-def peak_table() -> tuple[tuple[str, float], ...]:
-    """The peak dense BF16 TFLOP/s table (V100: FP16): (name fragment, TFLOP/s), first match wins."""
-    from traceq.collectors.metadata import PEAK_TFLOPS
-
-    return tuple(PEAK_TFLOPS)
-
-
-def peak_tflops_for(gpu_model: str | None) -> float | None:
-    """Peak dense BF16 TFLOP/s of a GPU named like torch.cuda.get_device_name(), or None if unknown."""
-    if not gpu_model:
-        return None
-    name = gpu_model.lower()
-    for key, tflops in peak_table():
-        if key.lower() in name:
-            return tflops
-    return None
-
-
 def run_level(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """The run-wide part of one rank's run.json (drops rank, host, clock and the like)."""
     return {k: v for k, v in metadata.items() if k not in PER_RANK_KEYS}
@@ -124,8 +108,9 @@ def set_run_metadata(
 ) -> dict[str, Any]:
     """Set (or correct) metadata of ``run``: keys from :data:`RUN_KEY_NAMES`; None values are ignored.
 
-    Setting ``gpu_model`` without ``peak_tflops`` looks the peak up in :func:`peak_table` (unless a
-    peak was set by hand before). Returns the effective metadata.
+    Reports look the peak of ``gpu_model`` up in the peak table (:func:`traceq.catalog.peak_for`) unless
+    ``peak_tflops`` is set; a GPU the table does not know needs ``peak_tflops`` with it (ConfigError),
+    so that setting a GPU never silently leaves MFU without a peak. Returns the effective metadata.
     """
     known = {k.key: k for k in RUN_KEYS}
     bad = sorted(set(values) - set(known))
@@ -138,10 +123,12 @@ def set_run_metadata(
             names = [r for (r,) in con.execute("select run from runs order by run").fetchall()]
             raise ConfigError(f"no run {run!r} in the warehouse; `traceq runs` lists them: {', '.join(names) or 'none'}")
         peak_by_hand = settings(con, run).get("peak_tflops_source") == "user"
-        if "gpu_model" in given and "peak_tflops" not in given and not peak_by_hand:
-            given["peak_tflops"] = peak_tflops_for(given["gpu_model"])
-            given["peak_tflops_source"] = "table" if given["peak_tflops"] is not None else None
-        elif "peak_tflops" in given:
+        if "gpu_model" in given and "peak_tflops" not in given and not peak_by_hand and peak_for(given["gpu_model"]) is None:
+            raise ConfigError(
+                f"GPU {given['gpu_model']!r} is not in the peak table, so MFU would have no peak; give its dense BF16 "
+                f"peak with it (--peak-tflops P); the table knows: {', '.join(p.gpu for p in gpu_peaks())}"
+            )
+        if "peak_tflops" in given:
             given["peak_tflops_source"] = "user"
         con.begin()
         try:
@@ -162,8 +149,9 @@ def set_run_metadata(
 
 def run_metadata(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per run: its metadata as typed columns (see ``sql/run_metadata.sql``)."""
-    con.execute(sql_text("run_metadata.sql"))
-    return to_polars(con.sql("select * from run_metadata order by run"))
+    from traceq.metrics import query_params
+
+    return to_polars(query.run(con, "run_metadata", query_params()).order("run"))
 
 
 def list_runs(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.DataFrame:
@@ -188,3 +176,34 @@ def list_runs(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.Dat
         if con is not db:
             con.close()
     return counts.join(meta, on="run", how="left").sort("run")
+
+
+def list_traces(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.DataFrame:
+    """Every trace file in the warehouse with what traceq took from it: its run, ranks, steps, GPU and
+    where its rank came from. A (run, rank, step) comes from one file, so every report row traces back
+    to one of these."""
+    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
+    try:
+        return to_polars(con.sql(
+            """
+            select
+                t.run,
+                string_agg(distinct s.rank::varchar, ',' order by s.rank::varchar) as ranks,
+                t.rank_source,
+                count(s.step) filter (where s.source = 'marker') as steps,
+                min(s.step) filter (where s.source = 'marker') as first_step,
+                max(s.step) filter (where s.source = 'marker') as last_step,
+                t.gpu_model as gpu,
+                t.n_events as events,
+                t.n_gpu_events as device_events,
+                t.step_marker,
+                t.path
+            from traces as t
+            left join steps as s using (trace_id)
+            group by t.trace_id, t.run, t.rank_source, t.gpu_model, t.n_events, t.n_gpu_events, t.step_marker, t.path
+            order by t.run, min(s.rank), t.path
+            """
+        ))
+    finally:
+        if con is not db:
+            con.close()

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import duckdb
 import polars as pl
 
+from traceq.catalog import WHOLE_TRACE_STEP, gpu_peaks
 from traceq.warehouse import to_polars
 
 FLOPS_CONVENTION = (
@@ -31,10 +32,8 @@ POWER_METRICS = ("power_w", "energy_j", "tokens_per_j")
 
 
 def peak_table_text() -> str:
-    """The peak table as one line: 'H100 PCIe 756, H100 989, ...'."""
-    from traceq.run_metadata import peak_table
-
-    return ", ".join(f"{name} {tflops:g}" for name, tflops in peak_table())
+    """The peak table as one line: 'GB300 2500, ..., H100 SXM 989, ...' (sql/gpu_peaks.csv)."""
+    return ", ".join(f"{p.gpu} {p.peak_tflops:g}" for p in gpu_peaks())
 
 
 def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str, window: str = "steps") -> list[str]:
@@ -46,10 +45,6 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
         notes.extend(steps_used(rows))
     if metric in BREAKDOWNS:
         notes.append(BREAKDOWN_NOTE)
-    needs_steps = metric in TOKENS_METRICS or metric in POWER_METRICS
-    if needs_steps and window != "steps":
-        notes.append(f"{metric} is per step: use --window steps")
-        return notes
     runs = _run_facts(rows)
     if metric in TOKENS_METRICS:
         for run in runs.filter(pl.col("tokens_per_step").is_null())["run"].to_list():
@@ -61,8 +56,14 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
         for r in runs.iter_rows(named=True):
             flops = (f"{r['flops_per_step']:.4g} FLOPs/step ({r['flops_source']})" if r["flops_per_step"] is not None
                      else f"model FLOPs unknown (set --model-flops-per-token or the model dimensions: traceq runs set {r['run']} ...)")
-            peak = (f"peak {r['peak_tflops']:g} TFLOP/s ({r['peak_source']}{', ' + r['gpu'] if r['gpu'] else ''})"
-                    if r["peak_tflops"] is not None else f"no peak, so mfu is empty (traceq runs set {r['run']} --gpu NAME or --peak-tflops P)")
+            if r["peak_tflops"] is not None:
+                named = f", {r['peak_gpu']} for {r['gpu']!r}" if r["peak_source"] == "table" else (f", {r['gpu']}" if r["gpu"] else "")
+                peak = f"peak {r['peak_tflops']:g} TFLOP/s ({r['peak_source']}{named})"
+            elif r["gpu"]:
+                peak = (f"GPU {r['gpu']!r} is not in the peak table, so mfu is empty; set its dense BF16 peak: "
+                        f"traceq runs set {r['run']} --peak-tflops P")
+            else:
+                peak = f"GPU unknown, so mfu is empty: traceq runs set {r['run']} --gpu NAME (or --peak-tflops P)"
             notes.append(f"run {r['run']}: {flops}; {peak}")
     if metric in POWER_METRICS:
         notes.extend(power_notes(con, runs["run"].to_list()))
@@ -70,8 +71,9 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
 
 
 def steps_used(rows: pl.DataFrame) -> list[str]:
-    """'steps used: run r: ProfilerStep a..b, n steps x k ranks' for every run in ``rows``."""
-    steps = rows.select("run", "rank", "step").unique()
+    """'steps used: run r: steps a..b, n rank-steps over k rank(s)' for every run in ``rows`` with steps
+    (ranks without steps, step -1, are named by :func:`traceq.metrics.step_window_notes`)."""
+    steps = rows.select("run", "rank", "step").unique().filter(pl.col("step") != WHOLE_TRACE_STEP)
     out = []
     for r in (
         steps.group_by("run")
@@ -80,7 +82,7 @@ def steps_used(rows: pl.DataFrame) -> list[str]:
         .sort("run")
         .iter_rows(named=True)
     ):
-        out.append(f"steps used: run {r['run']}: ProfilerStep {r['lo']}..{r['hi']}, {r['n']} rank-steps over {r['ranks']} rank(s)")
+        out.append(f"steps used: run {r['run']}: steps {r['lo']}..{r['hi']}, {r['n']} rank-steps over {r['ranks']} rank(s)")
     return out
 
 
@@ -113,7 +115,7 @@ def power_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str
 
 
 def _run_facts(rows: pl.DataFrame) -> pl.DataFrame:
-    cols = ["run", "tokens_per_step", "flops_per_step", "flops_source", "peak_tflops", "peak_source", "gpu"]
+    cols = ["run", "tokens_per_step", "flops_per_step", "flops_source", "peak_tflops", "peak_source", "peak_gpu", "gpu"]
     present = [c for c in cols if c in rows.columns]
     facts = rows.select(present).unique(subset=["run"], keep="first").sort("run")
     return facts.with_columns(*[pl.lit(None).alias(c) for c in cols if c not in present])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import json
 import re
 import threading
 import time
@@ -16,14 +17,27 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from traceq.catalog import StepMarker, event_categories
+from traceq.derive import device_properties, gpu_model_of, write_steps
 from traceq.errors import ConfigError, WarehouseError
 
 if TYPE_CHECKING:
     import polars as pl
 
 DEFAULT_DB = "traceq.duckdb"
+# 2: step markers and device windows (steps.source, traces.step_marker/devices/gpu_model, warehouse_info)
+SCHEMA_VERSION = 2
+_ADDED_COLUMNS = (
+    ("traces", "step_marker", "varchar"),
+    ("traces", "devices", "json"),
+    ("traces", "gpu_model", "varchar"),
+    ("steps", "source", "varchar"),
+)
 _NAMED_PARAM = re.compile(r"\$(\w+)")
 RULE_COLUMNS = ("priority", "pattern", "class", "category", "collective")
+# comm, compute; memcpy: device copies that are not cat gpu_memcpy (MTIA dma); sync: a stream waiting on
+# another's event, not work (left out of every interval)
+RULE_CLASSES = ("comm", "compute", "memcpy", "sync")
 
 
 @cache
@@ -74,9 +88,32 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
         except BaseException:
             con.rollback()
             raise
+    elif path != ":memory:" and schema_version(con) != SCHEMA_VERSION:
+        con.close()
+        _upgrade(path, wait_s)
+        return connect(db, read_only=True, wait_s=wait_s)
     con.execute(sql_text("macros.sql"))
-    con.execute(sql_text("gpu_activity.sql"))
     return con
+
+
+def _upgrade(path: str, wait_s: float) -> None:
+    """Migrate a warehouse made by an older traceq that a report opened read-only (once)."""
+    try:
+        connect(path, wait_s=wait_s).close()
+    except WarehouseError as exc:
+        raise WarehouseError(
+            f"{path}: made by an older traceq and cannot be upgraded here ({exc}); open it once with write access, "
+            "e.g. traceq check on a writable copy"
+        ) from None
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int | None:
+    """The warehouse's schema version; None for one made before versions were recorded (or empty)."""
+    try:
+        row = fetch_one(con, "select value from warehouse_info where key = 'schema_version'")
+    except duckdb.CatalogException:
+        return None
+    return int(row[0]) if row else None
 
 
 def _migrate(con: duckdb.DuckDBPyConnection) -> None:
@@ -88,6 +125,34 @@ def _migrate(con: duckdb.DuckDBPyConnection) -> None:
     if "content_sha256" in columns:  # until BLAKE3: the bare SHA-256 hex (traceq.reader.file_digest)
         con.execute("alter table traces rename column content_sha256 to content_digest")
         con.execute("update traces set content_digest = 'sha256:' || content_digest")
+    version = schema_version(con)
+    if version == SCHEMA_VERSION:
+        return
+    for table, column, kind in _ADDED_COLUMNS:
+        con.execute(f"alter table {table} add column if not exists {column} {kind}")
+    if version is None and fetch_one(con, "select count(*) from traces")[0]:
+        _derive_again(con)
+    con.execute(
+        "insert or replace into warehouse_info (key, value) values ('schema_version', ?)", [str(SCHEMA_VERSION)]
+    )
+
+
+def _derive_again(con: duckdb.DuckDBPyConnection) -> None:
+    """Version 1 -> 2: steps, step attribution and GPU model of every trace as this traceq derives them
+    (device windows, DESIGN §3: ranks without steps get one over the whole trace; time containment only
+    where a rank has neither launches nor device-side step annotations)."""
+    params = {**event_categories().sql_params(), **StepMarker().sql_params()}
+    con.execute("update steps set source = 'marker' where source is null")
+    traces = con.execute("select trace_id, header from traces order by trace_id").fetchall()
+    for trace_id, header in traces:
+        con.execute("delete from steps where trace_id = ?", [trace_id])
+        con.execute("update gpu_events set step = null, step_source = null where trace_id = ?", [trace_id])
+        write_steps(con, {**params, "trace_id": trace_id})
+        devices = device_properties((json.loads(header) if header else {}).get("deviceProperties"))
+        con.execute(
+            "update traces set step_marker = ?, devices = ?, gpu_model = ? where trace_id = ?",
+            [StepMarker().pattern, json.dumps(devices) if devices else None, gpu_model_of(con, trace_id, devices), trace_id],
+        )
 
 
 def named_params(statement: str, params: dict[str, object]) -> dict[str, object]:
@@ -172,8 +237,8 @@ def read_rules(text: str, source_name: str) -> list[tuple]:
     if missing:
         raise ConfigError(f"{source_name}: missing columns {sorted(missing)}; expected {','.join(RULE_COLUMNS)}")
     for line, row in enumerate(reader, start=2):
-        if row["class"] not in ("comm", "compute"):
-            raise ConfigError(f"{source_name}:{line}: class must be comm or compute, not {row['class']!r}")
+        if row["class"] not in RULE_CLASSES:
+            raise ConfigError(f"{source_name}:{line}: class must be one of {', '.join(RULE_CLASSES)}, not {row['class']!r}")
         try:
             priority = int(row["priority"])
         except ValueError:

@@ -1,0 +1,55 @@
+-- gpu_classified: one row per device event (kernel, memcpy, memset) with its class, category and the
+-- collective its rule names: all that interval metrics read (sql/device_activity.sql; they skip the
+-- launch lookup of sql/gpu_activity.sql, 0.05 -> 0.01 s on the 500 MB trace). Classified when read,
+-- so changed rules apply to data already ingested.
+-- class: comm | compute | memcpy | memset | sync. A kernel is comm when it carries a "Collective name"
+-- argument or its name matches a comm rule, unless a rule makes it memcpy (MTIA dma) or sync (a stream
+-- waiting on another's event: not work, left out of every interval); otherwise the winning rule's
+-- class, else compute.
+with kernel_names as (
+    select distinct n.name
+    from names as n
+    semi join gpu_events as g on g.trace_id = n.trace_id and g.name_id = n.name_id and g.kind = 1
+),
+
+ranked_rules as (
+    select
+        k.name,
+        r.class,
+        r.category,
+        r.collective,
+        row_number() over (partition by k.name order by r.priority, r.source = 'builtin') as pick
+    from kernel_names as k
+    inner join kernel_rules as r on regexp_matches(k.name, r.pattern)
+),
+
+kernel_classes as (
+    select name, class, category, collective as rule_collective
+    from ranked_rules
+    where pick = 1
+),
+
+final as (
+    select
+        g.*,
+        n.name,
+        g.start_ns + g.dur_ns as end_ns,
+        case
+            when g.kind = 2 then 'memcpy'
+            when g.kind = 3 then 'memset'
+            when kc.class in ('sync', 'memcpy') then kc.class
+            when g.collective is not null or kc.class = 'comm' then 'comm'
+            else 'compute'
+        end as class,
+        case
+            when g.kind = 2 then 'memcpy'
+            when g.kind = 3 then 'memset'
+            else coalesce(kc.category, case when g.collective is not null then 'collective' else 'other' end)
+        end as category,
+        kc.rule_collective
+    from gpu_events as g
+    inner join names as n on n.trace_id = g.trace_id and n.name_id = g.name_id
+    left join kernel_classes as kc on kc.name = n.name
+)
+
+select * from final

@@ -1,0 +1,97 @@
+"""SQL files composed into one statement.
+
+Each file under ``sql/`` holds one SELECT. Besides the warehouse tables, it may read the results of
+other files, named in its header::
+
+    -- inputs: device_activity, windows
+
+:func:`compose` puts each input in front of the file as a common table expression, recursively, so
+that one query runs with every file it needs and nothing is created on the connection. An input is
+the file of the same name unless ``bind`` maps it to another file (``windows`` -> ``trace_windows``
+for the whole trace) or to a table. Values go in as named parameters (``$trace_id``); :func:`run`
+passes each statement only those it names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import cache
+from importlib.resources import files
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import duckdb
+
+_INPUTS = re.compile(r"^--\s*inputs:\s*(.*)$", re.MULTILINE)
+_PARAM = re.compile(r"\$(\w+)")
+_LEADING = re.compile(r"\A(?:\s*--[^\n]*\n)*\s*", re.MULTILINE)
+
+
+@cache
+def sql_text(name: str) -> str:
+    """The text of ``sql/<name>`` as shipped in the package."""
+    return files("traceq.sql").joinpath(name).read_text(encoding="utf-8")
+
+
+@cache
+def _is_file(name: str) -> bool:
+    return files("traceq.sql").joinpath(f"{name}.sql").is_file()
+
+
+def inputs_of(name: str) -> tuple[str, ...]:
+    """The relations ``sql/<name>.sql`` reads besides tables (its ``-- inputs:`` header line)."""
+    m = _INPUTS.search(sql_text(f"{name}.sql"))
+    return tuple(x.strip() for x in m.group(1).split(",") if x.strip()) if m else ()
+
+
+def compose(name: str, bind: Mapping[str, str] | None = None) -> str:
+    """``sql/<name>.sql`` with its inputs, and theirs, as common table expressions: one statement.
+
+    Args:
+        name: the file, without ``.sql``.
+        bind: input name -> the file (or table) that provides it, where that is not the file of the
+            same name. One binding holds for the whole statement.
+    """
+    bind = dict(bind or {})
+    ctes: dict[str, str] = {}
+    _collect(name, bind, ctes, ())
+    body = _LEADING.sub("", sql_text(f"{name}.sql"), count=1).rstrip().rstrip(";")
+    if not ctes:
+        return body
+    head = "with " + ",\n".join(f"{cte} as (\n{text}\n)" for cte, text in ctes.items())
+    if re.match(r"with\s", body, re.IGNORECASE):
+        return head + ",\n" + body[4:].lstrip()
+    return head + "\n" + body
+
+
+def _collect(name: str, bind: dict[str, str], ctes: dict[str, str], path: tuple[str, ...]) -> None:
+    if name in path:
+        raise ValueError(f"sql/{name}.sql reads itself through {' -> '.join(path)}")
+    for cte in inputs_of(name):
+        if cte in ctes:
+            continue
+        target = bind.get(cte, cte)
+        if _is_file(target):
+            _collect(target, bind, ctes, (*path, name))
+            ctes[cte] = _LEADING.sub("", sql_text(f"{target}.sql"), count=1).rstrip().rstrip(";")
+        elif target != cte:
+            ctes[cte] = f"select * from {target}"
+        else:
+            raise ValueError(f"sql/{name}.sql reads {cte!r}: no sql/{cte}.sql and no binding for it")
+
+
+def params_of(statement: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``params`` that ``statement`` names as ``$name`` (DuckDB refuses unused ones);
+    KeyError naming a parameter it needs that ``params`` lacks."""
+    code = re.sub(r"--[^\n]*", "", statement)
+    return {p: params[p] for p in set(_PARAM.findall(code))}
+
+
+def run(
+    con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, Any] | None = None,
+    bind: Mapping[str, str] | None = None,
+) -> duckdb.DuckDBPyRelation:
+    """The relation of ``sql/<name>.sql`` composed with its inputs (:func:`compose`), on ``con``."""
+    statement = compose(name, bind)
+    return con.sql(statement, params=params_of(statement, params or {}) or None)
