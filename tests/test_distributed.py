@@ -107,3 +107,23 @@ def test_cli_ingest_cluster_with_a_scheduler_address(cluster: LocalCluster, trac
 def test_a_client_or_scheduler_is_required(traces: list[Path], tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="scheduler"):
         ingest_with_dask(traces, tmp_path / "pq")
+
+
+def test_cluster_ingest_gives_rankless_files_ranks_of_their_own_and_refuses_a_rank_held(
+    client: Client, tmp_path: Path
+) -> None:
+    """As a local ingest: two files that name no rank get ranks of their own (the tasks cannot see each
+    other: the client hands out -1 - i), and a second file of rank 0 with the same steps fails alone."""
+    run = tmp_path / "job"
+    a, b = rank_trace(0), rank_trace(0)
+    a.rank = b.rank = None
+    b.events = b.events[:-1]  # other content
+    paths = [a.write(run / "a.json"), b.write(run / "b.json"), rank_trace(0).write(run / "rank0.json"),
+             rank_trace(0).write(run / "rank0_again.json", traceName="again")]
+    summary = ingest_with_dask(paths, tmp_path / "pq", client=client)
+    assert [f.status for f in summary.files] == ["ingested", "ingested", "ingested", "failed"]
+    assert [f.ranks for f in summary.files[:3]] == [[-1], [-2], [0]]
+    assert "run job already holds steps" in summary.files[3].message and "rank 0" in summary.files[3].message
+    assert not list((tmp_path / "pq").rglob(f"trace{summary.files[3].trace_id}_*"))
+    frame = compute_metric(tmp_path / "pq", "comm", by=("run", "rank"))
+    assert frame["rank"].to_list() == [-2, -1, 0] and frame["steps"].to_list() == [2, 2, 2]

@@ -153,3 +153,18 @@ def test_cli_export_then_report_on_the_directory(warehouse: Path, tmp_path: Path
     assert from_pq.stdout == from_db.stdout
     again = runner.invoke(app, ["export", "--parquet", str(out), "--db", str(warehouse)])
     assert again.exit_code == 1 and "--overwrite" in again.output
+
+
+def test_import_refuses_a_trace_of_steps_the_warehouse_holds(tmp_path: Path) -> None:
+    """The same rank's steps from another file: the whole import is refused in one line, nothing added."""
+    first, second = tmp_path / "first.duckdb", tmp_path / "second.duckdb"
+    assert ingest_traces([rank_trace(0).write(tmp_path / "job" / "rank0.json")], first, workers=0).ok
+    assert ingest_traces([rank_trace(0).write(tmp_path / "other" / "job" / "rank0.json", traceName="x")], second,
+                         workers=0).ok
+    export_parquet(second, tmp_path / "pq")
+    with connect(first, read_only=True) as con:
+        before = con.sql("select count(*) from traces").fetchall()
+    with pytest.raises(ConfigError, match="two traces of the same steps of rank 0.*nothing was imported"):
+        import_parquet(tmp_path / "pq", first)
+    with connect(first, read_only=True) as con:
+        assert con.sql("select count(*) from traces").fetchall() == before

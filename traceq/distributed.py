@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from traceq.errors import ConfigError, TraceFormatError
+from traceq.export import lowest_rank
 from traceq.ingest import INGEST_CHUNK_BYTES, FileResult, IngestSummary, expand_inputs
 from traceq.reader import digest_in
 
@@ -35,10 +36,12 @@ def ingest_file_to_parquet(
     rank: int | None = None,
     skip_digests: frozenset[str] = frozenset(),
     chunk_bytes: int = INGEST_CHUNK_BYTES,
+    rank_if_none: int | None = None,
 ) -> tuple[FileResult, str | None]:
     """Decode one trace file into Parquet partitions under ``out_dir`` as trace ``trace_id``.
 
     Runs on a cluster worker. Returns the file's result and its content digest (None if it failed).
+    ``rank_if_none``: the rank the file gets if it names none (the client gives each file its own).
     Files are written to a staging folder first and moved into place with the ``traces`` file
     last, so a task that dies leaves no trace that a report reads.
     """
@@ -63,7 +66,8 @@ def ingest_file_to_parquet(
         con.execute("set threads = 1")  # a task per worker thread already
         con.execute("drop sequence trace_ids")
         con.execute(f"create sequence trace_ids start {int(trace_id)}")
-        result = ingest_in_process(con, trace_path, run=run, rank=rank, chunk_bytes=chunk_bytes)
+        result = ingest_in_process(con, trace_path, run=run, rank=rank, chunk_bytes=chunk_bytes,
+                                   rank_if_none=rank_if_none)
         if result.status != "ingested":
             return result, None
         digest = con.execute("select content_digest from traces").fetchall()[0][0]
@@ -119,6 +123,7 @@ def ingest_with_dask(
     root.mkdir(parents=True, exist_ok=True)
     known = known_digests(root)
     first_id = next_trace_id(root)
+    lowest = lowest_rank(root)  # files that name no rank get -1, -2, ... below every rank in the directory
     own = client is None
     if own:
         client = Client(scheduler)
@@ -127,7 +132,7 @@ def ingest_with_dask(
             client.submit(
                 ingest_file_to_parquet, str(p), first_id + i, str(root), run=run, rank=rank,
                 skip_digests=frozenset(known.get(p.stat().st_size, ())) if p.exists() else frozenset(),
-                chunk_bytes=chunk_bytes, pure=False,
+                chunk_bytes=chunk_bytes, rank_if_none=lowest - 1 - i, pure=False,
             )
             for i, p in enumerate(paths)
         ]
@@ -135,22 +140,57 @@ def ingest_with_dask(
     finally:
         if own:
             client.close()
-    return IngestSummary(files=_drop_duplicates(root, results))
+    return IngestSummary(files=_refuse_rank_collisions(root, _drop_duplicates(root, results)))
+
+
+def _remove_trace(root: Path, trace_id: int) -> None:
+    """Remove a trace's files from ``root``: its traces file first, so that no reader sees half of it."""
+    from traceq.export import TRACES
+
+    files = root.rglob(f"trace{trace_id}_*.parquet")
+    for f in sorted(files, key=lambda f: f.relative_to(root).parts[0] != TRACES):
+        f.unlink()
+
+
+def _refuse_rank_collisions(root: Path, results: list[FileResult]) -> list[FileResult]:
+    """As a local ingest does, a file whose run already holds one of its (rank, step) fails, here after
+    the fact (the tasks ran apart): in input order, after the traces already in the directory."""
+    from traceq.export import steps_by_trace
+
+    held = steps_by_trace(root)
+    new = {r.trace_id for r in results if r.status == "ingested"}
+    taken: dict[tuple[str, int, int], int] = {}
+    for trace_id, (run, claims) in sorted(held.items(), key=lambda item: item[0] in new):
+        if trace_id not in new:
+            taken.update({(run, rank, step): trace_id for rank, step in claims})
+    out = []
+    for result in results:
+        if result.status == "ingested" and result.trace_id in held:
+            run, claims = held[result.trace_id]
+            clash = sorted((rank, step) for rank, step in claims if (run, rank, step) in taken)
+            if clash:
+                rank = clash[0][0]
+                steps = [step for r, step in clash if r == rank]
+                _remove_trace(root, result.trace_id)
+                result = FileResult(
+                    result.path, "failed",
+                    f"{result.path}: run {run} already holds steps {min(steps)}..{max(steps)} of rank {rank}; the "
+                    "same trace twice, or traces of two jobs in one run? Ingest it under another run (--run NAME)",
+                )
+            else:
+                taken.update({(run, rank, step): result.trace_id for rank, step in claims})
+        out.append(result)
+    return out
 
 
 def _drop_duplicates(root: Path, results: list[tuple[FileResult, str | None]]) -> list[FileResult]:
     """Files with the same content given twice in one call: keep the first, remove the others' files."""
-    from traceq.export import TRACES
-
     first: dict[str, FileResult] = {}
     out = []
     for result, digest in results:
         if result.status == "ingested" and digest is not None:
             if digest in first:
-                # its traces file first, so that no reader sees half of it
-                files = root.rglob(f"trace{result.trace_id}_*.parquet")
-                for f in sorted(files, key=lambda f: f.relative_to(root).parts[0] != TRACES):
-                    f.unlink()
+                _remove_trace(root, result.trace_id)
                 result = FileResult(result.path, "skipped", f"{result.path}: same content as {first[digest].path}")
             else:
                 first[digest] = result

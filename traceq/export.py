@@ -55,6 +55,7 @@ def _tables(con: duckdb.DuckDBPyConnection) -> list[_Table]:
         inner join duckdb_tables() as t
             on t.database_name = c.database_name and t.schema_name = c.schema_name and t.table_name = c.table_name
         where c.database_name = current_database() and c.schema_name = 'main' and not t.temporary
+            and c.table_name <> 'warehouse_info'
         group by c.table_name
         order by c.table_name = 'traces', c.table_name
         """
@@ -181,7 +182,9 @@ def _parquet_queries(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, st
             ).fetchall()
         )
         source = f"read_parquet({_literal(str(files / '**' / '*.parquet'))}, union_by_name = true)"
-        exprs = {c: c for c in table.columns}
+        present = {row[0] for row in con.execute(f"describe select * from {source}").fetchall()}
+        # columns added since the files were written (e.g. steps.source) read as null
+        exprs = {c: c if c in present else "null" for c in table.columns}
         if table.name == TRACES:
             exprs["content_digest"] = _digest_expression(con, source)
         cols = ", ".join(f"cast({exprs[c]} as {types[c]}) as {c}" for c in table.columns)
@@ -193,6 +196,28 @@ def _parquet_queries(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, st
             query += f" where trace_id in (select trace_id from {_traces_source(root)})"
         queries[table.name] = query
     return queries
+
+
+def _refuse_rank_collisions(con: duckdb.DuckDBPyConnection, root: Path) -> None:
+    """ConfigError (the import is rolled back) when an imported trace holds a (run, rank, step) that another
+    trace of the warehouse holds: as ingest refuses such a file, so that no step is counted twice."""
+    clash = con.execute(
+        """
+        select t.run, s.rank, string_agg(distinct t.path, ', ' order by t.path)
+        from steps as s
+        inner join traces as t using (trace_id)
+        group by t.run, s.rank, s.step
+        having count(distinct s.trace_id) > 1 and bool_or(s.trace_id in (select new_id from _id_map))
+        order by all
+        limit 1
+        """
+    ).fetchall()
+    if clash:
+        run, rank, paths = clash[0]
+        raise ConfigError(
+            f"{root}: importing it would give run {run} two traces of the same steps of rank {rank} ({paths}); "
+            "nothing was imported. Import it into another warehouse (--db), or remove one of them from it"
+        )
 
 
 def _digest_expression(con: duckdb.DuckDBPyConnection, source: str) -> str:
@@ -250,6 +275,33 @@ def known_digests(directory: str | Path) -> dict[int, set[str]]:
     return out
 
 
+def steps_by_trace(directory: str | Path) -> dict[int, tuple[str, list[tuple[int, int]]]]:
+    """trace id -> (its run, its (rank, step) pairs), for the complete traces in ``directory``."""
+    root = Path(directory)
+    if not any((root / TRACES).rglob("*.parquet")) or not any((root / "steps").rglob("*.parquet")):
+        return {}
+    con = duckdb.connect(":memory:")
+    try:
+        rows = con.execute(
+            f"""
+            select t.trace_id, any_value(t.run), list((s.rank, s.step))
+            from {_traces_source(root)} as t
+            inner join read_parquet({_literal(str(root / 'steps' / '**' / '*.parquet'))}) as s using (trace_id)
+            group by t.trace_id
+            """
+        ).fetchall()
+    finally:
+        con.close()
+    return {trace_id: (run, [tuple(pair.values()) if isinstance(pair, dict) else tuple(pair) for pair in pairs])
+            for trace_id, run, pairs in rows}
+
+
+def lowest_rank(directory: str | Path) -> int:
+    """The lowest rank held in ``directory``, or 0 (rankless files get ranks below it)."""
+    ranks = [rank for _, claims in steps_by_trace(directory).values() for rank, _ in claims]
+    return min([0, *ranks])
+
+
 def import_parquet(directory: str | Path, db: str | Path) -> int:
     """Load the traces of a Parquet directory into the warehouse at ``db``; returns traces added.
 
@@ -285,6 +337,7 @@ def import_parquet(directory: str | Path, db: str | Path) -> int:
                     )
                 elif table.name in _ONE_ROW_PER:
                     con.execute(f"insert into {table.name} ({cols}) select {cols} from ({queries[table.name]}) on conflict do nothing")
+            _refuse_rank_collisions(con, root)
             con.execute("drop table _id_map")
             con.commit()
         except BaseException:

@@ -15,8 +15,16 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from traceq.errors import ConfigError
-from traceq.metrics import BREAKDOWN_NOTE, StepSelection, breakdown_metrics, step_metrics
+from traceq.errors import ConfigError, EmptySelection
+from traceq.metrics import (
+    BREAKDOWN_NOTE,
+    StepSelection,
+    breakdown_metrics,
+    nothing_selected,
+    require_runs,
+    step_metrics,
+    step_window_notes,
+)
 from traceq.scaling import SCALING_NOTES, per_run, scaling_from_runs
 from traceq.throughput import (
     FLOPS_CONVENTION,
@@ -58,9 +66,11 @@ def report_data(
     """Read the frames of the HTML report for the selected steps of ``runs`` (default: all)."""
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
     try:
+        require_runs(con, runs)
         steps = step_metrics(con, selection=selection, runs=runs)
         if steps.height == 0:
-            raise ConfigError("no selected steps to report; ingest traces first (or loosen --steps/--skip-steps/--run)")
+            raise EmptySelection(nothing_selected(con, selection, runs))
+        window_notes = step_window_notes(con, steps, selection)
         coll = breakdown_metrics(con, "exposed_comm_by_collective_us", selection=selection, runs=runs)
         by_collective = coll.group_by("run", "collective_type").agg(pl.col("exposed_comm_by_collective_us").mean())
         scaling = scaling_from_runs(per_run(steps, scaling_by), scaling_by)
@@ -73,7 +83,7 @@ def report_data(
     finally:
         if con is not db:
             con.close()
-    data.notes = steps_used(steps)
+    data.notes = [*steps_used(steps), *window_notes]
     return data
 
 
@@ -112,8 +122,13 @@ def render_html(data: ReportData) -> str:
     gpu_rows = data.steps.filter(pl.col("window_us").is_not_null())
     if gpu_rows.height:
         fig = plots.step_breakdown_figure(gpu_rows)
-        body = _figure(fig, "steps") + _notes(["compute here is compute time without communication beside it; "
-                                              "compute + overlapped comm = compute_us; the stack adds up to the device window"])
+        body = _figure(fig, "steps") + _notes([
+            "each step's device window runs from the first device activity it launched to the first the next step "
+            "launched (the last: to the end of the activity the steps launched), so windows tile the timeline and a "
+            "step counts all activity in its window, whichever step launched it; a rank without steps is step -1, "
+            "its whole trace",
+            "compute here is compute time without communication beside it; compute + overlapped comm = compute_us; "
+            "the stack adds up to the window"])
     else:
         body = _figure(plots.step_time_figure(data.steps), "steps") + _notes(
             ["no GPU activity in these traces (CPU-only run): the per-step device breakdown needs kernels"])

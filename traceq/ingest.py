@@ -488,15 +488,17 @@ def _drop_plain_ops(con: Any, params: dict[str, Any]) -> int:
 
 def ingest_in_process(
     con: Any, path: Path, *, run: str | None = None, rank: int | None = None, chunk_bytes: int = INGEST_CHUNK_BYTES,
-    step_marker: str | None = None,
+    step_marker: str | None = None, rank_if_none: int | None = None,
 ) -> FileResult:
     """Ingest one file into the open warehouse ``con`` (one transaction).
 
-    The trace id comes from the warehouse's ``trace_ids`` sequence.
+    The trace id comes from the warehouse's ``trace_ids`` sequence. ``rank_if_none``: the (negative)
+    rank the file gets if it names none, where ``con`` cannot tell which are free (a cluster task's
+    private warehouse); by default the first free one in its run.
     """
     marker = StepMarker.parse(step_marker)
     check_marker(con, marker)
-    loader = _Loader(con, run, rank, chunk_bytes, lambda event, info: None, marker=marker)
+    loader = _Loader(con, run, rank, chunk_bytes, lambda event, info: None, marker=marker, rank_if_none=rank_if_none)
     try:
         with few_collections():
             return next(loader.load([path]))
@@ -510,11 +512,12 @@ class _Loader:
 
     def __init__(
         self, con: Any, run: str | None, rank: int | None, chunk_bytes: int, notify: Progress, native: bool = True,
-        marker: StepMarker = StepMarker(),
+        marker: StepMarker = StepMarker(), rank_if_none: int | None = None,
     ) -> None:
         self.con = con
         self.native = native
         self.marker = marker
+        self.rank_if_none = rank_if_none
         self.run = run
         self.rank = rank
         self.chunk_bytes = chunk_bytes
@@ -726,7 +729,7 @@ class _Loader:
         notes = []
         fill_rank = file_rank
         if fill_rank is None and counts.rows_without_rank:  # a rank of its own: never shared by accident
-            fill_rank = free_rank(con, run)
+            fill_rank = free_rank(con, run) if self.rank_if_none is None else self.rank_if_none
             if not counts.rows_with_rank:
                 file_rank = fill_rank
                 notes.append(f"{path} names no rank (no distributedInfo, event args or rank<N> in its name): "

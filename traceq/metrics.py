@@ -35,17 +35,18 @@ class Metric:
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("comm_kernel_us", "us", "sum of communication kernel durations (the study's communication load)"),
-    Metric("compute_kernel_us", "us", "sum of compute kernel durations (the study's computational load)"),
+    Metric("comm_kernel_us", "us", "sum of communication kernel durations in the window (the study's communication load)"),
+    Metric("compute_kernel_us", "us", "sum of compute kernel durations in the window (the study's computational load)"),
     Metric("comm_us", "us", "|U(comm)|: time at least one communication kernel runs, streams merged"),
     Metric("compute_us", "us", "|U(compute)|: time at least one compute kernel runs, streams merged"),
     Metric("overlapped_comm_us", "us", "|U(comm) ∩ U(compute)|: communication hidden behind compute"),
     Metric("exposed_comm_us", "us", "|U(comm) − U(compute)|: communication with no compute beside it"),
     Metric("exposed_memcpy_us", "us", "|U(memcpy ∪ memset) − U(compute) − U(comm)|"),
-    Metric("idle_us", "us", "device window − |U(all GPU activity)|; window = first kernel start to last kernel end"),
-    Metric("window_us", "us", "device window of the step: first GPU activity start to last end"),
+    Metric("idle_us", "us", "window_us − |U(all device activity in the window)|; 0 <= idle_us <= window_us"),
+    Metric("window_us", "us", "the step's device window: from the first device activity it launched to the first the next step "
+           "launched (the last step: to the end of the activity the steps launched); windows tile the timeline"),
     Metric("overlap_ratio", "ratio", "overlapped_comm_us / comm_us (HTA's comp_comm_overlap_pctg / 100)"),
-    Metric("step_time_ms", "ms", "duration of the ProfilerStep#N CPU span (the clock for throughput)"),
+    Metric("step_time_ms", "ms", "duration of the step's CPU span, ProfilerStep#N or --step-marker (the clock for throughput)"),
     Metric("tokens_per_s", "tokens/s", "tokens_per_step / world_size / step time: tokens per second per GPU (the study's WPS)"),
     Metric("global_tokens_per_s", "tokens/s", "tokens_per_step / step time: tokens per second of the whole run"),
     Metric("tflops", "TFLOP/s", "model FLOPs per step / world_size / step time; FLOPs per token 6·N + 12·L·H·Q·T unless set"),

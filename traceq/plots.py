@@ -61,7 +61,7 @@ def step_breakdown_figure(rows: pl.DataFrame, max_ranks: int = 16) -> Any:
             hovertemplate=f"{name}: %{{y:,.1f}} us<br>%{{x}}<extra></extra>",
         ))
     fig.update_layout(
-        barmode="stack", title="Where each step's device time goes (per rank and ProfilerStep)",
+        barmode="stack", title="Where each step's device window goes (per rank and step)",
         yaxis_title="us (stack = device window)", xaxis_title="rank / step", **_LAYOUT,
     )
     return fig
@@ -76,7 +76,7 @@ def step_time_figure(rows: pl.DataFrame, max_ranks: int = 16) -> Any:
          [str(s) for s in rows["step"].to_list()]]
     fig = go.Figure(go.Bar(name="step time", x=x, y=rows["step_time_ms"].to_list(), marker_color="#4C78A8",
                            hovertemplate="step time: %{y:,.2f} ms<br>%{x}<extra></extra>"))
-    fig.update_layout(title="Step time per rank and ProfilerStep (no GPU activity in these traces)",
+    fig.update_layout(title="Step time per rank and step (no activity in these traces)",
                       yaxis_title="ms", xaxis_title="rank / step", showlegend=True, **_LAYOUT)
     return fig
 

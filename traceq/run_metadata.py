@@ -19,7 +19,7 @@ import duckdb
 from traceq import query
 from traceq.catalog import gpu_peaks, peak_for
 from traceq.errors import ConfigError
-from traceq.warehouse import DEFAULT_DB, connect, fetch_one, sql_text, to_polars
+from traceq.warehouse import DEFAULT_DB, connect, fetch_one, to_polars
 
 if TYPE_CHECKING:  # polars loads with the first report, not with ingest
     import polars as pl

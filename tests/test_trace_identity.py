@@ -1,0 +1,203 @@
+"""Two files never merge silently: a file without a rank gets one of its own, two files that claim the
+same steps of one rank in one run are refused, and every report row traces back to its file. Also the
+devices beyond CUDA/HIP (MTIA), the GPU model from deviceProperties, and warehouses of the schema before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from tests import step_reference as reference
+from tests.conftest import corpus_path
+from tests.test_step_windows import METRICS, lagging_trace
+from tests.tracegen import TraceBuilder
+from traceq.catalog import peak_for
+from traceq.cli import app
+from traceq.ingest import ingest_traces
+from traceq.metrics import compute_metric, metric_report, relation, step_metrics
+from traceq.warehouse import SCHEMA_VERSION, connect, schema_version
+
+US = 1000
+
+
+def _anonymous(tag: str) -> TraceBuilder:
+    t = lagging_trace()
+    t.rank = None
+    t.events.append({"ph": "X", "cat": "user_annotation", "name": tag, "pid": 1, "tid": 1, "ts": 0.0, "dur": 1.0})
+    return t
+
+
+def test_files_without_a_rank_get_ranks_of_their_own_with_a_note(tmp_path: Path) -> None:
+    paths = [_anonymous(tag).write(tmp_path / "resnet50" / f"worker{i}.json") for i, tag in enumerate("ab")]
+    result = CliRunner().invoke(app, ["ingest", *map(str, paths), "--db", str(tmp_path / "w.duckdb"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert [line.split(": run ")[1].split(",")[1] for line in result.stdout.splitlines()[:2]] == [" rank -1", " rank -2"]
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
+    assert len(notes) == 2 and "stored as rank -2 of run resnet50; set one with --rank N" in notes[1]
+    frame = compute_metric(tmp_path / "w.duckdb", "comm", by=("run", "rank"))
+    assert frame.select("rank", "steps").rows() == [(-2, 3), (-1, 3)]  # apart, each with its own 3 steps
+
+
+def test_the_same_rank_given_to_two_files_is_refused_in_one_line(tmp_path: Path) -> None:
+    paths = [_anonymous(tag).write(tmp_path / "job" / f"t{i}.json") for i, tag in enumerate("ab")]
+    result = CliRunner().invoke(app, ["ingest", *map(str, paths), "--rank", "0", "--db", str(tmp_path / "w.duckdb"), "-q"])
+    assert result.exit_code == 1
+    failed = [line for line in result.stderr.splitlines() if line.startswith("failed")]
+    assert len(failed) == 1 and f"failed {paths[1]}: run job already holds steps 1..3 of rank 0 from" in failed[0]
+    assert "--run NAME" in failed[0] and "--rank N" in failed[0]
+    # under another run it is welcome
+    again = CliRunner().invoke(app, ["ingest", str(paths[1]), "--rank", "0", "--run", "job-b",
+                                     "--db", str(tmp_path / "w.duckdb"), "-q"])
+    assert again.exit_code == 0, again.output
+
+
+def test_files_of_one_rank_with_other_steps_are_one_rank(tmp_path: Path) -> None:
+    """The collectors' profiling cycles: rank0 and rank0.cycle1 hold other steps of one rank."""
+    later = lagging_trace()
+    for e in later.events:
+        if e["name"].startswith("ProfilerStep#"):
+            e["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + 10}"
+    paths = [lagging_trace().write(tmp_path / "job" / "rank0.json"), later.write(tmp_path / "job" / "rank0.cycle1.json")]
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces(paths, db, workers=0).ok
+    assert compute_metric(db, "comm", by=("run", "rank")).select("rank", "steps").rows() == [(0, 6)]
+
+
+def test_every_report_row_traces_back_to_its_file(tmp_path: Path) -> None:
+    paths = [_anonymous(tag).write(tmp_path / "job" / f"worker{i}.json") for i, tag in enumerate("ab")]
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces(paths, db, workers=0).ok
+    result = CliRunner().invoke(app, ["runs", "--traces", "--db", str(db), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    listed = {row["ranks"]: row for row in json.loads(result.stdout)}
+    assert {k: (v["path"], v["rank_source"], v["steps"]) for k, v in listed.items()} == {
+        "-1": (str(paths[0].resolve()), "unknown", 3), "-2": (str(paths[1].resolve()), "unknown", 3)}
+
+
+# --------------------------------------------------------------- devices beyond CUDA/HIP: data
+
+
+def test_mtia_device_activity_is_counted_and_waits_are_not_work(tmp_path: Path) -> None:
+    path = corpus_path("hta/mtia_inference_trace/mtia_inference_rank_0.json.gz")
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([path], db, workers=0, step_marker="^Stage::PyTorchMRSGIFTask::run$").ok
+    with connect(db, read_only=True) as con:
+        classes = dict(relation(con, "gpu_activity").aggregate("class, count(*)").fetchall())
+        steps = step_metrics(con)
+    # 1313 mtia_ccp_events: dma_request copies, event_record / event_wait stream syncs, the rest work
+    assert classes == {"memcpy": 877, "sync": 339, "compute": 97}
+    assert steps.height == 38 and steps["exposed_memcpy_ns"].sum() > 0
+    # the brute-force reference with the same step marker, step by step
+    expected = {r["step"]: r for r in reference.step_metrics(path, marker="^Stage::PyTorchMRSGIFTask::run$")}
+    for row in steps.iter_rows(named=True):
+        assert {m: row[m] for m in METRICS} == {m: expected[row["step"]][m] for m in METRICS}, row["step"]
+
+
+def test_hccl_collectives_of_other_accelerators_are_communication(tmp_path: Path) -> None:
+    t = TraceBuilder(rank=0)
+    t.step(1, 0, 100 * US)
+    t.kernel("pe_exe", 10 * US, 40 * US, cat="mtia_ccp_events", launch_ns=1 * US)
+    t.kernel("hccl:all_reduce", 30 * US, 60 * US, cat="mtia_ccp_events", launch_ns=2 * US)
+    t.kernel("event_wait", 0, 90 * US, cat="mtia_ccp_events", launch_ns=3 * US)  # not work: no busy time
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([t.write(tmp_path / "mtia" / "rank0.json")], db, workers=0).ok
+    row = step_metrics(db_con := connect(db, read_only=True)).row(0, named=True)
+    with db_con:
+        assert relation(db_con, "gpu_activity").filter("class = 'comm'").aggregate("collective_type").fetchall() == [
+            ("AllReduce",)]
+    assert (row["comm_ns"], row["exposed_comm_ns"], row["window_ns"], row["idle_ns"]) == (30 * US, 20 * US, 50 * US, 0)
+
+
+# ------------------------------------------------------------------------ GPU model and its peak
+
+
+def test_gpu_model_comes_from_device_properties_and_maps_to_the_peak(corpus_db: Path) -> None:
+    with connect(corpus_db, read_only=True) as con:
+        gpus = dict(con.sql("select split_part(path, '/', -1), gpu_model from traces").fetchall())
+        meta = {r["run"]: r for r in relation(con, "run_metadata").pl().iter_rows(named=True)}
+    assert gpus["Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"] == "NVIDIA H100 80GB HBM3"
+    assert gpus["resnet_act_checkpoint.json.gz"] == "AMD Instinct MI300X"
+    assert gpus["mtia_inference_rank_0.json.gz"] == "ARTEMIS"  # deviceProperties written as a Python repr
+    assert (meta["h100"]["gpu"], meta["h100"]["peak_tflops"], meta["h100"]["peak_gpu"]) == (
+        "NVIDIA H100 80GB HBM3", 989.0, "H100 SXM")
+    assert (meta["mi300"]["peak_tflops"], meta["b200"]["peak_tflops"], meta["deepseek_profile_data"]["peak_gpu"]) == (
+        1307.0, 2250.0, "H800 SXM")
+    assert meta["mtia_inference_trace"]["peak_tflops"] is None
+
+
+def test_an_unknown_gpu_leaves_mfu_empty_and_says_how_to_set_the_peak(tmp_path: Path) -> None:
+    t = lagging_trace()
+    path = t.write(tmp_path / "job" / "rank0.json", deviceProperties=[{"id": 0, "name": "Mystery Accelerator 9000"}])
+    (tmp_path / "job" / "rank0.run.json").write_text(json.dumps({"world_size": 1, "tokens_per_step": 1000,
+                                                                 "model_flops_per_token": 6e9}))
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([path], db, workers=0).ok
+    frame, notes = metric_report(db, "mfu")
+    assert frame["mfu"].to_list() == [None]
+    assert any("GPU 'Mystery Accelerator 9000' is not in the peak table" in n and "--peak-tflops P" in n for n in notes)
+
+
+@pytest.mark.parametrize(("name", "gpu", "tflops"), [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989), ("NVIDIA H100 PCIe", "H100 PCIe", 756),
+    ("NVIDIA H100 NVL", "H100 NVL", 835), ("NVIDIA H200", "H200", 989), ("NVIDIA H200 NVL", "H200 NVL", 835),
+    ("NVIDIA H20", "H20", 148), ("NVIDIA H800", "H800 SXM", 989), ("NVIDIA A100-SXM4-80GB", "A100", 312),
+    ("NVIDIA A100 80GB PCIe", "A100", 312), ("NVIDIA A100-PG509-200", "A100", 312), ("NVIDIA L40S", "L40S", 362),
+    ("NVIDIA B200", "B200", 2250), ("NVIDIA GB200", "GB200", 2500), ("NVIDIA B300 SXM6 AC", "B300", 2250),
+    ("NVIDIA GB300", "GB300", 2500), ("Tesla V100-SXM2-32GB", "V100", 125), ("AMD Instinct MI250X", "MI250X", 383),
+    ("AMD Instinct MI300X", "MI300X", 1307), ("AMD Instinct MI325X", "MI325X", 1307),
+    ("AMD Instinct MI350X", "MI350X", 2300), ("AMD Instinct MI355X", "MI355X", 2500),
+])
+def test_peak_table_maps_device_names(name: str, gpu: str, tflops: float) -> None:
+    peak = peak_for(name)
+    assert peak is not None and (peak.gpu, peak.peak_tflops) == (gpu, tflops) and peak.source
+
+
+def test_peak_table_knows_no_consumer_or_unnamed_gpu() -> None:
+    assert peak_for("NVIDIA GeForce RTX 4090") is None and peak_for("AMD Radeon Graphics") is None
+    assert peak_for("") is None and peak_for(None) is None
+
+
+# ------------------------------------------------------- warehouses written by the schema before
+
+
+def test_a_warehouse_of_the_schema_before_is_upgraded_when_a_report_opens_it(tmp_path: Path) -> None:
+    """Made by 0.1 (simulated: the new columns, the whole-trace steps and the version row removed, kernels
+    attributed by time as 0.1 did): a read-only report upgrades it and answers as a fresh ingest does."""
+    nosteps = lagging_trace()
+    nosteps.events = [e for e in nosteps.events if not e["name"].startswith("ProfilerStep#")]
+    paths = [lagging_trace().write(tmp_path / "job" / "rank0.json"), nosteps.write(tmp_path / "other" / "rank0.json")]
+    fresh, old = tmp_path / "fresh.duckdb", tmp_path / "old.duckdb"
+    assert ingest_traces(paths, fresh, workers=0).ok
+    assert ingest_traces(paths, old, workers=0).ok
+    with duckdb.connect(str(old)) as con:
+        con.execute("drop table warehouse_info")
+        con.execute("delete from steps where source = 'whole_trace'")
+        for table, column in (("steps", "source"), ("traces", "step_marker"), ("traces", "devices"), ("traces", "gpu_model")):
+            con.execute(f"alter table {table} drop column {column}")
+        con.execute("update gpu_events set step = 1, step_source = 'time' where step is null")
+    assert schema_version(duckdb.connect(str(old), read_only=True)) is None
+    for by in (("run", "rank", "step"), ("run", "rank")):
+        assert compute_metric(old, "exposed_comm", by=by).equals(compute_metric(fresh, "exposed_comm", by=by))
+    with connect(old, read_only=True) as con:
+        assert schema_version(con) == SCHEMA_VERSION
+
+
+def test_no_kernel_name_of_the_corpus_matches_two_rules_of_its_lowest_priority(corpus_db: Path) -> None:
+    """Ties would make the class or collective type depend on the order DuckDB reads the rules."""
+    with connect(corpus_db, read_only=True) as con:
+        ties = con.sql(
+            """
+            with kernel_names as (select distinct n.name from names n semi join gpu_events g using (trace_id, name_id)),
+            matched as (
+                select k.name, r.priority, r.class, r.collective, min(r.priority) over (partition by k.name) as best
+                from kernel_names k join kernel_rules r on regexp_matches(k.name, r.pattern)
+            )
+            select name from matched where priority = best group by name
+            having count(distinct (class, coalesce(collective, ''))) > 1
+            """
+        ).fetchall()
+    assert ties == []
