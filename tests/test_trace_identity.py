@@ -125,7 +125,7 @@ def test_gpu_model_comes_from_device_properties_and_maps_to_the_peak(corpus_db: 
     assert (meta["h100"]["gpu"], meta["h100"]["peak_tflops"], meta["h100"]["peak_gpu"]) == (
         "NVIDIA H100 80GB HBM3", 989.0, "H100 SXM")
     assert (meta["mi300"]["peak_tflops"], meta["b200"]["peak_tflops"], meta["deepseek_profile_data"]["peak_gpu"]) == (
-        1307.0, 2250.0, "H800 SXM")
+        1307.4, 2250.0, "H800 SXM")
     assert meta["mtia_inference_trace"]["peak_tflops"] is None
 
 
@@ -147,8 +147,10 @@ def test_an_unknown_gpu_leaves_mfu_empty_and_says_how_to_set_the_peak(tmp_path: 
     ("NVIDIA H20", "H20", 148), ("NVIDIA H800", "H800 SXM", 989), ("NVIDIA A100-SXM4-80GB", "A100", 312),
     ("NVIDIA A100 80GB PCIe", "A100", 312), ("NVIDIA A100-PG509-200", "A100", 312), ("NVIDIA L40S", "L40S", 362),
     ("NVIDIA B200", "B200", 2250), ("NVIDIA GB200", "GB200", 2500), ("NVIDIA B300 SXM6 AC", "B300", 2250),
-    ("NVIDIA GB300", "GB300", 2500), ("Tesla V100-SXM2-32GB", "V100", 125), ("AMD Instinct MI250X", "MI250X", 383),
-    ("AMD Instinct MI300X", "MI300X", 1307), ("AMD Instinct MI325X", "MI325X", 1307),
+    ("NVIDIA GB300", "GB300", 2500), ("Tesla V100-SXM2-32GB", "V100 SXM2", 125), ("Tesla V100-PCIE-16GB", "V100 PCIe", 112),
+    ("AMD Instinct MI250X/MI250", "MI250X (one die)", 191.5), ("NVIDIA H800 80GB HBM3", "H800 SXM", 989),
+    ("NVIDIA H20-3e", "H20", 148), ("AMD Instinct MI300X VF", "MI300X", 1307.4),
+    ("AMD Instinct MI300X", "MI300X", 1307.4), ("AMD Instinct MI325X", "MI325X", 1307.4),
     ("AMD Instinct MI350X", "MI350X", 2300), ("AMD Instinct MI355X", "MI355X", 2500),
 ])
 def test_peak_table_maps_device_names(name: str, gpu: str, tflops: float) -> None:

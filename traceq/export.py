@@ -26,7 +26,7 @@ from pathlib import Path
 import duckdb
 
 from traceq.errors import ConfigError, WarehouseError
-from traceq.warehouse import builtin_rules, connect, sql_text
+from traceq.warehouse import builtin_rules, connect, prepare_session, sql_text
 
 # Written last, read first: a trace's rows count only once its traces row exists.
 TRACES = "traces"
@@ -162,7 +162,7 @@ def open_parquet(directory: str | Path, *, read_only: bool = True) -> duckdb.Duc
         # Small tables are read into memory once (reports join them repeatedly); the rest stay views.
         kind = "table" if rows <= IN_MEMORY_ROWS else "view"
         con.execute(f"create {kind} {name} as {query}")
-    con.execute(sql_text("macros.sql"))
+    prepare_session(con)
     return con
 
 
