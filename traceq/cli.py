@@ -131,7 +131,7 @@ def report(
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help="Grain: comma-separated subset of run,rank,device,step and run metadata columns (world_size, nodes, gpus_per_node, tp, pp, cp, dp, model, seq_len, gpu, tokens_per_step).")] = "run,rank",
     window: Annotated[Window, typer.Option(help="steps: the selected steps (kernels attributed to steps); trace: the whole trace, every kernel.")] = Window.steps,
-    steps: Annotated[Optional[str], typer.Option(help="ProfilerStep numbers to use, inclusive, e.g. 11:60 or 5: .")] = None,
+    steps: Annotated[Optional[str], typer.Option(help="Step numbers to use (N of ProfilerStep#N, or of --step-marker), inclusive, e.g. 11:60 or 5: .")] = None,
     skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
     drop_last: Annotated[bool, typer.Option(help="Always drop each rank's last step (what HTA does); by default only a cut last step is dropped.")] = False,
     run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
@@ -184,7 +184,7 @@ def _steps_note(selection: Any) -> str:
     skip = "the run's warmup_steps, 0 if unset" if selection.skip_steps is None else str(selection.skip_steps)
     parts = [f"warm-up steps skipped: {skip}"]
     if selection.step_min is not None or selection.step_max is not None:
-        parts.append(f"ProfilerStep {selection.step_min or ''}:{selection.step_max or ''}")
+        parts.append(f"steps {selection.step_min or ''}:{selection.step_max or ''}")
     parts.append("dropping every last step" if selection.drop_last else "dropping a cut last step")
     return ", ".join(parts)
 
@@ -349,7 +349,7 @@ def rules(
 def scaling(
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help="Run metadata columns that split runs into separate series, e.g. model,tp.")] = "",
-    steps: Annotated[Optional[str], typer.Option(help="ProfilerStep numbers to use, inclusive, e.g. 11:60.")] = None,
+    steps: Annotated[Optional[str], typer.Option(help="Step numbers to use (N of ProfilerStep#N), inclusive, e.g. 11:60.")] = None,
     skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
     drop_last: Annotated[bool, typer.Option(help="Always drop each rank's last step.")] = False,
     run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
@@ -395,9 +395,12 @@ def check(
     """Data-quality report: what to know about each trace and run before trusting a number.
 
     One row per finding: kernels overlapping on one stream, kernels without a launch event or
-    outside every step, unknown ranks, ranks held by two traces, missing metadata, incomplete
-    steps, ranks with different step counts, clock skew between ranks (from the end times of the
-    same collective), events dropped by ingest, duplicate events.
+    launched by no step, device activity before the first step's window or after the last, windows
+    that had to be moved to keep them in order, traces without steps (one window over the whole
+    trace), devices with communication but no compute, ranks the file did not name, ranks whose
+    steps two traces hold, missing metadata, incomplete steps, ranks with different step counts,
+    clock skew between ranks (from the end times of the same collective), events dropped by ingest,
+    duplicate events.
 
     Exit code: 0 when nothing needs attention (no finding, or only severity info); 1 when a
     finding has severity warning, or the warehouse cannot be read.

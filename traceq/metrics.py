@@ -101,7 +101,7 @@ class StepSelection:
 
     Args:
         skip_steps: leading profiled steps to skip; None = the run's ``warmup_steps`` metadata, else 0.
-        step_min, step_max: keep ProfilerStep numbers in [step_min, step_max] (None = unbounded).
+        step_min, step_max: keep step numbers (N of ProfilerStep#N) in [step_min, step_max] (None = unbounded).
         drop_incomplete: drop a last step that the end of the trace cut.
         drop_last: drop the last step always (what HTA does).
     """
@@ -125,7 +125,7 @@ class StepSelection:
 
     @classmethod
     def parse(cls, steps: str | None = None, skip_steps: int | None = None, drop_last: bool = False) -> StepSelection:
-        """From CLI text: ``steps`` as "a:b" (inclusive ProfilerStep numbers; either side may be empty)."""
+        """From CLI text: ``steps`` as "a:b" (inclusive step numbers; either side may be empty)."""
         lo = hi = None
         if steps:
             left, sep, right = steps.partition(":")
@@ -135,7 +135,7 @@ class StepSelection:
                 if not sep:
                     hi = lo
             except ValueError:
-                raise ConfigError(f"--steps {steps!r}: expected a:b with ProfilerStep numbers, e.g. 11:60") from None
+                raise ConfigError(f"--steps {steps!r}: expected a:b with step numbers, e.g. 11:60") from None
             if lo is not None and hi is not None and hi < lo:
                 raise ConfigError(f"--steps {steps!r}: the end is before the start")
         if skip_steps is not None and skip_steps < 0:
