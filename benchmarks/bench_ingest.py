@@ -111,14 +111,14 @@ print(json.dumps({"events": len(events), "kernels": n_kernels, "read_s": t1 - t0
 
 
 # The parse-only limit of the engine traceq ingests with: the reader's chunks as the batch files traceq
-# parses (traceq.native: named pipes for an uncompressed trace) and DuckDB's JSON reader (every core)
+# parses (traceq.ingest.native: named pipes for an uncompressed trace) and DuckDB's JSON reader (every core)
 # reading the columns traceq reads, aggregated instead of typed, filtered and written.
 DUCKDB_PARSE_CHILD = r"""
 import json, sys, time
 from pathlib import Path
 import duckdb
-from traceq.native import batch_files, scratch_dir
-from traceq.reader import read_trace_ranges
+from traceq.ingest.native import batch_files, scratch_dir
+from traceq.ingest.reader import read_trace_ranges
 
 ARGS = ('STRUCT("External id" VARCHAR, correlation VARCHAR, device VARCHAR, stream VARCHAR, rank VARCHAR, '
         '"Collective name" VARCHAR, "Process Group Name" VARCHAR, "Process Group Description" VARCHAR, '

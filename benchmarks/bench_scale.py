@@ -122,7 +122,7 @@ def rank_dir(ranks: int) -> Path:
 
 
 def json_mb(paths: list[Path]) -> float:
-    from traceq.ingest import json_size
+    from traceq.ingest.inputs import json_size
 
     return sum(json_size(p) for p in paths) / 1e6
 
@@ -135,7 +135,7 @@ def synthesize_run(db: str | Path, *, ranks: int, steps: int, run: str = "synthe
     collective args) covering 40-100 us, spread over several streams. So for every rank and step:
     compute 60 us, comm 60 us, overlapped 20 us, exposed comm 40 us, idle 0.
     """
-    from traceq.warehouse import connect
+    from traceq.store.warehouse import connect
 
     half = max(1, kernels // 2)
     con = connect(db)
@@ -234,9 +234,9 @@ def _parse_limit(path: Path) -> dict:
 import gc, json, time
 from pathlib import Path
 gc.set_threshold(100_000, 50, 100)  # what ingest workers use (traceq.ingest.DECODE_GC_THRESHOLDS)
-from traceq.decode import _FAST, decode_chunk
-from traceq.reader import read_trace
-from traceq.ingest import INGEST_CHUNK_BYTES
+from traceq.ingest.decode import _FAST, decode_chunk
+from traceq.ingest.reader import read_trace
+from traceq.ingest.loader import INGEST_CHUNK_BYTES
 t0 = time.process_time(); n = 0
 header, chunks = read_trace(Path({str(path)!r}), INGEST_CHUNK_BYTES)
 read_s = decode_s = arrow_s = 0.0
@@ -259,7 +259,7 @@ def _raw_parse_limit(path: Path) -> dict:
     """Decompress + typed msgspec decode of the whole file in one piece (no chunking), one core."""
     code = f"""
 import gzip, json, time
-from traceq.decode import Event
+from traceq.ingest.decode import Event
 import msgspec
 class Doc(msgspec.Struct):
     traceEvents: list[Event]

@@ -83,7 +83,6 @@ class SlowFakeNVML:
 def run_loop(mode: str, args, model, opt, gen, out_dir: Path, tag: str) -> tuple[list[float], float]:
     """Train wait+warmup+active+1 steps under `mode`; return per-step seconds and the loop's seconds."""
     import torch
-
     import train
     from traceq.collectors import TraceCollector
 

@@ -29,7 +29,6 @@ import time
 import traceback
 from pathlib import Path
 
-
 from traceq.errors import TraceqError
 from traceq.ingest import ingest_traces
 

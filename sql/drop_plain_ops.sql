@@ -1,5 +1,5 @@
 -- Delete the CPU operators of trace $trace_id (a trace with GPU activity) that were read before
--- ingest switched to leaving them out: the rows traceq.decode._is_plain_op and the plain_op column of
+-- ingest switched to leaving them out: the rows traceq.ingest.decode._is_plain_op and the plain_op column of
 -- sql/read_events.sql leave out (cat in $op_cats, no collective args, not a step marker).
 delete from host_events as h
 where h.trace_id = $trace_id

@@ -1,8 +1,8 @@
 -- Write one parsed batch (_rows: the rows of sql/read_events.sql, held in memory) as rows of trace $trace_id.
--- Statements run in order, traceq.native passes each the parameters it names.
+-- Statements run in order, traceq.ingest.native passes each the parameters it names.
 -- $fill_rank: the file's rank from distributedInfo, for rows whose event names none (null: filled later).
 
--- 1. what the batch holds (traceq.native.BatchCounts), odd: the batch goes to traceq.decode instead
+-- 1. what the batch holds (traceq.ingest.native.BatchCounts), odd: the batch goes to traceq.ingest.decode instead
 select
     count(*) as events,
     count(*) filter (where kind > 0 and span and valid) as gpu,

@@ -1,7 +1,7 @@
 -- One batch of event chunks ($files: JSON arrays of whole events, cut from a trace's traceEvents by
--- traceq.reader), parsed by DuckDB's JSON reader into a materialized relation, one row per element (_rows in
+-- traceq.ingest.reader), parsed by DuckDB's JSON reader into a materialized relation, one row per element (_rows in
 -- sql/load_events.sql).
--- Rows that become warehouse rows (`keep`) get the columns of traceq.decode's tables, with the name as
+-- Rows that become warehouse rows (`keep`) get the columns of traceq.ingest.decode's tables, with the name as
 -- text (sql/load_events.sql interns it), the others only count.
 --   kind: 1 kernel, 2 memcpy, 3 memset ($kernel_cats, $memcpy_cats, $memset_cats: sql/event_categories.csv),
 --     0 other complete (X) event, null for any other phase
@@ -13,10 +13,10 @@
 --     number), so ph, cat, name, ts and dur are read as JSON text and typed here.
 --   unsure_file: 2021 traces spell the key "external id" on some events, which one struct type cannot
 --     hold beside "External id": the batch file of a row whose args lack "External id" is searched for it.
---   odd: a kept row that traceq.decode would read differently: a name or cat that is not a string,
+--   odd: a kept row that traceq.ingest.decode would read differently: a name or cat that is not a string,
 --     an id with a fraction, a time float64 may not hold to the ns (|ts| >= 2**43 us written with a
 --     fraction or exponent: epoch microseconds with ns). A batch with an odd row goes to
---     traceq.decode instead.
+--     traceq.ingest.decode instead.
 with raw as (
     select *
     from read_json(
@@ -96,7 +96,7 @@ final as (
             coalesce(isfinite(ts_us) and abs(ts_us) < 4.611686018427388e15 and isfinite(dur_us)
                 and abs(dur_us) < 4.611686018427388e15 and dur_us >= 0, false)
         end as valid,
-        -- integer ns: floor + rounded fraction, exact while |ts| < 2**43 us (traceq.decode._time_ns)
+        -- integer ns: floor + rounded fraction, exact while |ts| < 2**43 us (traceq.ingest.decode._time_ns)
         case when valid then floor(ts_us)::bigint * 1000 + round((ts_us - floor(ts_us)) * 1000)::bigint end as start_ns,
         case when valid then floor(dur_us)::bigint * 1000 + round((dur_us - floor(dur_us)) * 1000)::bigint end as dur_ns,
         case when span then

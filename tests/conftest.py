@@ -45,8 +45,8 @@ def long_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     """(An uncompressed trace of a corpus trace's events repeated, its number of events), of about
     three ingest batches: seconds of ingest on one core, long enough to stop in the middle. The reader
     cuts a batch ahead of the parse, so the file offset it shows moves a batch at a time
-    (traceq.native.BATCH_BYTES)."""
-    from traceq.native import BATCH_BYTES
+    (traceq.ingest.native.BATCH_BYTES)."""
+    from traceq.ingest.native import BATCH_BYTES
 
     doc = json.loads(gzip.decompress(corpus_path("hta/trace_filter/sampled_rank-0.json.gz").read_bytes()))
     events = json.dumps(doc["traceEvents"])[1:-1].encode()

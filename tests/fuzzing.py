@@ -12,8 +12,8 @@ from pathlib import Path
 
 import duckdb
 
-from traceq.decode import decode_chunk
-from traceq.reader import read_trace
+from traceq.ingest.decode import decode_chunk
+from traceq.ingest.reader import read_trace
 
 # What gets spliced into a seed trace: JSON tokens anywhere, and valid JSON values of the wrong type
 # or range in place of a value (VALUE_SPOT) or as an extra array element (after ELEMENT_SPOT's '}').

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -26,8 +27,8 @@ from typer.testing import CliRunner
 from tests.conftest import corpus_path
 from tests.tracegen import TraceBuilder
 from traceq.cli import app
-from traceq.decode import decode_chunk
 from traceq.ingest import ingest_traces
+from traceq.ingest.decode import decode_chunk
 
 GOOD = "hta/trace_filter/sampled_rank-0.json.gz"
 GOOD_2 = "hta/trace_filter/sampled_rank-1.json.gz"
@@ -140,7 +141,9 @@ def test_bad_files_among_good_ones_fail_alone_and_leave_no_scratch(db: Path, tmp
     import tempfile
 
     def scratch() -> set[str]:
-        return {str(p) for d in ("/dev/shm", tempfile.gettempdir()) if Path(d).is_dir() for p in Path(d).glob("traceq-*")}
+        # this process's only: another traceq (a second test run, CI beside it) may be ingesting meanwhile
+        return {str(p) for d in ("/dev/shm", tempfile.gettempdir()) if Path(d).is_dir()
+                for p in Path(d).glob(f"traceq-{os.getpid()}-*")}
 
     data = _corpus_json()
     files = {"a.json": data, "truncated.json": data[: len(data) // 2], "b.json": data + b"\n",
@@ -277,7 +280,7 @@ def test_duplicate_events_are_kept_and_reported_by_check(db: Path, tmp_path: Pat
     path.write_bytes(_doc(b.events + b.events, distributedInfo={"rank": 0}))
     code, _, err = ingest_cli(str(path), "--db", str(db), "--workers", "0")
     assert code == 0, err
-    from traceq.check import check_warehouse
+    from traceq.report.check import check_warehouse
 
     findings = check_warehouse(db).filter(check="duplicate_events", path=str(path.resolve()))
     assert findings["count"].to_list() == [2]
@@ -317,7 +320,7 @@ def test_same_trace_stored_twice_with_other_bytes_is_refused_in_one_line(db: Pat
     assert str(run / "rank0_copy.json.gz") in line and "run job already holds steps 551..552 of rank 0 from" in line
     assert "--run NAME" in line
     assert table_counts(db)["traces"] == before["traces"] + 1
-    from traceq.check import check_warehouse
+    from traceq.report.check import check_warehouse
 
     assert check_warehouse(db).filter(check="duplicate_rank", run="job").is_empty()
 

@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.tracegen import TraceBuilder
-from traceq.check import CHECKS, COLUMNS, check_warehouse
 from traceq.cli import app
 from traceq.ingest import ingest_traces
-from traceq.warehouse import sql_text
+from traceq.query import sql_text
+from traceq.report.check import CHECKS, COLUMNS, check_warehouse
 
 US = 1000  # ns
 COMM = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"

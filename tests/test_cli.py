@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from tests.test_metrics_given_expect import one_step_trace
 from traceq.cli import app
-from traceq.warehouse import connect
+from traceq.store.warehouse import connect
 
 runner = CliRunner()
 TABLES = ("traces", "names", "gpu_events", "host_events", "steps", "trace_threads")
@@ -120,7 +120,7 @@ def test_report_errors_are_one_line_with_the_fix(tmp_path: Path, good_trace: Pat
 
 
 def test_metrics_lists_every_metric_with_unit(tmp_path: Path) -> None:
-    from traceq.metrics import METRICS
+    from traceq.catalog import METRICS
 
     result = runner.invoke(app, ["metrics", "--format", "csv"])
     rows = list(csv.DictReader(io.StringIO(result.stdout)))

@@ -16,7 +16,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-
 from traceq.collectors import (
     CollectorConfig,
     CollectorConfigError,

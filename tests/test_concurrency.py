@@ -12,7 +12,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-import traceq.warehouse
+import traceq.store.warehouse
 from tests.conftest import corpus_path
 from tests.test_bad_input import small_trace, table_counts
 from tests.test_interrupt import TRACEQ, wait_until_mid_file
@@ -108,7 +108,7 @@ class Locked:
 def locked(db: Path, monkeypatch: pytest.MonkeyPatch):
     """The warehouse locked by another process; traceq waits 0.3 s for the lock instead of 10 s."""
     lock = Locked(db)
-    monkeypatch.setitem(traceq.warehouse.connect.__kwdefaults__, "wait_s", 0.3)
+    monkeypatch.setitem(traceq.store.warehouse.connect.__kwdefaults__, "wait_s", 0.3)
     yield lock
     lock.release()
 

@@ -14,8 +14,9 @@ import pytest
 
 from tests.conftest import CORPUS, corpus_files
 from traceq import intervals
-from traceq.metrics import relation, step_metrics
-from traceq.warehouse import connect
+from traceq.report.metrics import step_metrics
+from traceq.report.selection import relation
+from traceq.store.warehouse import connect
 
 # Communication kernels per file, from the corpus README's table (columns "nccl/rccl" + "other comm"),
 # which its authors counted from kernel names: the classifier must find exactly these.

@@ -18,11 +18,11 @@ from distributed import Client, LocalCluster  # noqa: E402
 from tests.conftest import corpus_path  # noqa: E402
 from tests.test_parquet import rank_trace  # noqa: E402
 from traceq.cli import app  # noqa: E402
-from traceq.distributed import ingest_with_dask  # noqa: E402
 from traceq.errors import ConfigError  # noqa: E402
-from traceq.export import import_parquet  # noqa: E402
 from traceq.ingest import ingest_traces  # noqa: E402
-from traceq.metrics import compute_metric  # noqa: E402
+from traceq.ingest.cluster import ingest_with_dask  # noqa: E402
+from traceq.report.metrics import compute_metric  # noqa: E402
+from traceq.store.export import import_parquet  # noqa: E402
 
 
 @pytest.fixture(scope="module")

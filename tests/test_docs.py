@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tests.conftest import ROOT
+from traceq.catalog import METRICS
 from traceq.cli import app
-from traceq.metrics import METRICS
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 

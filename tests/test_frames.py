@@ -1,4 +1,4 @@
-"""DuckDB results as polars frames (traceq.warehouse.to_polars): the same frames as DuckDB's own
+"""DuckDB results as polars frames (traceq.store.frames.to_polars): the same frames as DuckDB's own
 ``.pl()``, without importing pyarrow, and without DuckDB's binding reporting leaks at exit."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import duckdb
 
-from traceq.warehouse import to_polars
+from traceq.store.frames import to_polars
 
 MANY_TYPES = """
 select i::tinyint as a, i::smallint as b, i::integer as c, i::bigint as d, i::hugeint as e, i::ubigint as f,
@@ -33,7 +33,7 @@ def test_reports_import_no_pyarrow_and_frames_alive_at_exit_leak_nothing(tmp_pat
     con.execute("create table t as " + MANY_TYPES)
     con.close()
     code = (
-        "import sys, duckdb; from traceq.warehouse import to_polars\n"
+        "import sys, duckdb; from traceq.store.frames import to_polars\n"
         f"con = duckdb.connect({str(db)!r}, read_only=True)\n"
         "KEPT = [to_polars(con.sql('select * from t')) for _ in range(3)]\n"  # alive until exit
         "print(sum(f.height for f in KEPT), 'pyarrow' in sys.modules)\n"
@@ -46,7 +46,7 @@ def test_reports_import_no_pyarrow_and_frames_alive_at_exit_leak_nothing(tmp_pat
 
 def test_import_in_background_leaves_the_module_imported_and_failures_to_the_caller() -> None:
     code = (
-        "import sys\nfrom traceq.warehouse import import_in_background\n"
+        "import sys\nfrom traceq.store.frames import import_in_background\n"
         "with import_in_background('json.tool'):\n    pass\n"
         "print('json.tool' in sys.modules)\n"
         "try:\n    with import_in_background('no_such_module_xyz'):\n        import no_such_module_xyz\n"

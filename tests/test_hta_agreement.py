@@ -22,8 +22,9 @@ from tests import hta_reference as hta
 from tests.conftest import corpus_path
 from traceq import intervals
 from traceq.ingest import ingest_traces
-from traceq.metrics import StepSelection, relation, step_metrics
-from traceq.warehouse import connect
+from traceq.report.metrics import step_metrics
+from traceq.report.selection import StepSelection, relation
+from traceq.store.warehouse import connect
 
 HTA_CASES = {
     "nccl_data": ["hta/nccl_parser_config/nccl_data.json.gz"],

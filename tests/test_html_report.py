@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from tests.test_scaling import make_run
 from tests.test_throughput import collective_trace
 from traceq.cli import app
-from traceq.html import write_html_report
 from traceq.ingest import ingest_traces
+from traceq.report.html import write_html_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(

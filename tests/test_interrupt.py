@@ -15,8 +15,8 @@ import pytest
 
 from tests.test_bad_input import small_trace, table_counts
 from traceq.ingest import ingest_traces
-from traceq.native import STALE_SCRATCH_S, remove_stale_scratch, scratch_base
-from traceq.warehouse import connect
+from traceq.ingest.native import STALE_SCRATCH_S, remove_stale_scratch, scratch_base
+from traceq.store.warehouse import connect
 
 TRACEQ = Path(sys.executable).with_name("traceq")
 

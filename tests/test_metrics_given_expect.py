@@ -9,8 +9,9 @@ import pytest
 
 from tests.tracegen import TraceBuilder
 from traceq.ingest import ingest_traces
-from traceq.metrics import StepSelection, compute_metric, relation, step_metrics
-from traceq.warehouse import connect
+from traceq.report.metrics import compute_metric, step_metrics
+from traceq.report.selection import StepSelection, relation
+from traceq.store.warehouse import connect
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
@@ -151,7 +152,7 @@ def test_user_rules_reclassify_existing_data(tmp_path: Path) -> None:
     assert compute_metric(db, "comm")["comm_us"].to_list() == [0.0]
     rules = tmp_path / "rules.csv"
     rules.write_text("priority,pattern,class,category,collective\n5,^my_custom_allreduce,comm,custom,AllReduce\n")
-    from traceq.warehouse import add_rules
+    from traceq.store.schema import add_rules
 
     with connect(db) as con:
         gpu_activity = relation(con, "gpu_activity")  # noqa: F841 (the SQL reads it by name)

@@ -1,6 +1,6 @@
-"""DuckDB's JSON reader (traceq.native, the default) writes exactly the rows traceq.decode writes.
+"""DuckDB's JSON reader (traceq.ingest.native, the default) writes exactly the rows traceq.ingest.decode writes.
 
-traceq.decode is the reference: typed msgspec decoding, exact times, tested against json/Decimal
+traceq.ingest.decode is the reference: typed msgspec decoding, exact times, tested against json/Decimal
 parses in test_corpus.py. Every table of every corpus trace is compared row for row (names resolved,
 since name ids are assigned in a different order), and hand-made traces cover what the corpus lacks.
 """
@@ -123,7 +123,7 @@ def test_what_duckdb_would_read_differently_goes_to_decode(tmp_path: Path, label
     doc["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "odd", "pid": 0, "tid": 7, "ts": 90, "dur": 1, **event})
     path = _write(tmp_path, doc)
     native, decoded, messages = _both([path], tmp_path)
-    assert messages[str(path)].startswith("read by traceq.decode"), label
+    assert messages[str(path)].startswith("read by traceq.ingest.decode"), label
     for table, query in TABLES.items():
         assert _rows(native, query) == _rows(decoded, query), table
 
@@ -135,7 +135,7 @@ SCALARS = [7, -3, 0, 7.0, -0.0, 1e5, 2**63 - 1, 2**63, -(2**63), 12.5, 1e999, Tr
 
 
 def _macro(name: str, texts: list[str | None], json_typed: bool = False) -> list:
-    from traceq.warehouse import connect
+    from traceq.store.warehouse import connect
 
     con = connect(":memory:")
     arg = "t::json" if json_typed else "t"
@@ -147,7 +147,7 @@ def _macro(name: str, texts: list[str | None], json_typed: bool = False) -> list
 
 
 def test_json_int_reads_ids_as_traceq_decode_does() -> None:
-    from traceq.decode import to_int
+    from traceq.kineto import to_int
 
     def as_varchar(v: object) -> str | None:  # what read_json gives a VARCHAR column
         return None if v is None else v if isinstance(v, str) else json.dumps(v).replace("Infinity", "1e999")
@@ -157,7 +157,7 @@ def test_json_int_reads_ids_as_traceq_decode_does() -> None:
     whole = [v for v in SCALARS if not (isinstance(v, float) and not v.is_integer()) and v not in ("12.5", "-0x10", "1e3")]
     assert len(whole) == len(SCALARS) - 5
     assert _macro("json_int", [as_varchar(v) for v in whole]) == [to_int(v) for v in whole]
-    # a fraction is rounded (read_events.sql sends a batch with one to traceq.decode)
+    # a fraction is rounded (read_events.sql sends a batch with one to traceq.ingest.decode)
     assert _macro("json_int", ["12.5", "7.4"]) == [13, 7]
 
 
@@ -173,14 +173,14 @@ def test_no_room_for_scratch_files_falls_back_to_decode(tmp_path: Path, monkeypa
     """Batch files that cannot be written (a full or missing temp directory) are not an error."""
     import contextlib
 
-    import traceq.ingest
+    import traceq.ingest.loader
 
-    monkeypatch.setattr(traceq.ingest, "scratch_dir", lambda: contextlib.nullcontext(str(tmp_path / "gone")))
+    monkeypatch.setattr(traceq.ingest.loader, "scratch_dir", lambda: contextlib.nullcontext(str(tmp_path / "gone")))
     path = _write(tmp_path, _odd_trace())
     summary = ingest_traces([path], tmp_path / "w.duckdb")
     assert summary.ok
     assert "cannot write scratch files" in summary.files[0].message
-    assert _rows(tmp_path / "w.duckdb", TABLES["gpu_events"])  # the rows are there, from traceq.decode
+    assert _rows(tmp_path / "w.duckdb", TABLES["gpu_events"])  # the rows are there, from traceq.ingest.decode
 
 
 def _many_kernels(n: int) -> TraceBuilder:
@@ -193,12 +193,12 @@ def _many_kernels(n: int) -> TraceBuilder:
 
 @pytest.mark.parametrize("layout", ["object", "bare array", "byte order mark"])
 def test_file_ranges_hold_the_events_of_the_file(tmp_path: Path, layout: str) -> None:
-    """Uncompressed files are cut by reading only around each cut (traceq.reader.read_trace_ranges):
+    """Uncompressed files are cut by reading only around each cut (traceq.ingest.reader.read_trace_ranges):
     the pieces, parsed, are the file's events in order, its header too, with cuts next to strings
     holding "}, {" and an event larger than the window a cut is looked for in."""
     import os
 
-    from traceq.reader import FileRange, read_trace_ranges
+    from traceq.ingest.reader import FileRange, read_trace_ranges
 
     b = _many_kernels(6000)
     for i in range(0, len(b.events), 700):
@@ -225,7 +225,7 @@ def test_file_ranges_hold_the_events_of_the_file(tmp_path: Path, layout: str) ->
 
 def test_external_id_in_both_spellings_goes_to_decode(tmp_path: Path) -> None:
     """2021 traces spell it "External id" on CPU ops and "external id" on kernels; one struct type
-    cannot hold both, so such a file is read by traceq.decode (here the lower case comes last)."""
+    cannot hold both, so such a file is read by traceq.ingest.decode (here the lower case comes last)."""
     b = _many_kernels(20_000)
     for ev in b.events[-50:]:
         if "External id" in ev.get("args", {}):
@@ -243,8 +243,8 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_parsed_again(
     """Without deviceProperties a file starts with every CPU operator and drops them once a batch
     shows GPU activity; the next batch, already parsed with them in the reader's thread, is parsed
     again without them. Small chunks and one chunk per batch make several batches of a small file."""
-    import traceq.ingest as ingest
-    import traceq.native as native
+    import traceq.ingest.loader as ingest
+    import traceq.ingest.native as native
 
     b = TraceBuilder(rank=0)
     for i in range(3000):  # CPU operators first: the first batches have no GPU activity
@@ -280,7 +280,7 @@ def test_the_fast_path_imports_neither_numpy_nor_pyarrow(tmp_path: Path, odd: bo
     import sys
 
     doc = _odd_trace()
-    if odd:  # read by traceq.decode, which needs both
+    if odd:  # read by traceq.ingest.decode, which needs both
         doc["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 90, "dur": 1,
                                    "args": {"correlation": 7.5}})
     path = _write(tmp_path, doc)
@@ -293,6 +293,6 @@ def test_the_fast_path_imports_neither_numpy_nor_pyarrow(tmp_path: Path, odd: bo
     assert run.returncode == 0, run.stderr
     ok, message, heavy = json.loads(run.stdout)
     assert ok
-    assert message.startswith("read by traceq.decode") == odd, message
+    assert message.startswith("read by traceq.ingest.decode") == odd, message
     assert heavy == (["numpy", "pyarrow"] if odd else [])
     assert "leaked" not in run.stderr, run.stderr[:500]

@@ -12,13 +12,14 @@ from typer.testing import CliRunner
 
 from tests.conftest import corpus_path
 from tests.tracegen import TraceBuilder
-from traceq import export
+from traceq.store import parquet as export
 from traceq.cli import app
 from traceq.errors import ConfigError, WarehouseError
-from traceq.export import export_parquet, import_parquet
 from traceq.ingest import ingest_traces
-from traceq.metrics import StepSelection, compute_metric, step_metrics
-from traceq.warehouse import connect
+from traceq.report.metrics import compute_metric, step_metrics
+from traceq.report.selection import StepSelection
+from traceq.store.export import export_parquet, import_parquet
+from traceq.store.warehouse import connect
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 KEYS = ["run", "trace_id", "rank", "device", "step"]

@@ -1,5 +1,5 @@
-"""Ranges of an uncompressed trace reach DuckDB through named pipes (traceq.native.BatchFiles): the
-rows are those of scratch files and of traceq.decode, a parse that stops early (a malformed event, a
+"""Ranges of an uncompressed trace reach DuckDB through named pipes (traceq.ingest.native.BatchFiles): the
+rows are those of scratch files and of traceq.ingest.decode, a parse that stops early (a malformed event, a
 trace shorter than its range) leaves no thread and no pipe behind, and a batch parsed again gets new
 pipes."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-import traceq.native as native
-from traceq.catalog import StepMarker
+import traceq.ingest.native as native
 from tests.test_native import TABLES, _many_kernels, _rows
+from traceq.catalog import StepMarker
 from traceq.ingest import ingest_traces
-from traceq.reader import FileRange
+from traceq.ingest.reader import FileRange
 
 CHUNK = 32 << 10  # small chunks: a trace of a few MB is many ranges, several pipes per batch
 
@@ -76,7 +76,7 @@ def test_a_malformed_event_stops_the_parse_and_every_pipe_is_closed(
     tmp_path: Path, counted_feeds: list[FileRange]
 ) -> None:
     """DuckDB stops at the bad event and reads no further pipe: the feeders still waiting to be read
-    are drained; the file goes to traceq.decode, which names the error."""
+    are drained; the file goes to traceq.ingest.decode, which names the error."""
     path = _trace(tmp_path)
     text = path.read_text()
     cut = text.index('{"ph"', len(text) // 3)
@@ -175,7 +175,7 @@ def test_a_file_without_device_properties_reads_little_with_every_cpu_operator(
     with every CPU operator and switches once the first batch, of one chunk, is counted. By then the
     reader may have parsed the next two batches (one waits for the writer, one is being parsed), of
     two chunks and about four: those are parsed again, the rest is parsed once, in full batches."""
-    import traceq.ingest as ingest
+    import traceq.ingest.loader as ingest
 
     b = _many_kernels(6000)
     for i in range(6000):

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 from tests.tracegen import TraceBuilder
 from traceq.cli import app
 from traceq.ingest import ingest_traces
-from traceq.metrics import StepSelection, compute_metric, step_metrics
-from traceq.warehouse import connect
+from traceq.report.metrics import compute_metric, step_metrics
+from traceq.report.selection import StepSelection
+from traceq.store.warehouse import connect
 
 BASE = 1_700_000_000_000_000_000  # baseTimeNanoseconds: wall-clock ns of trace time 0
 MS = 1_000_000

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-import traceq.ingest as ingest
-from traceq.catalog import StepMarker
-import traceq.native as native
+import traceq.ingest.loader as ingest
+import traceq.ingest.native as native
 from tests.test_native import TABLES, _rows
 from tests.tracegen import TraceBuilder
+from traceq.catalog import StepMarker
 from traceq.ingest import ingest_traces
 
 
@@ -84,7 +84,7 @@ def test_files_parsed_ahead_end_as_files_read_one_by_one(
 
     got = _outcome(together.files)
     assert {stem: status for stem, (status, _) in got.items()} == expect
-    assert got["d"][1].startswith("read by traceq.decode: values that DuckDB"), got["d"]
+    assert got["d"][1].startswith("read by traceq.ingest.decode: values that DuckDB"), got["d"]
     assert "ends inside the event array" in got["c"][1] and "not a Kineto trace" in got["b"][1], got
     assert got == _outcome(one_by_one)
     for table, query in TABLES.items():

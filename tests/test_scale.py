@@ -16,9 +16,11 @@ import pytest
 
 from tests.conftest import ROOT, corpus_path
 from tests.tracegen import TraceBuilder
-from traceq.ingest import _insert, ingest_traces, json_size
-from traceq.metrics import compute_metric
-from traceq.warehouse import connect
+from traceq.ingest import ingest_traces
+from traceq.ingest.inputs import json_size
+from traceq.ingest.loader import _insert
+from traceq.report.metrics import compute_metric
+from traceq.store.warehouse import connect
 
 SMALL = "hta/trace_filter/sampled_rank-0.json.gz"  # 120 KB gz, ~1.5 MB of JSON with NCCL kernels
 

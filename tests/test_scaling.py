@@ -12,7 +12,7 @@ from tests.tracegen import TraceBuilder
 from traceq.cli import app
 from traceq.errors import ConfigError
 from traceq.ingest import ingest_traces
-from traceq.scaling import scaling_table
+from traceq.report.scaling import scaling_table
 
 MS = 1_000_000
 BASE = 1_700_000_000_000_000_000

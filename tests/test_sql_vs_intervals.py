@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from traceq import intervals
-from traceq.metrics import breakdown_metrics, step_metrics
-from traceq.warehouse import connect
+from traceq.report.metrics import breakdown_metrics, step_metrics
+from traceq.store.warehouse import connect
 
 KINDS = {"comm": (1, "ncclDevKernel_AllReduce_Sum_f32"), "compute": (1, "void gemm_kernel()"),
          "memcpy": (2, "Memcpy DtoD"), "memset": (3, "Memset (Device)")}

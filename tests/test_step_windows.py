@@ -18,8 +18,9 @@ from traceq import intervals
 from traceq.cli import app
 from traceq.errors import EmptySelection
 from traceq.ingest import ingest_traces
-from traceq.metrics import StepSelection, compute_metric, metric_report, relation, step_metrics
-from traceq.warehouse import connect
+from traceq.report.metrics import compute_metric, metric_report, step_metrics
+from traceq.report.selection import StepSelection, relation
+from traceq.store.warehouse import connect
 
 US = 1000
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"

@@ -10,12 +10,13 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.tracegen import TraceBuilder
+from traceq.catalog import METRIC_NAMES
 from traceq.cli import app
 from traceq.errors import ConfigError
 from traceq.ingest import ingest_traces
-from traceq.metrics import METRIC_NAMES, compute_metric, metric_report
-from traceq.run_metadata import set_run_metadata
-from traceq.warehouse import connect
+from traceq.report.metrics import compute_metric, metric_report
+from traceq.store.run_metadata import set_run_metadata
+from traceq.store.warehouse import connect
 
 MS = 1_000_000
 US = 1_000
@@ -182,7 +183,7 @@ def test_steps_without_gpu_activity_still_get_throughput(tmp_path: Path) -> None
     db = tmp_path / "w.duckdb"
     ingest_traces([path], db, workers=0)
     with connect(db, read_only=True) as con:
-        from traceq.metrics import step_metrics
+        from traceq.report.metrics import step_metrics
 
         row = step_metrics(con).row(0, named=True)
     # the step's CPU span is its window, and nothing ran in it

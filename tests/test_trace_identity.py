@@ -18,8 +18,10 @@ from tests.tracegen import TraceBuilder
 from traceq.catalog import peak_for
 from traceq.cli import app
 from traceq.ingest import ingest_traces
-from traceq.metrics import compute_metric, metric_report, relation, step_metrics
-from traceq.warehouse import SCHEMA_VERSION, connect, schema_version
+from traceq.report.metrics import compute_metric, metric_report, step_metrics
+from traceq.report.selection import relation
+from traceq.store.schema import SCHEMA_VERSION, schema_version
+from traceq.store.warehouse import connect
 
 US = 1000
 

@@ -20,9 +20,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "ingest_traces": "traceq.ingest",
     "IngestSummary": "traceq.ingest",
-    "compute_metric": "traceq.metrics",
-    "list_metrics": "traceq.metrics",
-    "connect": "traceq.warehouse",
+    "compute_metric": "traceq.report.metrics",
+    "list_metrics": "traceq.report.metrics",
+    "connect": "traceq.store.warehouse",
 }
 
 __all__ = [

@@ -1,8 +1,9 @@
-"""What traceq knows before it reads a trace: event categories, step markers, GPU peaks.
+"""What traceq knows before it reads a trace: the metrics, the run metadata keys, the event
+categories, step markers and GPU peaks.
 
-A leaf module: it imports only the standard library, and reads the data files shipped beside the
-SQL (``sql/event_categories.csv``, ``sql/gpu_peaks.csv``), so that ingest, the SQL and reports all
-take these lists from one place.
+A leaf module: it imports only the standard library (and traceq.errors), and reads the data files
+shipped beside the SQL (``sql/event_categories.csv``, ``sql/gpu_peaks.csv``), so that ingest, the SQL,
+the reports and the CLI all take these lists from one place.
 """
 
 from __future__ import annotations
@@ -141,3 +142,117 @@ def peak_for(device_name: str | None) -> GpuPeak | None:
         if re.search(peak.pattern, device_name, re.IGNORECASE):
             return peak
     return None
+
+
+# ------------------------------------------------------------------------------------- metrics
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its name (as in the CLI, SQL and README), unit and definition."""
+
+    name: str
+    unit: str
+    definition: str
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("comm_kernel_us", "us", "sum of communication kernel durations in the window (the study's communication load)"),
+    Metric("compute_kernel_us", "us", "sum of compute kernel durations in the window (the study's computational load)"),
+    Metric("comm_us", "us", "|U(comm)|: time at least one communication kernel runs, streams merged"),
+    Metric("compute_us", "us", "|U(compute)|: time at least one compute kernel runs, streams merged"),
+    Metric("overlapped_comm_us", "us", "|U(comm) ∩ U(compute)|: communication hidden behind compute"),
+    Metric("exposed_comm_us", "us", "|U(comm) − U(compute)|: communication with no compute beside it"),
+    Metric("exposed_memcpy_us", "us", "|U(memcpy ∪ memset) − U(compute) − U(comm)|"),
+    Metric("idle_us", "us", "window_us − |U(all device activity in the window)|; 0 <= idle_us <= window_us"),
+    Metric("window_us", "us", "the step's device window: from the first device activity it launched to the first the next step "
+           "launched (the last step: to the end of the activity the steps launched); windows tile the timeline"),
+    Metric("overlap_ratio", "ratio", "overlapped_comm_us / comm_us (HTA's comp_comm_overlap_pctg / 100)"),
+    Metric("step_time_ms", "ms", "duration of the step's CPU span, ProfilerStep#N or --step-marker (the clock for throughput)"),
+    Metric("tokens_per_s", "tokens/s", "tokens_per_step / world_size / step time: tokens per second per GPU (the study's WPS)"),
+    Metric("global_tokens_per_s", "tokens/s", "tokens_per_step / step time: tokens per second of the whole run"),
+    Metric("tflops", "TFLOP/s", "model FLOPs per step / world_size / step time; FLOPs per token 6·N + 12·L·H·Q·T unless set"),
+    Metric("mfu", "ratio", "tflops / the GPU's peak dense BF16 TFLOP/s (table or user-set)"),
+    Metric("power_w", "W", "NVML power of the rank's GPU(s), time-weighted over the step's wall-clock window"),
+    Metric("energy_j", "J", "NVML energy counter delta over the step (else power_w × step window)"),
+    Metric("tokens_per_j", "tokens/J", "tokens of the rank's GPU(s) in the step / energy_j"),
+    Metric("exposed_comm_by_collective_us", "us",
+           "|U(comm of collective type t) − U(compute)| per type; types may overlap, so these can sum to more than exposed_comm_us"),
+    Metric("exposed_comm_by_pg_us", "us",
+           "|U(comm of process group g) − U(compute)| per process group; groups may overlap, so these can sum to more than exposed_comm_us"),
+)
+METRIC_NAMES = tuple(m.name for m in METRICS)
+# metrics over a step's CPU span (throughput, power): they have no whole-trace value
+PER_STEP_METRICS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
+                    "tokens_per_j")
+# `--metric exposed_comm` and `--metric exposed_comm_us` both work.
+_ALIASES = {m.name.removesuffix("_us").removesuffix("_ms"): m.name for m in METRICS}
+# Run metadata columns that can group a report (see sql/run_metadata.sql).
+META_COLUMNS = ("world_size", "nodes", "gpus_per_node", "tp", "pp", "cp", "dp", "model", "seq_len", "gpu",
+                "tokens_per_step")
+GROUP_COLUMNS = ("run", "rank", "device", "step", *META_COLUMNS)
+# metric -> (dimension in exposed_comm_by_collective.sql, the key column it adds)
+BREAKDOWNS = {
+    "exposed_comm_by_collective_us": ("collective", "collective_type"),
+    "exposed_comm_by_pg_us": ("process_group", "process_group"),
+}
+BREAKDOWN_NOTE = (
+    "exposed comm by collective type / process group: |U(comm of that key) − U(compute)|; where collectives "
+    "of different keys overlap each other that time counts once for each, so these can sum to more than "
+    "exposed_comm_us"
+)
+
+
+def resolve_metric(name: str) -> str:
+    """Canonical metric name for ``name`` (accepts the name without its unit suffix)."""
+    if name in METRIC_NAMES:
+        return name
+    if name in _ALIASES:
+        return _ALIASES[name]
+    raise ConfigError(f"unknown metric {name!r}; `traceq metrics` lists them: {', '.join(METRIC_NAMES)}")
+
+
+# ---------------------------------------------------------------------------- run metadata keys
+
+
+# Values that differ between the rank files of one run: kept per rank in run_files, not in runs.metadata.
+PER_RANK_KEYS = frozenset({
+    "rank", "local_rank", "rank_source", "host", "pid", "clock", "trace_file", "trace_files", "power_file",
+    "errors", "complete", "steps_seen", "traceq_run_metadata",
+})
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """A run metadata value users may set: its key in runs.metadata, type and meaning."""
+
+    key: str
+    kind: type
+    help: str
+
+
+# Keys as the collector writes them (run.json), so that `runs set` corrects the same fields.
+RUN_KEYS: tuple[RunKey, ...] = (
+    RunKey("world_size", int, "ranks (GPUs) in the run"),
+    RunKey("nodes", int, "nodes"),
+    RunKey("gpus_per_node", int, "GPUs per node"),
+    RunKey("tp", int, "tensor-parallel degree"),
+    RunKey("pp", int, "pipeline-parallel degree"),
+    RunKey("cp", int, "context-parallel degree"),
+    RunKey("dp", int, "data-parallel degree"),
+    RunKey("tokens_per_step", int, "global tokens per optimizer step (all ranks together)"),
+    RunKey("global_batch_size", int, "sequences per optimizer step, all ranks"),
+    RunKey("micro_batch_size", int, "sequences per rank and micro-step"),
+    RunKey("model", str, "model name"),
+    RunKey("seq_len", int, "sequence length T (tokens)"),
+    RunKey("n_params_non_embedding", int, "N: non-embedding parameters (FLOPs convention 6N + 12LHQT)"),
+    RunKey("n_layers", int, "L: layers"),
+    RunKey("n_heads", int, "H: attention heads"),
+    RunKey("head_dim", int, "Q: head dimension"),
+    RunKey("model_flops_per_token", float, "model FLOPs per token (replaces 6N + 12LHQT)"),
+    RunKey("flops_per_step", float, "global model FLOPs per optimizer step (replaces the per-token convention)"),
+    RunKey("gpu_model", str, "GPU model, e.g. 'NVIDIA H100 80GB HBM3' (sets peak_tflops from the table)"),
+    RunKey("peak_tflops", float, "peak dense BF16 TFLOP/s of one GPU (overrides the table)"),
+    RunKey("warmup_steps", int, "recorded steps that reports skip"),
+)
+RUN_KEY_NAMES = tuple(k.key for k in RUN_KEYS)

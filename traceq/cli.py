@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from traceq.errors import TraceqError
-from traceq.warehouse import DEFAULT_DB
+from traceq.store.warehouse import DEFAULT_DB
 
 app = typer.Typer(
     name="traceq",
@@ -155,7 +155,8 @@ def report(
 
       traceq report --metric tokens_per_s --by world_size,tp --html report.html
     """
-    from traceq.metrics import StepSelection, metric_report
+    from traceq.report.metrics import metric_report
+    from traceq.report.selection import StepSelection
 
     try:
         selection = StepSelection.parse(steps, skip_steps, drop_last)
@@ -164,7 +165,7 @@ def report(
             selection=selection, runs=run,
         )
         if html is not None:
-            from traceq.html import write_html_report
+            from traceq.report.html import write_html_report
 
             write_html_report(db, html, selection=selection, runs=run)
     except TraceqError as exc:
@@ -226,7 +227,7 @@ def metrics(fmt: Annotated[Format, typer.Option("--format", help="Output format.
 
       traceq metrics --format csv
     """
-    from traceq.metrics import list_metrics
+    from traceq.report.metrics import list_metrics
 
     _emit(list_metrics(), fmt)
 
@@ -270,7 +271,8 @@ def runs(
 
       traceq runs set llama-8n --world-size 8 --tp 2 --tokens-per-step 4194304 --gpu H100 --db runs.duckdb
     """
-    from traceq.run_metadata import list_runs, list_traces, set_run_metadata
+    from traceq.report.runs import list_runs, list_traces
+    from traceq.store.run_metadata import set_run_metadata
 
     words = list(target or [])
     setting = bool(words) and words[0] == "set"
@@ -328,7 +330,9 @@ def rules(
 
       traceq rules --add my_rules.csv
     """
-    from traceq.warehouse import add_rules, connect, to_polars
+    from traceq.store.frames import to_polars
+    from traceq.store.schema import add_rules
+    from traceq.store.warehouse import connect
 
     try:
         con = connect(db, read_only=add is None)
@@ -363,15 +367,15 @@ def scaling(
 
       traceq scaling --db runs.duckdb --by model --html scaling.html
     """
-    from traceq.metrics import StepSelection
-    from traceq.scaling import scaling_table
+    from traceq.report.scaling import scaling_table
+    from traceq.report.selection import StepSelection
 
     group = [c.strip() for c in by.split(",") if c.strip()]
     try:
         selection = StepSelection.parse(steps, skip_steps, drop_last)
         frame, notes = scaling_table(db, by=group, selection=selection, runs=run)
         if html is not None:
-            from traceq.html import write_html_report
+            from traceq.report.html import write_html_report
 
             write_html_report(db, html, selection=selection, runs=run, scaling_by=group)
     except TraceqError as exc:
@@ -409,7 +413,7 @@ def check(
 
       traceq check --db runs.duckdb --format json
     """
-    from traceq.check import check_warehouse, needs_attention
+    from traceq.report.check import check_warehouse, needs_attention
 
     try:
         findings = check_warehouse(db, skew_threshold_us=skew_threshold_us)
@@ -442,7 +446,7 @@ def export(
 
       traceq report --metric exposed_comm --db runs_parquet
     """
-    from traceq.export import export_parquet
+    from traceq.store.export import export_parquet
 
     try:
         written = export_parquet(db, parquet, overwrite=overwrite)
@@ -474,7 +478,7 @@ def ingest_cluster(
 
       traceq report --metric exposed_comm --db /shared/tq/job1
     """
-    from traceq.distributed import ingest_with_dask
+    from traceq.ingest.cluster import ingest_with_dask
 
     try:
         if scheduler is not None:
@@ -517,7 +521,7 @@ def import_parquet_command(
 
       traceq import-parquet /shared/tq/job1 --db runs.duckdb
     """
-    from traceq.export import import_parquet
+    from traceq.store.export import import_parquet
 
     try:
         added = import_parquet(parquet, db)

@@ -1,6 +1,6 @@
-"""What values in a Kineto trace mean, for both readers (:mod:`traceq.decode`, :mod:`traceq.native`).
+"""What values in a Kineto trace mean, for both readers (:mod:`traceq.ingest.decode`, :mod:`traceq.ingest.native`).
 
-Kept apart from :mod:`traceq.decode` so that the fast path, which never decodes an event in Python,
+Kept apart from :mod:`traceq.ingest.decode` so that the fast path, which never decodes an event in Python,
 imports neither numpy nor pyarrow (70 ms of an ingest's start-up).
 """
 
@@ -9,9 +9,6 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from typing import Any
-
-# CPU operators: kept for CPU-only traces, left out of GPU traces unless they carry collective args.
-OP_CATS = frozenset({"cpu_op", "Operator", "python_function"})
 
 INT64_MAX = 2**63 - 1
 

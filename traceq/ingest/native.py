@@ -1,14 +1,14 @@
 """Parse event chunks with DuckDB's JSON reader, straight into the warehouse (the fast path).
 
-The reader (:mod:`traceq.reader`) cuts a trace's event array into chunks of whole events; here a
+The reader (:mod:`traceq.ingest.reader`) cuts a trace's event array into chunks of whole events; here a
 batch of chunks becomes JSON array files that DuckDB parses on every core (``sql/read_events.sql``)
 into rows held in memory, then written as rows (``sql/load_events.sql``) while the next batch is
 parsed: no Python touches an event. A range of an uncompressed trace reaches DuckDB through a named
 pipe, filled by ``splice`` from the page cache while DuckDB reads it (no copy of the trace is
 made); decompressed bytes are written as scratch files (in memory where ``/dev/shm`` exists).
-Whatever that path would read differently from :mod:`traceq.decode` (an element that is not an
+Whatever that path would read differently from :mod:`traceq.ingest.decode` (an element that is not an
 object, args that are not an object, epoch microseconds with a fraction, ...) raises
-:class:`NotNative`, and ingest decodes the file with :mod:`traceq.decode` instead, which handles
+:class:`NotNative`, and ingest decodes the file with :mod:`traceq.ingest.decode` instead, which handles
 every case.
 """
 
@@ -32,8 +32,9 @@ from typing import Any
 import duckdb
 
 from traceq.catalog import StepMarker, event_categories
-from traceq.reader import FileRange
-from traceq.warehouse import execute_over, named_params, sql_text
+from traceq.ingest.reader import FileRange
+from traceq.query import params_of, sql_text
+from traceq.store.schema import execute_over
 
 # Bytes of JSON parsed per statement: several files, so that DuckDB parses them on all its threads.
 # Every batch costs CPU of its own, each costs memory. Measured on three 500 MB traces (2 cores):
@@ -48,7 +49,7 @@ _LOWERCASE_EXTERNAL_ID = b'"external id"'
 
 
 class NotNative(Exception):
-    """This file needs :mod:`traceq.decode` (the message says why)."""
+    """This file needs :mod:`traceq.ingest.decode` (the message says why)."""
 
 
 @dataclass
@@ -80,7 +81,7 @@ def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -
     """Execute ``statement`` with the named parameters it uses, reading the parsed batch ``events``
     (:func:`parse_batch`) as ``_rows``."""
     try:
-        return execute_over(con, statement, named_params(statement, params), events)
+        return execute_over(con, statement, params_of(statement, params), events)
     except duckdb.Error as exc:
         raise NotNative(str(exc).splitlines()[0]) from None
 
@@ -259,7 +260,7 @@ def _write_array(name: str, chunk: bytes | FileRange, directory: str) -> None:
             os.write(fd, b"]")
         finally:
             os.close(fd)
-    except OSError as exc:  # e.g. a full temp directory: traceq.decode needs no scratch files
+    except OSError as exc:  # e.g. a full temp directory: traceq.ingest.decode needs no scratch files
         raise NotNative(f"cannot write scratch files in {directory} ({exc.strerror or exc})") from None
 
 
@@ -292,7 +293,7 @@ def _feed(name: str, source: int, piece: FileRange) -> None:
     """Write ``[``, the range of the trace open as ``source``, ``]`` into the pipe ``name`` (the
     body of a feeder thread). Opening the pipe waits for its reader. A reader that stops early (DuckDB
     at an error elsewhere) ends the thread; a trace that ends before the range leaves the array
-    unclosed, which DuckDB reports as malformed JSON (and the file goes to traceq.decode, which names
+    unclosed, which DuckDB reports as malformed JSON (and the file goes to traceq.ingest.decode, which names
     the truncation)."""
     import fcntl  # not on Windows, which has no named pipes to feed (_pipes_work)
 
@@ -414,7 +415,7 @@ def parse_batch(con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker =
     }
     try:
         with files.feeding():
-            return con.sql(read, params=named_params(read, params)).materialize()
+            return con.sql(read, params=params_of(read, params)).materialize()
     except duckdb.Error as exc:
         raise NotNative(str(exc).splitlines()[0]) from None
 
@@ -422,7 +423,7 @@ def parse_batch(con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker =
 def count_batch(con: Any, events: Any, files: BatchFiles) -> BatchCounts:
     """What the parsed ``events`` (of ``files``) hold.
 
-    Raises :class:`NotNative` when a row needs :mod:`traceq.decode`.
+    Raises :class:`NotNative` when a row needs :mod:`traceq.ingest.decode`.
     """
     counts = BatchCounts(*_run(con, _statements("load_events.sql")[0], {}, events)[0])
     for name in counts.unsure_files:

@@ -1,7 +1,7 @@
 """Throughput, FLOPs and power: the conventions behind them and the notes printed beside the numbers.
 
 The numbers themselves come from ``sql/step_throughput.sql`` and ``sql/step_power.sql`` (see
-:func:`traceq.metrics.step_metrics`). This module says what they assume, per run, so a report never
+:func:`traceq.report.metrics.step_metrics`). This module says what they assume, per run, so a report never
 shows an MFU without its FLOPs convention and peak, or a blank power column without saying why.
 It also fetches the power time series and step windows that the HTML report plots.
 """
@@ -13,8 +13,10 @@ from collections.abc import Sequence
 import duckdb
 import polars as pl
 
+from traceq import query
 from traceq.catalog import WHOLE_TRACE_STEP, gpu_peaks
-from traceq.warehouse import to_polars
+from traceq.report.selection import StepSelection, query_params
+from traceq.store.frames import to_polars
 
 FLOPS_CONVENTION = (
     "FLOPs per token = 6·N + 12·L·H·Q·T (PaLM appendix B; N non-embedding parameters, L layers, H heads, "
@@ -38,7 +40,7 @@ def peak_table_text() -> str:
 
 def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str, window: str = "steps") -> list[str]:
     """Lines to print beside ``metric`` computed from ``rows`` (step rows of one report)."""
-    from traceq.metrics import BREAKDOWN_NOTE, BREAKDOWNS
+    from traceq.catalog import BREAKDOWN_NOTE, BREAKDOWNS
 
     notes: list[str] = []
     if window == "steps" and rows.height and "step" in rows.columns:
@@ -72,7 +74,7 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
 
 def steps_used(rows: pl.DataFrame) -> list[str]:
     """'steps used: run r: steps a..b, n rank-steps over k rank(s)' for every run in ``rows`` with steps
-    (ranks without steps, step -1, are named by :func:`traceq.metrics.step_window_notes`)."""
+    (ranks without steps, step -1, are named by :func:`traceq.report.notes.step_window_notes`)."""
     steps = rows.select("run", "rank", "step").unique().filter(pl.col("step") != WHOLE_TRACE_STEP)
     out = []
     for r in (
@@ -121,39 +123,35 @@ def _run_facts(rows: pl.DataFrame) -> pl.DataFrame:
     return facts.with_columns(*[pl.lit(None).alias(c) for c in cols if c not in present])
 
 
-def power_series(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> pl.DataFrame:
-    """NVML power samples: run, rank, gpu, wall_ns, power_w (one row per sample, time order)."""
-    frame = to_polars(con.sql(
-        """
-        select t.run, p.rank, p.gpu, p.wall_ns, p.power_w
-        from power_samples as p inner join traces as t using (trace_id)
-        where p.kind = 'power' and p.power_w is not null
-        order by t.run, p.rank, p.gpu, p.wall_ns
-        """
-    ))
-    return frame.filter(pl.col("run").is_in(list(runs))) if runs else frame
+def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, selection: StepSelection) -> list[str]:
+    """Notes on the step windows behind ``rows`` (step rows of a report): ranks reported over their whole
+    trace, device activity outside every step window, devices with communication and no compute."""
+    import polars as pl
 
-
-def step_wall_windows(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> pl.DataFrame:
-    """Wall-clock step windows: run, rank, step, start_wall_ns, end_wall_ns, offset_source."""
-    frame = to_polars(con.sql(
-        """
-        select t.run, w.rank, w.step, w.start_wall_ns, w.end_wall_ns, w.offset_source
-        from step_windows as w inner join traces as t using (trace_id)
-        order by t.run, w.rank, w.step
-        """
-    ))
-    return frame.filter(pl.col("run").is_in(list(runs))) if runs else frame
-
-
-def power_status(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    """Per run: power source (nvml | unavailable | none) and the reason when unavailable."""
-    return to_polars(con.sql(
-        """
-        select r.run, coalesce(any_value(p.source), 'none') as source, any_value(p.reason) as reason
-        from runs as r
-        left join traces as t on t.run = r.run
-        left join power_logs as p on p.trace_id = t.trace_id
-        group by r.run order by r.run
-        """
-    ))
+    notes = []
+    runs = rows["run"].unique().to_list()
+    whole = rows.filter(pl.col("step") == WHOLE_TRACE_STEP).group_by("run").agg(pl.col("rank").unique().sort())
+    for run, ranks in whole.sort("run").iter_rows():
+        notes.append(f"run {run}: rank {', '.join(map(str, ranks))} has no step marker: reported over its whole "
+                     "trace as one window (step -1); name its steps with `traceq ingest --step-marker REGEX`")
+    outside = to_polars(query.run(con, "outside_steps", query_params(selection)))
+    traces = to_polars(con.sql("select trace_id, run from traces"))
+    outside = outside.join(traces, on="trace_id").filter(pl.col("run").is_in(runs) & (pl.col("n_before") + pl.col("n_after") > 0))
+    for r in outside.sort("run", "rank", "device").iter_rows(named=True):
+        where = "CPU" if r["device"] < 0 else f"device {r['device']}"
+        parts = [f"{r[f'{p}_ns'] / 1e6:,.3f} ms ({r[f'n_{p}']} events) {p} the {'first' if p == 'before' else 'last'} "
+                 f"step's window" for p in ("before", "after") if r[f"n_{p}"]]
+        notes.append(f"run {r['run']} rank {r['rank']} {where}: activity outside every step: {' and '.join(parts)}; "
+                     "no step counts it (--window trace does)")
+    if "compute_kernel_us" in rows.columns:
+        lone = (
+            rows.filter(pl.col("device") >= 0)
+            .group_by("run", "rank", "device")
+            .agg(pl.col("comm_kernel_us").sum().alias("comm"), pl.col("compute_kernel_us").sum().alias("compute"))
+            .filter((pl.col("comm") > 0) & (pl.col("compute") == 0))
+            .sort("run", "rank", "device")
+        )
+        for r in lone.iter_rows(named=True):
+            notes.append(f"run {r['run']} rank {r['rank']} device {r['device']}: communication but no compute kernel "
+                         "in the selected steps, so all of it is exposed (did the trace keep only NCCL kernels?)")
+    return notes

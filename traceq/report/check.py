@@ -12,8 +12,9 @@ from pathlib import Path
 import polars as pl
 
 from traceq import query
-from traceq.metrics import query_params
-from traceq.warehouse import DEFAULT_DB, connect, to_polars
+from traceq.report.selection import query_params
+from traceq.store.frames import to_polars
+from traceq.store.warehouse import DEFAULT_DB, connect
 
 # sql/check_<name>.sql, in report order: per-trace checks, then per-run checks.
 CHECKS = (

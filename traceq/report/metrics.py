@@ -10,75 +10,31 @@ then ranks (mean, min, max and the slowest rank), then runs (grouped by metadata
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import duckdb
 
 from traceq import query
-from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, event_categories, gpu_peaks
-from traceq.errors import ConfigError, EmptySelection, WarehouseError
-from traceq.warehouse import DEFAULT_DB, connect, import_in_background, to_polars
+from traceq.catalog import (
+    BREAKDOWNS,
+    GROUP_COLUMNS,
+    META_COLUMNS,
+    METRICS,
+    PER_STEP_METRICS,
+    resolve_metric,
+)
+from traceq.errors import ConfigError, EmptySelection
+from traceq.report.notes import step_window_notes
+from traceq.report.selection import StepSelection, query_params
+from traceq.store.frames import import_in_background, to_polars
+from traceq.store.schema import require_side_tables
+from traceq.store.warehouse import DEFAULT_DB, connect
 
 if TYPE_CHECKING:  # imported where used: a report imports it while DuckDB runs the first query
     import polars as pl
 
 
-@dataclass(frozen=True)
-class Metric:
-    """One metric: its name (as in the CLI, SQL and README), unit and definition."""
-
-    name: str
-    unit: str
-    definition: str
-
-
-METRICS: tuple[Metric, ...] = (
-    Metric("comm_kernel_us", "us", "sum of communication kernel durations in the window (the study's communication load)"),
-    Metric("compute_kernel_us", "us", "sum of compute kernel durations in the window (the study's computational load)"),
-    Metric("comm_us", "us", "|U(comm)|: time at least one communication kernel runs, streams merged"),
-    Metric("compute_us", "us", "|U(compute)|: time at least one compute kernel runs, streams merged"),
-    Metric("overlapped_comm_us", "us", "|U(comm) ∩ U(compute)|: communication hidden behind compute"),
-    Metric("exposed_comm_us", "us", "|U(comm) − U(compute)|: communication with no compute beside it"),
-    Metric("exposed_memcpy_us", "us", "|U(memcpy ∪ memset) − U(compute) − U(comm)|"),
-    Metric("idle_us", "us", "window_us − |U(all device activity in the window)|; 0 <= idle_us <= window_us"),
-    Metric("window_us", "us", "the step's device window: from the first device activity it launched to the first the next step "
-           "launched (the last step: to the end of the activity the steps launched); windows tile the timeline"),
-    Metric("overlap_ratio", "ratio", "overlapped_comm_us / comm_us (HTA's comp_comm_overlap_pctg / 100)"),
-    Metric("step_time_ms", "ms", "duration of the step's CPU span, ProfilerStep#N or --step-marker (the clock for throughput)"),
-    Metric("tokens_per_s", "tokens/s", "tokens_per_step / world_size / step time: tokens per second per GPU (the study's WPS)"),
-    Metric("global_tokens_per_s", "tokens/s", "tokens_per_step / step time: tokens per second of the whole run"),
-    Metric("tflops", "TFLOP/s", "model FLOPs per step / world_size / step time; FLOPs per token 6·N + 12·L·H·Q·T unless set"),
-    Metric("mfu", "ratio", "tflops / the GPU's peak dense BF16 TFLOP/s (table or user-set)"),
-    Metric("power_w", "W", "NVML power of the rank's GPU(s), time-weighted over the step's wall-clock window"),
-    Metric("energy_j", "J", "NVML energy counter delta over the step (else power_w × step window)"),
-    Metric("tokens_per_j", "tokens/J", "tokens of the rank's GPU(s) in the step / energy_j"),
-    Metric("exposed_comm_by_collective_us", "us",
-           "|U(comm of collective type t) − U(compute)| per type; types may overlap, so these can sum to more than exposed_comm_us"),
-    Metric("exposed_comm_by_pg_us", "us",
-           "|U(comm of process group g) − U(compute)| per process group; groups may overlap, so these can sum to more than exposed_comm_us"),
-)
-METRIC_NAMES = tuple(m.name for m in METRICS)
-# metrics over a step's CPU span (throughput, power): they have no whole-trace value
-PER_STEP_METRICS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
-                    "tokens_per_j")
-# `--metric exposed_comm` and `--metric exposed_comm_us` both work.
-_ALIASES = {m.name.removesuffix("_us").removesuffix("_ms"): m.name for m in METRICS}
-# Run metadata columns that can group a report (see sql/run_metadata.sql).
-META_COLUMNS = ("world_size", "nodes", "gpus_per_node", "tp", "pp", "cp", "dp", "model", "seq_len", "gpu",
-                "tokens_per_step")
-GROUP_COLUMNS = ("run", "rank", "device", "step", *META_COLUMNS)
-# metric -> (dimension in exposed_comm_by_collective.sql, the key column it adds)
-BREAKDOWNS = {
-    "exposed_comm_by_collective_us": ("collective", "collective_type"),
-    "exposed_comm_by_pg_us": ("process_group", "process_group"),
-}
-BREAKDOWN_NOTE = (
-    "exposed comm by collective type / process group: |U(comm of that key) − U(compute)|; where collectives "
-    "of different keys overlap each other that time counts once for each, so these can sum to more than "
-    "exposed_comm_us"
-)
 _NS_COLUMNS = {
     "comm_kernel_us": "comm_kernel_ns",
     "compute_kernel_us": "compute_kernel_ns",
@@ -95,54 +51,6 @@ _THROUGHPUT_COLUMNS = (
     "power_source", "power_gpus", "energy_source", "flops_per_step", "flops_source", "peak_tflops", "peak_source",
     "peak_gpu",
 )
-@dataclass(frozen=True)
-class StepSelection:
-    """Which steps a report uses (DESIGN §3).
-
-    Args:
-        skip_steps: leading profiled steps to skip; None = the run's ``warmup_steps`` metadata, else 0.
-        step_min, step_max: keep step numbers (N of ProfilerStep#N) in [step_min, step_max] (None = unbounded).
-        drop_incomplete: drop a last step that the end of the trace cut.
-        drop_last: drop the last step always (what HTA does).
-    """
-
-    skip_steps: int | None = None
-    step_min: int | None = None
-    step_max: int | None = None
-    drop_incomplete: bool = True
-    drop_last: bool = False
-
-    def describe(self) -> str:
-        """The selection in words, e.g. 'steps 900..1000, warm-up: the run's warmup_steps'."""
-        parts = []
-        if self.step_min is not None or self.step_max is not None:
-            parts.append(f"steps {'' if self.step_min is None else self.step_min}..{'' if self.step_max is None else self.step_max}")
-        parts.append("warm-up: the run's warmup_steps, 0 if unset" if self.skip_steps is None
-                     else f"skipping the first {self.skip_steps} step(s)")
-        parts.append("dropping every last step" if self.drop_last
-                     else "dropping a cut last step" if self.drop_incomplete else "keeping the last step")
-        return ", ".join(parts)
-
-    @classmethod
-    def parse(cls, steps: str | None = None, skip_steps: int | None = None, drop_last: bool = False) -> StepSelection:
-        """From CLI text: ``steps`` as "a:b" (inclusive step numbers; either side may be empty)."""
-        lo = hi = None
-        if steps:
-            left, sep, right = steps.partition(":")
-            try:
-                lo = int(left) if left.strip() else None
-                hi = int(right) if right.strip() else None
-                if not sep:
-                    hi = lo
-            except ValueError:
-                raise ConfigError(f"--steps {steps!r}: expected a:b with step numbers, e.g. 11:60") from None
-            if lo is not None and hi is not None and hi < lo:
-                raise ConfigError(f"--steps {steps!r}: the end is before the start")
-        if skip_steps is not None and skip_steps < 0:
-            raise ConfigError(f"--skip-steps {skip_steps}: must be 0 or more")
-        return cls(skip_steps=skip_steps, step_min=lo, step_max=hi, drop_last=drop_last)
-
-
 def list_metrics() -> pl.DataFrame:
     """Every metric with its unit and one-line definition."""
     import polars as pl
@@ -150,65 +58,9 @@ def list_metrics() -> pl.DataFrame:
     return pl.DataFrame([m.__dict__ for m in METRICS])
 
 
-def resolve_metric(name: str) -> str:
-    """Canonical metric name for ``name`` (accepts the name without its unit suffix)."""
-    if name in METRIC_NAMES:
-        return name
-    if name in _ALIASES:
-        return _ALIASES[name]
-    raise ConfigError(f"unknown metric {name!r}; `traceq metrics` lists them: {', '.join(METRIC_NAMES)}")
-
-
-
-def query_params(selection: StepSelection = StepSelection()) -> dict[str, object]:
-    """Every parameter the report queries take: the step selection, the event categories, the default
-    step marker (for traces ingested before markers were stored) and the GPU peak table."""
-    return {
-        "skip_steps": selection.skip_steps,
-        "step_min": selection.step_min,
-        "step_max": selection.step_max,
-        "drop_incomplete": selection.drop_incomplete,
-        "drop_last": selection.drop_last,
-        **event_categories().sql_params(),
-        **StepMarker().sql_params(),
-        "gpu_peaks": [
-            {"position": i, "pattern": p.pattern, "gpu": p.gpu, "peak_tflops": p.peak_tflops}
-            for i, p in enumerate(gpu_peaks())
-        ],
-    }
-
-
-def relation(
-    con: duckdb.DuckDBPyConnection, name: str, selection: StepSelection = StepSelection(),
-    bind: dict[str, str] | None = None,
-) -> duckdb.DuckDBPyRelation:
-    """The relation of ``sql/<name>.sql`` (e.g. ``gpu_activity``, ``device_windows``) on ``con``, with the
-    parameters reports use: for queries of your own over traceq's classification and windows."""
-    return query.run(con, name, query_params(selection), bind)
-
-
 def run_metadata_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per run with the metadata columns a report can group by (``sql/run_metadata.sql``)."""
     return to_polars(query.run(con, "run_metadata", query_params()).select(f"run, {', '.join(META_COLUMNS)}"))
-
-
-SIDE_TABLES = ("run_files", "run_settings", "step_windows", "power_logs", "power_samples")
-
-
-def require_side_tables(con: duckdb.DuckDBPyConnection) -> None:
-    """Raise WarehouseError when the warehouse predates the run metadata and power tables."""
-    # views too: a Parquet directory is opened as views (traceq.export); duckdb_tables() and
-    # duckdb_views() answer in 1 ms where information_schema.tables takes 6-8
-    have = {name for (name,) in con.execute(
-        "select table_name from duckdb_tables() where database_name = current_database() and schema_name = 'main' "
-        "union all select view_name from duckdb_views() where database_name = current_database() and schema_name = 'main'"
-    ).fetchall()}
-    missing = [t for t in SIDE_TABLES if t not in have]
-    if missing:
-        raise WarehouseError(
-            f"this warehouse was made by an older traceq (no {', '.join(missing)} table); run `traceq ingest` "
-            "on it once (files already in it are skipped) to add them, then re-ingest for power data"
-        )
 
 
 def interval_breakdown(
@@ -359,7 +211,7 @@ def metric_report(
                 rows = step_metrics(con, window=window, selection=selection, runs=runs)
             if rows.height == 0:
                 raise EmptySelection(nothing_selected(con, selection, runs))
-            from traceq.throughput import metric_notes
+            from traceq.report.notes import metric_notes
 
             notes = metric_notes(con, rows, name, window)
             if window == "steps":
@@ -408,40 +260,6 @@ def nothing_selected(con: duckdb.DuckDBPyConnection, selection: StepSelection, r
 def _listing(items: Sequence[str], most: int = 20) -> str:
     shown = ", ".join(items[:most])
     return shown + (f" and {len(items) - most} more" if len(items) > most else "")
-
-
-def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, selection: StepSelection) -> list[str]:
-    """Notes on the step windows behind ``rows`` (step rows of a report): ranks reported over their whole
-    trace, device activity outside every step window, devices with communication and no compute."""
-    import polars as pl
-
-    notes = []
-    runs = rows["run"].unique().to_list()
-    whole = rows.filter(pl.col("step") == WHOLE_TRACE_STEP).group_by("run").agg(pl.col("rank").unique().sort())
-    for run, ranks in whole.sort("run").iter_rows():
-        notes.append(f"run {run}: rank {', '.join(map(str, ranks))} has no step marker: reported over its whole "
-                     "trace as one window (step -1); name its steps with `traceq ingest --step-marker REGEX`")
-    outside = to_polars(query.run(con, "outside_steps", query_params(selection)))
-    traces = to_polars(con.sql("select trace_id, run from traces"))
-    outside = outside.join(traces, on="trace_id").filter(pl.col("run").is_in(runs) & (pl.col("n_before") + pl.col("n_after") > 0))
-    for r in outside.sort("run", "rank", "device").iter_rows(named=True):
-        where = "CPU" if r["device"] < 0 else f"device {r['device']}"
-        parts = [f"{r[f'{p}_ns'] / 1e6:,.3f} ms ({r[f'n_{p}']} events) {p} the {'first' if p == 'before' else 'last'} "
-                 f"step's window" for p in ("before", "after") if r[f"n_{p}"]]
-        notes.append(f"run {r['run']} rank {r['rank']} {where}: activity outside every step: {' and '.join(parts)}; "
-                     "no step counts it (--window trace does)")
-    if "compute_kernel_us" in rows.columns:
-        lone = (
-            rows.filter(pl.col("device") >= 0)
-            .group_by("run", "rank", "device")
-            .agg(pl.col("comm_kernel_us").sum().alias("comm"), pl.col("compute_kernel_us").sum().alias("compute"))
-            .filter((pl.col("comm") > 0) & (pl.col("compute") == 0))
-            .sort("run", "rank", "device")
-        )
-        for r in lone.iter_rows(named=True):
-            notes.append(f"run {r['run']} rank {r['rank']} device {r['device']}: communication but no compute kernel "
-                         "in the selected steps, so all of it is exposed (did the trace keep only NCCL kernels?)")
-    return notes
 
 
 def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFrame:

@@ -1,9 +1,9 @@
 """Load Kineto trace files into the warehouse: one transaction per file, idempotent by content hash.
 
-A file is cut into chunks of whole events by :mod:`traceq.reader` (in a thread, one batch ahead)
-and parsed by DuckDB's JSON reader on every core, straight into the warehouse (:mod:`traceq.native`).
-Where DuckDB would read a file differently from :mod:`traceq.decode` (the typed msgspec reference),
-the transaction is rolled back and the file is decoded by :mod:`traceq.decode` in this process; the
+A file is cut into chunks of whole events by :mod:`traceq.ingest.reader` (in a thread, one batch ahead)
+and parsed by DuckDB's JSON reader on every core, straight into the warehouse (:mod:`traceq.ingest.native`).
+Where DuckDB would read a file differently from :mod:`traceq.ingest.decode` (the typed msgspec reference),
+the transaction is rolled back and the file is decoded by :mod:`traceq.ingest.decode` in this process; the
 file's result says so in its message. Files are written one at a time, in the order given; with
 several, the reading thread goes on to the next file's batches while this one's are written, its
 steps attributed and its transaction committed (:class:`_ReadAhead`).
@@ -18,7 +18,6 @@ buffers to the OS (:func:`release_large_buffers`).
 from __future__ import annotations
 
 import gc
-import glob
 import os
 import re
 import sys
@@ -34,28 +33,37 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import duckdb
 import msgspec
 
-from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, event_categories
-from traceq.derive import device_properties, gpu_model_of, write_steps
-from traceq.kineto import to_int
-from traceq.native import (
-    BatchCounts, BatchFiles, NotNative, batch_files, count_batch, parse_batch, parser, prefetch, scratch_dir,
+from traceq.errors import ConfigError, TraceFormatError, TraceqError
+from traceq.ingest.inputs import expand_inputs, file_size, json_size, run_name_of
+from traceq.ingest.native import (
+    BatchCounts,
+    BatchFiles,
+    NotNative,
+    batch_files,
+    count_batch,
+    parse_batch,
+    parser,
+    prefetch,
+    scratch_dir,
     write_batch,
 )
-from traceq.reader import FileRange, TraceHeader, digest_in, file_digest, read_trace, read_trace_ranges
-from traceq.sidecar import load_side_files
-from traceq.warehouse import DEFAULT_DB, connect, execute_over, fetch_one, named_params, sql_text
+from traceq.ingest.reader import FileRange, TraceHeader, digest_in, file_digest, read_trace, read_trace_ranges
+from traceq.ingest.sidecar import load_side_files
+from traceq.kineto import to_int
+from traceq.query import params_of, sql_text
+from traceq.store.derive import device_properties, gpu_model_of, write_steps
+from traceq.store.schema import execute_over, fetch_one
+from traceq.store.warehouse import DEFAULT_DB, connect
 
 if TYPE_CHECKING:  # the decode path imports them when it runs: the fast path needs neither
     import numpy as np
     import pyarrow as pa
 
-    from traceq.decode import ChunkTables
+    from traceq.ingest.decode import ChunkTables
 
-TRACE_SUFFIXES = (".json", ".json.gz")
-SIDE_FILE_SUFFIXES = (".run.json", ".power.jsonl")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-# Chunks the reader cuts a file into (bytes of JSON); traceq.native parses several per statement.
+# Chunks the reader cuts a file into (bytes of JSON); traceq.ingest.native parses several per statement.
 INGEST_CHUNK_BYTES = 8 << 20
 MIN_CHUNK_BYTES = 1 << 20
 # DuckDB's buffer pool while ingesting: room for one batch's parse on every thread; row groups go to
@@ -63,7 +71,7 @@ MIN_CHUNK_BYTES = 1 << 20
 # 488-529 MiB on 1.5 GB; 512 MB or 1 GB were 1-3 % faster, for up to 50 MiB more (BENCHMARKS.md).
 INGEST_MEMORY_LIMIT = "384MB"
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-# traceq.decode makes ~10 tracked objects per event, all alive until the chunk is converted: with the
+# traceq.ingest.decode makes ~10 tracked objects per event, all alive until the chunk is converted: with the
 # default thresholds the cyclic GC scans them over and over (measured: msgspec decode 163 -> 273
 # MB/s per core, decode_chunk 89 -> 110 MB/s, with these). The objects hold no cycles.
 DECODE_GC_THRESHOLDS = (100_000, 50, 100)
@@ -102,31 +110,6 @@ class IngestSummary:
         return not self.by_status("failed")
 
 
-def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
-    """Files, globs and directories (searched recursively for ``*.json``/``*.json.gz``) -> trace paths."""
-    out: list[Path] = []
-    for item in inputs:
-        text = str(item)
-        matches = sorted(glob.glob(text, recursive=True)) if glob.has_magic(text) else [text]
-        if not matches:
-            raise ConfigError(f"{text}: the pattern matches no file")
-        for m in matches:
-            p = Path(m)
-            if p.is_dir():
-                found = sorted(q for q in p.rglob("*") if q.is_file() and _is_trace_name(q.name))
-                if not found:
-                    raise ConfigError(f"{p}: the directory holds no *.json or *.json.gz trace")
-                out.extend(found)
-            else:
-                out.append(p)
-    seen: set[Path] = set()
-    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
-
-
-def _is_trace_name(name: str) -> bool:
-    return name.endswith(TRACE_SUFFIXES) and not name.endswith(SIDE_FILE_SUFFIXES)
-
-
 def ingest_traces(
     inputs: Iterable[str | Path],
     db: str | Path = DEFAULT_DB,
@@ -149,8 +132,8 @@ def ingest_traces(
         workers: cores DuckDB parses on (default: the number of CPUs; 0 or 1: one).
         chunk_bytes: size of the event chunks the file is cut into (bytes of JSON).
         progress: called as ``progress(event, info)`` for "start", "bytes", "file_read" and "done".
-        native: parse with DuckDB where it reads a file the same (:mod:`traceq.native`); False
-            decodes every file with :mod:`traceq.decode` (the reference the tests compare with).
+        native: parse with DuckDB where it reads a file the same (:mod:`traceq.ingest.native`); False
+            decodes every file with :mod:`traceq.ingest.decode` (the reference the tests compare with).
         step_marker: regular expression naming the steps (default ``ProfilerStep#N``), e.g.
             ``^step\[DECODE`` (see :class:`traceq.catalog.StepMarker`).
 
@@ -177,8 +160,8 @@ def ingest_traces(
         con.close()
         raise
     try:
-        notify("start", {"files": len(paths), "bytes": sum(_size(p) for p in paths)})
-        with few_collections():  # matters when traceq.decode runs
+        notify("start", {"files": len(paths), "bytes": sum(file_size(p) for p in paths)})
+        with few_collections():  # matters when traceq.ingest.decode runs
             for result in loader.load(paths):
                 summary.files.append(result)
                 notify("done", {"result": result})
@@ -218,35 +201,6 @@ def release_large_buffers() -> None:
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
     except (OSError, AttributeError):
         pass  # not glibc (e.g. musl)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def json_size(path: Path) -> int:
-    """Bytes of JSON in ``path``: its size, or for gzip the size recorded in the trailer.
-
-    The gzip trailer holds the size modulo 4 GiB; a file whose compressed size is not below that
-    figure counts as large (the caller only needs to know whether a file is small).
-    """
-    size = _size(path)
-    try:
-        with open(path, "rb") as f:
-            if f.read(2) != b"\x1f\x8b":
-                return size
-            f.seek(-4, os.SEEK_END)
-            recorded = int.from_bytes(f.read(4), "little")
-    except OSError:
-        return size
-    return recorded if recorded >= size else 2**32 + recorded
-
-
-# ---------------------------------------------------------------------------------------------
-# decoding with traceq.decode (the reference; files DuckDB would read differently)
 
 
 class _Names:
@@ -316,7 +270,7 @@ class OpsPolicy:
     """Whether the chunks of one file are decoded with every CPU operator (``all_ops``).
 
     CPU operators are most of a trace's events, yet on a trace with GPU activity no metric reads
-    them (:func:`traceq.decode.events_to_tables`). A file starts without them when its header has
+    them (:func:`traceq.ingest.decode.events_to_tables`). A file starts without them when its header has
     ``deviceProperties`` (Kineto writes it before the events on CUDA/ROCm machines) and switches to
     without them once a chunk shows GPU activity. Afterwards, ops kept in the chunks decoded before
     are deleted if the file has GPU activity (:func:`_drop_plain_ops`), and a file that was decoded
@@ -382,11 +336,6 @@ def check_marker(con: Any, marker: StepMarker) -> None:
     except duckdb.Error as exc:
         raise ConfigError(f"--step-marker {marker.pattern!r}: not a regular expression DuckDB reads (RE2): "
                           f"{str(exc).splitlines()[0]}") from None
-
-
-def run_name_of(path: Path, run: str | None) -> str:
-    """The run a file belongs to: ``run`` if given, else the name of the file's directory."""
-    return run or path.resolve().parent.name or "default"
 
 
 def _finish_trace(
@@ -483,7 +432,7 @@ def _drop_plain_ops(con: Any, params: dict[str, Any]) -> int:
     """Delete the CPU operators read before :class:`OpsPolicy` switched (``sql/drop_plain_ops.sql``);
     returns how many."""
     statement = sql_text("drop_plain_ops.sql")
-    return con.execute(statement, named_params(statement, params)).fetchall()[0][0]
+    return con.execute(statement, params_of(statement, params)).fetchall()[0][0]
 
 
 def ingest_in_process(
@@ -507,8 +456,8 @@ def ingest_in_process(
 
 
 class _Loader:
-    """Writes each file in one transaction, in input order: parsed by DuckDB (:mod:`traceq.native`),
-    else decoded by :mod:`traceq.decode`."""
+    """Writes each file in one transaction, in input order: parsed by DuckDB (:mod:`traceq.ingest.native`),
+    else decoded by :mod:`traceq.ingest.decode`."""
 
     def __init__(
         self, con: Any, run: str | None, rank: int | None, chunk_bytes: int, notify: Progress, native: bool = True,
@@ -537,7 +486,7 @@ class _Loader:
             self._cursor.close()
 
     def _parse_cursor(self) -> Any:
-        """The cursor batches are parsed on (:func:`traceq.native.parser`), made once: every file's
+        """The cursor batches are parsed on (:func:`traceq.ingest.native.parser`), made once: every file's
         reader thread has finished before the next file's starts."""
         if self._cursor is None:
             self._cursor = parser(self.con)
@@ -571,14 +520,14 @@ class _Loader:
         known = self.con.execute("select path, run from traces where content_digest = ?", [digest]).fetchall()
         if not known:
             return None
-        self.notify("bytes", {"bytes": _size(path)})
+        self.notify("bytes", {"bytes": file_size(path)})
         return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]})", run=known[0][1])
 
     def _load(self, path: Path, parse: _FileParse | None = None, taken_digest: str | None = None) -> FileResult:
         """Ingest one file; ``parse``: its batches parsed ahead (:class:`_ReadAhead`), else it is
         read here; ``taken_digest``: its digest, where the reader took it already."""
         started = time.perf_counter()
-        size = _size(path)
+        size = file_size(path)
         digest: str | Future[str]
         try:
             known = self.known.get(size)
@@ -604,7 +553,7 @@ class _Loader:
         self, path: Path, digest: str | Future[str], size: int, parse: _FileParse | None = None
     ) -> FileResult:
         """Read ``path`` in one transaction: with DuckDB, else (:class:`NotNative`) roll back and
-        decode with :mod:`traceq.decode`; on :class:`_NeedsOps` roll back and read again with every
+        decode with :mod:`traceq.ingest.decode`; on :class:`_NeedsOps` roll back and read again with every
         CPU operator. ``parse`` (batches parsed ahead) serves the first reading only."""
         con = self.con
         native, all_ops, reason = self.native, None, "native=False"
@@ -632,7 +581,7 @@ class _Loader:
             else:
                 con.commit()
                 if not native:
-                    result.message = f"read by traceq.decode: {reason}"
+                    result.message = f"read by traceq.ingest.decode: {reason}"
             return result
 
     def chunk_bytes_for(self, path: Path) -> int:
@@ -644,7 +593,7 @@ class _Loader:
         self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None,
         parse: _FileParse | None = None,
     ) -> FileResult:
-        """Parse ``path`` with DuckDB, batch by batch (:mod:`traceq.native`), or take the batches
+        """Parse ``path`` with DuckDB, batch by batch (:mod:`traceq.ingest.native`), or take the batches
         parsed ahead (``parse``)."""
         con = self.con
         parse_start = time.perf_counter()
@@ -682,10 +631,10 @@ class _Loader:
         return _FileParse(header, policy, ready, stop=ready.close, remove_scratch=scratch.close)
 
     def _chunked(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
-        """Decode ``path`` chunk by chunk with :mod:`traceq.decode` in this process."""
+        """Decode ``path`` chunk by chunk with :mod:`traceq.ingest.decode` in this process."""
         import pyarrow as pa
 
-        from traceq.decode import decode_chunk
+        from traceq.ingest.decode import decode_chunk
 
         con = self.con
         parse_start = time.perf_counter()
@@ -822,7 +771,7 @@ class _ReadAhead:
     def _produce(self, paths: list[Path]) -> Iterator[tuple[str, Path, Any]]:
         loader = self.loader
         for path in paths:
-            size = _size(path)
+            size = file_size(path)
             try:
                 known, digest = self._known(path, size)
                 if known:

@@ -13,20 +13,20 @@ warehouse columns. A trace counts once its ``traces`` row is written (it is writ
 writer that dies half-way leaves nothing that a report would read.
 
 :func:`open_parquet` serves such a directory as a read-only warehouse (DuckDB views), so every
-report runs on it unchanged; :func:`import_parquet` loads it into a DuckDB warehouse.
+report runs on it unchanged; :mod:`traceq.store.export` writes it and loads it into a DuckDB warehouse.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
-from traceq.errors import ConfigError, WarehouseError
-from traceq.warehouse import builtin_rules, connect, prepare_session, sql_text
+from traceq.errors import WarehouseError
+from traceq.query import sql_text
+from traceq.store.schema import builtin_rules, prepare_session
 
 # Written last, read first: a trace's rows count only once its traces row exists.
 TRACES = "traces"
@@ -46,7 +46,7 @@ class _Table:
     joins_run: bool  # has trace_id but no run column: run comes from traces
 
 
-def _tables(con: duckdb.DuckDBPyConnection) -> list[_Table]:
+def warehouse_tables(con: duckdb.DuckDBPyConnection) -> list[_Table]:
     """The warehouse's own tables (not temp ones) with their partition columns, traces last."""
     rows = con.execute(
         """
@@ -85,7 +85,7 @@ def write_partitions(con: duckdb.DuckDBPyConnection, directory: Path, file_prefi
     the same prefix are replaced (so a writer per trace can re-run).
     """
     written: dict[str, int] = {}
-    for table in _tables(con):
+    for table in warehouse_tables(con):
         if table.name == "kernel_rules" and file_prefix != "data":
             continue  # per-trace writers have no user rules
         n = con.execute(f"select count(*) from ({_select(table)})").fetchall()[0][0]
@@ -101,33 +101,6 @@ def write_partitions(con: duckdb.DuckDBPyConnection, directory: Path, file_prefi
             target = target / f"{file_prefix}_0.parquet"
         con.execute(f"copy ({_select(table)}) to ? ({options})", [str(target)])
     return written
-
-
-def export_parquet(db: str | Path, directory: str | Path, *, overwrite: bool = False) -> dict[str, int]:
-    """Write the warehouse at ``db`` as Parquet under ``directory``, partitioned by run and rank.
-
-    Args:
-        db: warehouse path.
-        directory: output folder (created); it must not hold an export already unless ``overwrite``.
-        overwrite: replace the table folders of an earlier export in ``directory``.
-
-    Returns rows written per table.
-    """
-    out = Path(directory)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: is a file; pass a directory for the Parquet export")
-    con = connect(db, read_only=True)
-    try:
-        tables = _tables(con)
-        existing = [t.name for t in tables if (out / t.name).exists()]
-        if existing and not overwrite:
-            raise ConfigError(f"{out}: holds an export already ({', '.join(existing)}); pass --overwrite or a new directory")
-        for name in existing:
-            shutil.rmtree(out / name)
-        out.mkdir(parents=True, exist_ok=True)
-        return write_partitions(con, out)
-    finally:
-        con.close()
 
 
 def is_parquet_dir(path: str | Path) -> bool:
@@ -151,7 +124,7 @@ def open_parquet(directory: str | Path, *, read_only: bool = True) -> duckdb.Duc
     con = duckdb.connect(":memory:")
     con.execute(sql_text("schema.sql"))
     con.executemany("insert into kernel_rules values (?, ?, ?, ?, ?, 'builtin')", builtin_rules())
-    for name, query in _parquet_queries(con, root).items():
+    for name, query in parquet_queries(con, root).items():
         if name == "kernel_rules":
             con.execute(f"insert into kernel_rules {query} where source = 'user'")
             continue
@@ -166,11 +139,11 @@ def open_parquet(directory: str | Path, *, read_only: bool = True) -> duckdb.Duc
     return con
 
 
-def _parquet_queries(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, str]:
+def parquet_queries(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, str]:
     """For each table of ``con``'s schema with files under ``root``: a query reading them, cast to
     the schema's types (one row per run where several writers wrote it; complete traces only)."""
     queries = {}
-    for table in _tables(con):
+    for table in warehouse_tables(con):
         files = root / table.name
         if not any(files.rglob("*.parquet")):
             continue  # nothing written: the table stays empty
@@ -198,31 +171,9 @@ def _parquet_queries(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, st
     return queries
 
 
-def _refuse_rank_collisions(con: duckdb.DuckDBPyConnection, root: Path) -> None:
-    """ConfigError (the import is rolled back) when an imported trace holds a (run, rank, step) that another
-    trace of the warehouse holds: as ingest refuses such a file, so that no step is counted twice."""
-    clash = con.execute(
-        """
-        select t.run, s.rank, string_agg(distinct t.path, ', ' order by t.path)
-        from steps as s
-        inner join traces as t using (trace_id)
-        group by t.run, s.rank, s.step
-        having count(distinct s.trace_id) > 1 and bool_or(s.trace_id in (select new_id from _id_map))
-        order by all
-        limit 1
-        """
-    ).fetchall()
-    if clash:
-        run, rank, paths = clash[0]
-        raise ConfigError(
-            f"{root}: importing it would give run {run} two traces of the same steps of rank {rank} ({paths}); "
-            "nothing was imported. Import it into another warehouse (--db), or remove one of them from it"
-        )
-
-
 def _digest_expression(con: duckdb.DuckDBPyConnection, source: str) -> str:
     """The content digest of the traces files read by ``source``: those written before BLAKE3 have
-    ``content_sha256``, the bare SHA-256 hex (see ``traceq.warehouse._migrate``)."""
+    ``content_sha256``, the bare SHA-256 hex (see ``traceq.store.warehouse._migrate``)."""
     names = {row[0] for row in con.execute(f"describe select * from {source}").fetchall()}
     legacy = "'sha256:' || content_sha256"
     if "content_sha256" not in names:
@@ -300,49 +251,3 @@ def lowest_rank(directory: str | Path) -> int:
     """The lowest rank held in ``directory``, or 0 (rankless files get ranks below it)."""
     ranks = [rank for _, claims in steps_by_trace(directory).values() for rank, _ in claims]
     return min([0, *ranks])
-
-
-def import_parquet(directory: str | Path, db: str | Path) -> int:
-    """Load the traces of a Parquet directory into the warehouse at ``db``; returns traces added.
-
-    Traces whose content is already in the warehouse are skipped (idempotent); the others get new
-    trace ids. One transaction: either every new trace is added or none.
-    """
-    root = Path(directory)
-    if not is_parquet_dir(root):
-        raise WarehouseError(f"{root}: not a traceq Parquet directory (no {TRACES}/ folder)")
-    con = connect(db)
-    try:
-        queries = _parquet_queries(con, root)
-        con.begin()
-        try:
-            con.execute(
-                f"""
-                create or replace temp table _id_map as
-                select s.trace_id as old_id, nextval('trace_ids') as new_id
-                from ({queries[TRACES]}) as s
-                where s.content_digest not in (select content_digest from traces)
-                """
-            )
-            added = con.execute("select count(*) from _id_map").fetchall()[0][0]
-            for table in _tables(con):
-                if table.name not in queries or table.name == "kernel_rules":
-                    continue
-                cols = ", ".join(table.columns)
-                if "trace_id" in table.columns:
-                    picked = ", ".join("m.new_id" if c == "trace_id" else f"s.{c}" for c in table.columns)
-                    con.execute(
-                        f"insert into {table.name} ({cols}) select {picked} from ({queries[table.name]}) as s "
-                        "inner join _id_map as m on m.old_id = s.trace_id"
-                    )
-                elif table.name in _ONE_ROW_PER:
-                    con.execute(f"insert into {table.name} ({cols}) select {cols} from ({queries[table.name]}) on conflict do nothing")
-            _refuse_rank_collisions(con, root)
-            con.execute("drop table _id_map")
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
-        return added
-    finally:
-        con.close()

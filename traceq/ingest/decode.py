@@ -1,8 +1,8 @@
 """Decode one chunk of Kineto ``traceEvents`` into columnar Arrow tables.
 
-The reference reader: :mod:`traceq.native` is checked against it, and ingest falls back to it for
+The reference reader: :mod:`traceq.ingest.native` is checked against it, and ingest falls back to it for
 files DuckDB's JSON reader would read differently. It depends on msgspec, numpy and pyarrow only.
-A chunk is the bytes of a run of whole events (``{...}, {...}``) as cut by :mod:`traceq.reader`.
+A chunk is the bytes of a run of whole events (``{...}, {...}``) as cut by :mod:`traceq.ingest.reader`.
 Only the fields traceq uses are decoded (msgspec Structs skip the rest at C speed).
 
 Times: Kineto ``ts``/``dur`` are microseconds, written as integers (old traces) or with three

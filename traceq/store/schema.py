@@ -1,30 +1,20 @@
-"""Open the DuckDB warehouse, create its tables and load the SQL shipped in ``traceq.sql``."""
+"""The warehouse's tables and what every connection needs: the schema (``sql/schema.sql``) and its
+migrations, the kernel classification rules, the session settings, and small helpers for statements
+that read rows handed over from Python."""
 
 from __future__ import annotations
 
 import csv
-import importlib
 import json
-import re
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from functools import cache
-from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import duckdb
 
 from traceq.catalog import StepMarker, event_categories
-from traceq.derive import device_properties, gpu_model_of, write_steps
 from traceq.errors import ConfigError, WarehouseError
+from traceq.query import sql_text
+from traceq.store.derive import device_properties, gpu_model_of, write_steps
 
-if TYPE_CHECKING:
-    import polars as pl
-
-DEFAULT_DB = "traceq.duckdb"
 # 2: step markers and device windows (steps.source, traces.step_marker/devices/gpu_model, warehouse_info)
 SCHEMA_VERSION = 2
 _ADDED_COLUMNS = (
@@ -33,67 +23,24 @@ _ADDED_COLUMNS = (
     ("traces", "gpu_model", "varchar"),
     ("steps", "source", "varchar"),
 )
-_NAMED_PARAM = re.compile(r"\$(\w+)")
 RULE_COLUMNS = ("priority", "pattern", "class", "category", "collective")
 # comm, compute; memcpy: device copies that are not cat gpu_memcpy (MTIA dma); sync: a stream waiting on
 # another's event, not work (left out of every interval)
 RULE_CLASSES = ("comm", "compute", "memcpy", "sync")
 
 
-@cache
-def sql_text(name: str) -> str:
-    """The text of ``sql/<name>`` as shipped in the package."""
-    return files("traceq.sql").joinpath(name).read_text(encoding="utf-8")
-
-
-def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: float = 10.0) -> duckdb.DuckDBPyConnection:
-    """Open (and on first use create) the warehouse at ``db``.
-
-    Args:
-        db: path of the DuckDB file, or ":memory:".
-        read_only: open without taking the write lock (reports).
-        wait_s: how long to wait for another process that holds the write lock.
-    """
-    path = str(db)
-    if path != ":memory:" and Path(path).is_dir():  # Parquet written by `traceq export` or a cluster ingest
-        from traceq.export import open_parquet
-
-        return open_parquet(path, read_only=read_only)
-    if read_only and path != ":memory:" and not Path(path).exists():
-        raise WarehouseError(f"{path}: no warehouse here; run `traceq ingest TRACES --db {path}` first")
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            con = duckdb.connect(path, read_only=read_only)
-            break
-        except duckdb.IOException as exc:
-            if "lock" not in str(exc).lower():
-                raise WarehouseError(f"{path}: cannot open the warehouse ({exc})") from None
-            if time.monotonic() >= deadline:
-                raise WarehouseError(
-                    f"{path}: another traceq process holds the warehouse lock; wait for it to finish "
-                    "(or use --db with another file)"
-                ) from None
-            time.sleep(0.2)
-        except duckdb.Error as exc:
-            raise WarehouseError(f"{path}: not a traceq warehouse ({exc}); pass --db with a new file name") from None
-    if not read_only:
-        # one transaction (one WAL write) for the tables and the rules: 25 ms less than one each
-        con.begin()
-        try:
-            con.execute(sql_text("schema.sql"))
-            _migrate(con)
-            _load_builtin_rules(con)
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
-    elif path != ":memory:" and schema_version(con) != SCHEMA_VERSION:
-        con.close()
-        _upgrade(path, wait_s)
-        return connect(db, read_only=True, wait_s=wait_s)
-    prepare_session(con)
-    return con
+def create_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Create the tables (``sql/schema.sql``), bring an older warehouse up to date and load the builtin
+    kernel rules, in one transaction (one WAL write: 25 ms less than one each)."""
+    con.begin()
+    try:
+        con.execute(sql_text("schema.sql"))
+        _migrate(con)
+        _load_builtin_rules(con)
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
 
 
 def prepare_session(con: duckdb.DuckDBPyConnection) -> None:
@@ -106,17 +53,6 @@ def prepare_session(con: duckdb.DuckDBPyConnection) -> None:
     """
     con.execute(sql_text("macros.sql"))
     con.execute("set asof_loop_join_threshold = 0")
-
-
-def _upgrade(path: str, wait_s: float) -> None:
-    """Migrate a warehouse made by an older traceq that a report opened read-only (once)."""
-    try:
-        connect(path, wait_s=wait_s).close()
-    except WarehouseError as exc:
-        raise WarehouseError(
-            f"{path}: made by an older traceq and cannot be upgraded here ({exc}); open it once with write access, "
-            "e.g. traceq check on a writable copy"
-        ) from None
 
 
 def schema_version(con: duckdb.DuckDBPyConnection) -> int | None:
@@ -134,7 +70,7 @@ def _migrate(con: duckdb.DuckDBPyConnection) -> None:
         "select column_name from duckdb_columns() where database_name = current_database() "
         "and schema_name = 'main' and table_name = 'traces'"
     ).fetchall()}
-    if "content_sha256" in columns:  # until BLAKE3: the bare SHA-256 hex (traceq.reader.file_digest)
+    if "content_sha256" in columns:  # until BLAKE3: the bare SHA-256 hex (traceq.ingest.reader.file_digest)
         con.execute("alter table traces rename column content_sha256 to content_digest")
         con.execute("update traces set content_digest = 'sha256:' || content_digest")
     version = schema_version(con)
@@ -167,9 +103,23 @@ def _derive_again(con: duckdb.DuckDBPyConnection) -> None:
         )
 
 
-def named_params(statement: str, params: dict[str, object]) -> dict[str, object]:
-    """The entries of ``params`` that ``statement`` names as ``$name`` (DuckDB refuses unused ones)."""
-    return {name: params[name] for name in set(_NAMED_PARAM.findall(statement))}
+SIDE_TABLES = ("run_files", "run_settings", "step_windows", "power_logs", "power_samples")
+
+
+def require_side_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """Raise WarehouseError when the warehouse predates the run metadata and power tables."""
+    # views too: a Parquet directory is opened as views (traceq.store.export); duckdb_tables() and
+    # duckdb_views() answer in 1 ms where information_schema.tables takes 6-8
+    have = {name for (name,) in con.execute(
+        "select table_name from duckdb_tables() where database_name = current_database() and schema_name = 'main' "
+        "union all select view_name from duckdb_views() where database_name = current_database() and schema_name = 'main'"
+    ).fetchall()}
+    missing = [t for t in SIDE_TABLES if t not in have]
+    if missing:
+        raise WarehouseError(
+            f"this warehouse was made by an older traceq (no {', '.join(missing)} table); run `traceq ingest` "
+            "on it once (files already in it are skipped) to add them, then re-ingest for power data"
+        )
 
 
 def execute_over(con: duckdb.DuckDBPyConnection, statement: str, params: object, rows: object) -> list[tuple]:
@@ -187,49 +137,6 @@ def execute_over(con: duckdb.DuckDBPyConnection, statement: str, params: object,
         del _rows
 
 
-@contextmanager
-def import_in_background(module: str) -> Iterator[None]:
-    """Import ``module`` in a thread while the block runs (DuckDB releases the GIL while it executes a
-    query); the block's own ``import`` of it waits for that thread, and so does leaving the block."""
-    thread = threading.Thread(target=_import_quietly, args=(module,), name=f"traceq-import-{module}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
-
-
-def _import_quietly(module: str) -> None:
-    try:
-        importlib.import_module(module)
-    except BaseException:  # the import in the main thread raises it again, where it is handled
-        pass
-
-
-def to_polars(relation: duckdb.DuckDBPyRelation) -> pl.DataFrame:
-    """The rows of ``relation`` as a polars DataFrame, through the Arrow PyCapsule stream.
-
-    ``relation.pl()`` goes through a pyarrow Table, and importing pyarrow (with numpy) was 0.1 s of
-    a 0.7 s ``traceq report``; polars reads the stream itself.
-    """
-    import polars as pl
-
-    return pl.DataFrame(_ArrowStream(relation))
-
-
-class _ArrowStream:
-    """Only the Arrow stream of a relation, for polars (handed the relation itself, polars looks at
-    more of it, and DuckDB 2.0's binding then reports leaked objects when the interpreter exits)."""
-
-    __slots__ = ("relation",)
-
-    def __init__(self, relation: duckdb.DuckDBPyRelation) -> None:
-        self.relation = relation
-
-    def __arrow_c_stream__(self, requested_schema: object = None) -> object:
-        return self.relation.__arrow_c_stream__(requested_schema)
-
-
 def fetch_one(con: duckdb.DuckDBPyConnection, query: str, params: object = None) -> tuple:
     """The first row of ``query`` (or None), with the result fully consumed."""
     rows = con.execute(query, params).fetchall()
@@ -238,7 +145,7 @@ def fetch_one(con: duckdb.DuckDBPyConnection, query: str, params: object = None)
 
 def builtin_rules() -> list[tuple]:
     """The kernel classification rules shipped in ``sql/kernel_rules.csv``."""
-    return read_rules(files("traceq.sql").joinpath("kernel_rules.csv").read_text(encoding="utf-8"), "kernel_rules.csv")
+    return read_rules(sql_text("kernel_rules.csv"), "kernel_rules.csv")
 
 
 def read_rules(text: str, source_name: str) -> list[tuple]:
@@ -282,3 +189,8 @@ def add_rules(con: duckdb.DuckDBPyConnection, path: Path) -> int:
             raise ConfigError(f"{path}: bad pattern {pattern!r} (priority {priority}): {exc}") from None
     con.executemany("insert into kernel_rules values (?, ?, ?, ?, ?, 'user')", rows)
     return len(rows)
+
+
+def list_rules(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyRelation:
+    """The kernel rules in force, the one that wins first (``traceq rules``)."""
+    return con.sql("select * from kernel_rules order by priority, source desc")

@@ -15,10 +15,12 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from traceq.catalog import META_COLUMNS
 from traceq.errors import ConfigError
-from traceq.metrics import META_COLUMNS, StepSelection, step_metrics
-from traceq.throughput import power_notes
-from traceq.warehouse import DEFAULT_DB, connect
+from traceq.report.metrics import step_metrics
+from traceq.report.notes import power_notes
+from traceq.report.selection import StepSelection
+from traceq.store.warehouse import DEFAULT_DB, connect
 
 SCALING_NOTES = (
     "ideal_tokens_per_s: the smallest run of the group scaled linearly (its global tokens/s × world_size / its world_size); "
@@ -29,7 +31,7 @@ SCALING_NOTES = (
 
 
 def per_run(rows: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
-    """One row per run from :func:`traceq.metrics.step_metrics` rows: run-level throughput, MFU, power."""
+    """One row per run from :func:`traceq.report.metrics.step_metrics` rows: run-level throughput, MFU, power."""
     steps = rows.unique(subset=["run", "rank", "step"], keep="first")  # one row per rank-step, not per device
     ranks = steps.group_by("run", "rank").agg(
         pl.col("step_time_ms").mean().alias("rank_step_time_ms"),

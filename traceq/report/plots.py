@@ -44,7 +44,7 @@ def pick_ranks(rows: pl.DataFrame, max_ranks: int) -> pl.DataFrame:
 def step_breakdown_figure(rows: pl.DataFrame, max_ranks: int = 16) -> Any:
     """Stacked bars per (rank, step): compute / overlapped comm / exposed comm / exposed memcpy / idle (us).
 
-    ``rows``: step rows of :func:`traceq.metrics.step_metrics` that have GPU activity.
+    ``rows``: step rows of :func:`traceq.report.metrics.step_metrics` that have GPU activity.
     """
     go = _go()
     rows = pick_ranks(rows, max_ranks).with_columns(

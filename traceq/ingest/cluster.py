@@ -6,7 +6,7 @@ and step attribution by traceq's SQL),
 and writes the result under the output directory in the layout of ``traceq export --parquet``
 (files named ``trace<id>_<i>.parquet``; the ``traces`` file last). The client only hands out
 paths and trace ids and collects one :class:`~traceq.ingest.FileResult` per file. A report then
-runs on the directory (``traceq report --db DIR``), or :func:`traceq.export.import_parquet` loads
+runs on the directory (``traceq report --db DIR``), or :func:`traceq.store.export.import_parquet` loads
 it into a warehouse.
 
 Needs ``dask[distributed]`` (the ``traceq[dask]`` extra) on the client and on every worker, and the
@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from traceq.errors import ConfigError, TraceFormatError
-from traceq.export import lowest_rank
-from traceq.ingest import INGEST_CHUNK_BYTES, FileResult, IngestSummary, expand_inputs
-from traceq.reader import digest_in
+from traceq.ingest import FileResult, IngestSummary
+from traceq.ingest.inputs import expand_inputs
+from traceq.ingest.loader import INGEST_CHUNK_BYTES
+from traceq.ingest.reader import digest_in
+from traceq.store.parquet import lowest_rank
 
 
 def ingest_file_to_parquet(
@@ -45,9 +47,9 @@ def ingest_file_to_parquet(
     Files are written to a staging folder first and moved into place with the ``traces`` file
     last, so a task that dies leaves no trace that a report reads.
     """
-    from traceq.export import TRACES, write_partitions
-    from traceq.ingest import ingest_in_process
-    from traceq.warehouse import connect
+    from traceq.ingest.loader import ingest_in_process
+    from traceq.store.parquet import TRACES, write_partitions
+    from traceq.store.warehouse import connect
 
     started = time.perf_counter()
     trace_path = Path(path)
@@ -108,7 +110,7 @@ def ingest_with_dask(
 
     Returns one result per file, in input order.
     """
-    from traceq.export import known_digests, next_trace_id
+    from traceq.store.parquet import known_digests, next_trace_id
 
     if client is None and scheduler is None:
         raise ConfigError("pass a Dask client or a scheduler address (e.g. tcp://host:8786)")
@@ -145,7 +147,7 @@ def ingest_with_dask(
 
 def _remove_trace(root: Path, trace_id: int) -> None:
     """Remove a trace's files from ``root``: its traces file first, so that no reader sees half of it."""
-    from traceq.export import TRACES
+    from traceq.store.parquet import TRACES
 
     files = root.rglob(f"trace{trace_id}_*.parquet")
     for f in sorted(files, key=lambda f: f.relative_to(root).parts[0] != TRACES):
@@ -155,7 +157,7 @@ def _remove_trace(root: Path, trace_id: int) -> None:
 def _refuse_rank_collisions(root: Path, results: list[FileResult]) -> list[FileResult]:
     """As a local ingest does, a file whose run already holds one of its (rank, step) fails, here after
     the fact (the tasks ran apart): in input order, after the traces already in the directory."""
-    from traceq.export import steps_by_trace
+    from traceq.store.parquet import steps_by_trace
 
     held = steps_by_trace(root)
     new = {r.trace_id for r in results if r.status == "ingested"}

@@ -1,6 +1,6 @@
 """What ingest derives from a trace once its events are in the warehouse: its steps, the step that
 launched each device event, and the GPU model its activity ran on. Also run on warehouses written by
-an older traceq when they are opened (:func:`traceq.warehouse.connect`)."""
+an older traceq when they are opened (:func:`traceq.store.warehouse.connect`)."""
 
 from __future__ import annotations
 

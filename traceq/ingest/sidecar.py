@@ -4,7 +4,7 @@
 events and steps are in the warehouse. It
 
 - stores the run metadata (whole file in ``run_files``; run-level values merged into
-  ``runs.metadata``, see :mod:`traceq.run_metadata`);
+  ``runs.metadata``, see :mod:`traceq.store.run_metadata`);
 - gives every step of the trace its wall-clock window (``step_windows``), using the collectors'
   documented mapping ``wall_ns = ts_us * 1000 + offset_ns``: offset_ns is the trace's
   ``baseTimeNanoseconds``, else run.json's ``trace_files[].offset_ns`` / ``clock.offset_ns`` for
@@ -25,8 +25,8 @@ from typing import Any
 import duckdb
 
 from traceq.errors import TraceFormatError
-from traceq.run_metadata import merge_run_metadata, run_level
-from traceq.warehouse import execute_over, fetch_one
+from traceq.store.run_metadata import merge_run_metadata, run_level
+from traceq.store.schema import execute_over, fetch_one
 
 _CYCLE = re.compile(r"\.cycle\d+$")
 

@@ -1,7 +1,7 @@
 """One self-contained HTML report (plotly's JavaScript inline, works offline).
 
 :func:`report_data` gathers the frames from the warehouse, :func:`render_html` turns frames into
-the page (figures from :mod:`traceq.plots`), :func:`write_html_report` does both.
+the page (figures from :mod:`traceq.report.plots`), :func:`write_html_report` does both.
 """
 
 from __future__ import annotations
@@ -15,28 +15,14 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from traceq.catalog import BREAKDOWN_NOTE
 from traceq.errors import ConfigError, EmptySelection
-from traceq.metrics import (
-    BREAKDOWN_NOTE,
-    StepSelection,
-    breakdown_metrics,
-    nothing_selected,
-    require_runs,
-    step_metrics,
-    step_window_notes,
-)
-from traceq.scaling import SCALING_NOTES, per_run, scaling_from_runs
-from traceq.throughput import (
-    FLOPS_CONVENTION,
-    NVML_NOTE,
-    PEAK_NOTE,
-    peak_table_text,
-    power_series,
-    power_status,
-    step_wall_windows,
-    steps_used,
-)
-from traceq.warehouse import DEFAULT_DB, connect
+from traceq.report.metrics import breakdown_metrics, nothing_selected, require_runs, step_metrics
+from traceq.report.notes import FLOPS_CONVENTION, NVML_NOTE, PEAK_NOTE, peak_table_text, step_window_notes, steps_used
+from traceq.report.power import power_series, power_status, step_wall_windows
+from traceq.report.scaling import SCALING_NOTES, per_run, scaling_from_runs
+from traceq.report.selection import StepSelection
+from traceq.store.warehouse import DEFAULT_DB, connect
 
 SUMMARY_COLUMNS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
                    "tokens_per_j", "compute_us", "exposed_comm_us", "overlap_ratio", "idle_us")
@@ -109,7 +95,7 @@ def render_html(data: ReportData) -> str:
     """The report page as one string: inline plotly.js, figures, tables and notes."""
     from plotly.offline import get_plotlyjs
 
-    from traceq import plots
+    from traceq.report import plots
 
     sections: list[str] = []
     runs = sorted(data.steps["run"].unique().to_list())

@@ -1,0 +1,14 @@
+"""Ingest: Kineto trace files (and the collectors' side files) into the warehouse.
+
+The pipeline of a file: :mod:`~traceq.ingest.inputs` (which files, which run) ->
+:mod:`~traceq.ingest.reader` (cut the event array into chunks) -> :mod:`~traceq.ingest.native` (DuckDB
+parses batches of chunks) or :mod:`~traceq.ingest.decode` (the msgspec reference) ->
+:mod:`~traceq.ingest.loader` (one transaction per file, steps and step attribution by
+:mod:`traceq.store.derive`) -> :mod:`~traceq.ingest.sidecar` (run.json, power logs).
+:mod:`~traceq.ingest.cluster` runs the same per file on a Dask cluster.
+"""
+
+from traceq.ingest.inputs import expand_inputs
+from traceq.ingest.loader import FileResult, IngestSummary, ingest_traces
+
+__all__ = ["FileResult", "IngestSummary", "expand_inputs", "ingest_traces"]

@@ -1,0 +1,86 @@
+"""Which steps a report uses, and the parameters every report query takes (DESIGN §3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+from traceq import query
+from traceq.catalog import StepMarker, event_categories, gpu_peaks
+from traceq.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class StepSelection:
+    """Which steps a report uses (DESIGN §3).
+
+    Args:
+        skip_steps: leading profiled steps to skip; None = the run's ``warmup_steps`` metadata, else 0.
+        step_min, step_max: keep step numbers (N of ProfilerStep#N) in [step_min, step_max] (None = unbounded).
+        drop_incomplete: drop a last step that the end of the trace cut.
+        drop_last: drop the last step always (what HTA does).
+    """
+
+    skip_steps: int | None = None
+    step_min: int | None = None
+    step_max: int | None = None
+    drop_incomplete: bool = True
+    drop_last: bool = False
+
+    def describe(self) -> str:
+        """The selection in words, e.g. 'steps 900..1000, warm-up: the run's warmup_steps'."""
+        parts = []
+        if self.step_min is not None or self.step_max is not None:
+            parts.append(f"steps {'' if self.step_min is None else self.step_min}..{'' if self.step_max is None else self.step_max}")
+        parts.append("warm-up: the run's warmup_steps, 0 if unset" if self.skip_steps is None
+                     else f"skipping the first {self.skip_steps} step(s)")
+        parts.append("dropping every last step" if self.drop_last
+                     else "dropping a cut last step" if self.drop_incomplete else "keeping the last step")
+        return ", ".join(parts)
+
+    @classmethod
+    def parse(cls, steps: str | None = None, skip_steps: int | None = None, drop_last: bool = False) -> StepSelection:
+        """From CLI text: ``steps`` as "a:b" (inclusive step numbers; either side may be empty)."""
+        lo = hi = None
+        if steps:
+            left, sep, right = steps.partition(":")
+            try:
+                lo = int(left) if left.strip() else None
+                hi = int(right) if right.strip() else None
+                if not sep:
+                    hi = lo
+            except ValueError:
+                raise ConfigError(f"--steps {steps!r}: expected a:b with step numbers, e.g. 11:60") from None
+            if lo is not None and hi is not None and hi < lo:
+                raise ConfigError(f"--steps {steps!r}: the end is before the start")
+        if skip_steps is not None and skip_steps < 0:
+            raise ConfigError(f"--skip-steps {skip_steps}: must be 0 or more")
+        return cls(skip_steps=skip_steps, step_min=lo, step_max=hi, drop_last=drop_last)
+
+
+def query_params(selection: StepSelection = StepSelection()) -> dict[str, object]:
+    """Every parameter the report queries take: the step selection, the event categories, the default
+    step marker (for traces ingested before markers were stored) and the GPU peak table."""
+    return {
+        "skip_steps": selection.skip_steps,
+        "step_min": selection.step_min,
+        "step_max": selection.step_max,
+        "drop_incomplete": selection.drop_incomplete,
+        "drop_last": selection.drop_last,
+        **event_categories().sql_params(),
+        **StepMarker().sql_params(),
+        "gpu_peaks": [
+            {"position": i, "pattern": p.pattern, "gpu": p.gpu, "peak_tflops": p.peak_tflops}
+            for i, p in enumerate(gpu_peaks())
+        ],
+    }
+
+
+def relation(
+    con: duckdb.DuckDBPyConnection, name: str, selection: StepSelection = StepSelection(),
+    bind: dict[str, str] | None = None,
+) -> duckdb.DuckDBPyRelation:
+    """The relation of ``sql/<name>.sql`` (e.g. ``gpu_activity``, ``device_windows``) on ``con``, with the
+    parameters reports use: for queries of your own over traceq's classification and windows."""
+    return query.run(con, name, query_params(selection), bind)

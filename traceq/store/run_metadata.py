@@ -1,0 +1,103 @@
+"""Run metadata: what the collector's ``rank<r>.run.json`` says about a run, plus what users set.
+
+``runs.metadata`` holds the effective run-level values: the collector's (merged over the rank
+files ingested so far) overlaid with the values set with ``traceq runs set``, which live in
+``run_settings`` and survive later ingests. ``sql/run_metadata.sql`` turns them into typed columns
+(world_size, tp, gpu, tokens_per_step, flops_per_step, peak_tflops, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+
+from traceq.catalog import PER_RANK_KEYS, RUN_KEY_NAMES, RUN_KEYS, RunKey, gpu_peaks, peak_for
+from traceq.errors import ConfigError
+from traceq.store.schema import fetch_one
+from traceq.store.warehouse import connect
+
+if TYPE_CHECKING:  # polars loads with the first report, not with ingest
+    pass
+
+def run_level(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-wide part of one rank's run.json (drops rank, host, clock and the like)."""
+    return {k: v for k, v in metadata.items() if k not in PER_RANK_KEYS}
+
+
+def settings(con: duckdb.DuckDBPyConnection, run: str) -> dict[str, Any]:
+    """Values set for ``run`` with :func:`set_run_metadata`."""
+    rows = con.execute("select key, value from run_settings where run = ? order by key", [run]).fetchall()
+    return {key: json.loads(value) for key, value in rows}
+
+
+def merge_run_metadata(con: duckdb.DuckDBPyConnection, run: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge collector ``values`` into ``runs.metadata`` of ``run``; user settings stay on top.
+
+    Returns the effective metadata. The run row must exist.
+    """
+    row = fetch_one(con, "select metadata from runs where run = ?", [run])
+    current = json.loads(row[0]) if row and row[0] else {}
+    merged = {**current, **{k: v for k, v in values.items() if v is not None or k not in current}}
+    merged.update(settings(con, run))
+    con.execute("update runs set metadata = ? where run = ?", [json.dumps(merged), run])
+    return merged
+
+
+def _coerce(key: RunKey, value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        out = key.kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--{key.key.replace('_', '-')} {value!r}: expected {key.kind.__name__}") from None
+    if key.kind in (int, float) and out <= 0:
+        raise ConfigError(f"--{key.key.replace('_', '-')} {value!r}: must be positive")
+    return out
+
+
+def set_run_metadata(
+    db: str | Path | duckdb.DuckDBPyConnection, run: str, values: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Set (or correct) metadata of ``run``: keys from :data:`RUN_KEY_NAMES`; None values are ignored.
+
+    Reports look the peak of ``gpu_model`` up in the peak table (:func:`traceq.catalog.peak_for`) unless
+    ``peak_tflops`` is set; a GPU the table does not know needs ``peak_tflops`` with it (ConfigError),
+    so that setting a GPU never silently leaves MFU without a peak. Returns the effective metadata.
+    """
+    known = {k.key: k for k in RUN_KEYS}
+    bad = sorted(set(values) - set(known))
+    if bad:
+        raise ConfigError(f"unknown run metadata {bad}; settable: {', '.join(RUN_KEY_NAMES)}")
+    given = {k: _coerce(known[k], v) for k, v in values.items() if v is not None}
+    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db)
+    try:
+        if fetch_one(con, "select 1 from runs where run = ?", [run]) is None:
+            names = [r for (r,) in con.execute("select run from runs order by run").fetchall()]
+            raise ConfigError(f"no run {run!r} in the warehouse; `traceq runs` lists them: {', '.join(names) or 'none'}")
+        peak_by_hand = settings(con, run).get("peak_tflops_source") == "user"
+        if "gpu_model" in given and "peak_tflops" not in given and not peak_by_hand and peak_for(given["gpu_model"]) is None:
+            raise ConfigError(
+                f"GPU {given['gpu_model']!r} is not in the peak table, so MFU would have no peak; give its dense BF16 "
+                f"peak with it (--peak-tflops P); the table knows: {', '.join(p.gpu for p in gpu_peaks())}"
+            )
+        if "peak_tflops" in given:
+            given["peak_tflops_source"] = "user"
+        con.begin()
+        try:
+            con.executemany(
+                "insert or replace into run_settings (run, key, value) values (?, ?, ?)",
+                [(run, key, json.dumps(value)) for key, value in given.items()],
+            )
+            merged = merge_run_metadata(con, run, {})
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        return merged
+    finally:
+        if con is not db:
+            con.close()

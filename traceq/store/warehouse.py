@@ -1,0 +1,80 @@
+"""Open the DuckDB warehouse (a file, or a Parquet directory written by ``traceq export``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+
+from traceq.errors import WarehouseError
+from traceq.store.parquet import open_parquet
+from traceq.store.schema import SCHEMA_VERSION, create_schema, prepare_session, schema_version
+
+DEFAULT_DB = "traceq.duckdb"
+Warehouse = str | Path | duckdb.DuckDBPyConnection  # a path to open, or a connection already open
+
+
+def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: float = 10.0) -> duckdb.DuckDBPyConnection:
+    """Open (and on first use create) the warehouse at ``db``.
+
+    Args:
+        db: path of the DuckDB file, or ":memory:".
+        read_only: open without taking the write lock (reports).
+        wait_s: how long to wait for another process that holds the write lock.
+    """
+    path = str(db)
+    if path != ":memory:" and Path(path).is_dir():  # Parquet written by `traceq export` or a cluster ingest
+        return open_parquet(path, read_only=read_only)
+    if read_only and path != ":memory:" and not Path(path).exists():
+        raise WarehouseError(f"{path}: no warehouse here; run `traceq ingest TRACES --db {path}` first")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            con = duckdb.connect(path, read_only=read_only)
+            break
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise WarehouseError(f"{path}: cannot open the warehouse ({exc})") from None
+            if time.monotonic() >= deadline:
+                raise WarehouseError(
+                    f"{path}: another traceq process holds the warehouse lock; wait for it to finish "
+                    "(or use --db with another file)"
+                ) from None
+            time.sleep(0.2)
+        except duckdb.Error as exc:
+            raise WarehouseError(f"{path}: not a traceq warehouse ({exc}); pass --db with a new file name") from None
+    if not read_only:
+        create_schema(con)
+    elif path != ":memory:" and schema_version(con) != SCHEMA_VERSION:
+        con.close()
+        _upgrade(path, wait_s)
+        return connect(db, read_only=True, wait_s=wait_s)
+    prepare_session(con)
+    return con
+
+
+def _upgrade(path: str, wait_s: float) -> None:
+    """Migrate a warehouse made by an older traceq that a report opened read-only (once)."""
+    try:
+        connect(path, wait_s=wait_s).close()
+    except WarehouseError as exc:
+        raise WarehouseError(
+            f"{path}: made by an older traceq and cannot be upgraded here ({exc}); open it once with write access, "
+            "e.g. traceq check on a writable copy"
+        ) from None
+
+
+@contextmanager
+def opened(db: Warehouse, *, read_only: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+    """``db`` as a connection: opened here (and closed after the block), or the caller's, left open."""
+    if isinstance(db, duckdb.DuckDBPyConnection):
+        yield db
+        return
+    con = connect(db, read_only=read_only)
+    try:
+        yield con
+    finally:
+        con.close()
