@@ -10,7 +10,7 @@ Every measurement runs in a fresh subprocess:
 - ``hta``: ``TraceAnalysis`` load + ``get_comm_comp_overlap(visualize=False)`` (via
   ``tests/hta_reference.run_hta_overlap``, which applies the pandas-3 compatibility patch);
 - ``traceq ingest`` / ``traceq report``: ``traceq ingest FILE --db TMP.duckdb`` then
-  ``traceq report --metric exposed_comm --window trace --db TMP.duckdb --format csv`` (a fresh
+  ``traceq report --metric exposed_comm --whole-trace --db TMP.duckdb --format csv`` (a fresh
   database per repeat; ``traceq total`` = both, seconds summed, peak = the larger);
 - ``msgspec parse``: decompress + ``msgspec.json.decode`` into a typed Struct that keeps only
   ph/cat/name/pid/tid/ts/dur and a few args: what one core can do at best with the file;
@@ -159,7 +159,7 @@ def run_traceq(path: Path, sample_s: float | None) -> dict:
             failed = {"rc": None, "error": "ingest failed"}
             return {"ingest": ing, "report": failed, "total": failed}
         rep = measure(
-            [str(TRACEQ), "report", "--metric", "exposed_comm", "--window", "trace", "--db", str(db), "--format", "csv"],
+            [str(TRACEQ), "report", "--metric", "exposed_comm", "--whole-trace", "--db", str(db), "--format", "csv"],
             sample_s=sample_s,
         )
         rep["result"] = rep["stdout"][-4000:]

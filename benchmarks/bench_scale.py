@@ -12,7 +12,7 @@ Sections (each prints a table; all figures also go to ``benchmarks/out/bench_sca
   ``peak_rss_mb`` sums RSS (pages shared between the forked workers and the main process counted
   once per process: an upper bound), ``peak_pss_mb`` sums PSS (shared pages split: what the tree
   really holds). ``maxrss_mb`` is ``getrusage(RUSAGE_CHILDREN).ru_maxrss``: the largest process.
-- ``speed``: ingest + ``traceq report --metric exposed_comm --window trace`` of the 500 MB trace,
+- ``speed``: ingest + ``traceq report --metric exposed_comm --whole-trace`` of the 500 MB trace,
   end to end (fresh processes), as MB/s and MB/s per core; against the parse-only limit of one core:
   read (+ decompress) + msgspec typed decode (traceq's own Event Struct) of the whole file, with the
   GC thresholds ingest workers use (and with Python's defaults), the same in the reader's chunks,
@@ -233,7 +233,7 @@ def _parse_limit(path: Path) -> dict:
     code = f"""
 import gc, json, time
 from pathlib import Path
-gc.set_threshold(100_000, 50, 100)  # what ingest workers use (traceq.ingest.DECODE_GC_THRESHOLDS)
+# no gc.set_threshold: ingest no longer changes it (measured: no gain, BENCHMARKS.md)
 from traceq.ingest.decode import _FAST, decode_chunk
 from traceq.ingest.reader import read_trace
 from traceq.ingest.loader import INGEST_CHUNK_BYTES
@@ -273,7 +273,7 @@ decode_s = time.process_time() - t
 n = len(doc.traceEvents)
 del doc
 import gc
-gc.set_threshold(100_000, 50, 100)  # what ingest workers use (traceq.ingest.DECODE_GC_THRESHOLDS)
+gc.set_threshold(100_000, 50, 100)  # the thresholds ingest set until 0.2 (now left alone: no gain)
 t = time.process_time()
 doc = msgspec.json.decode(data, type=Doc)
 print(json.dumps({{"read_s": read_s, "decode_s": decode_s, "decode_tuned_gc_s": time.process_time() - t, "events": n}}))
@@ -286,7 +286,7 @@ def bench_speed(repeats: int, tmp: Path) -> dict:
     mb = trace.stat().st_size / 1e6
     db = tmp / "speed.duckdb"
     ingest = repeated(lambda i: ([TRACEQ, "ingest", str(trace), "--db", str(db), "-q"], lambda: None if i == repeats - 1 else _rm(db)), repeats)
-    report = repeated(lambda i: ([TRACEQ, "report", "--metric", "exposed_comm", "--window", "trace", "--db", str(db), "--format", "csv"], lambda: None), repeats)
+    report = repeated(lambda i: ([TRACEQ, "report", "--metric", "exposed_comm", "--whole-trace", "--db", str(db), "--format", "csv"], lambda: None), repeats)
     rows = _rows(db)
     _rm(db)
     chunked = _parse_limit(trace)
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             _print_table("memory: traceq ingest of one trace (peak over main + workers)", results["memory"])
         if "speed" in args.only:
             results["speed"] = bench_speed(args.repeats, tmp)
-            _print_table(f"speed: ingest + report --window trace, 500 MB trace, {CORES} cores", results["speed"])
+            _print_table(f"speed: ingest + report --whole-trace, 500 MB trace, {CORES} cores", results["speed"])
         if "ranks" in args.only or "parquet" in args.only:
             results["ranks"] = bench_ranks(args.repeats, tmp)
             _print_table("ranks: 64 rank files (nccl_data.json.gz renumbered)", results["ranks"])

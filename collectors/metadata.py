@@ -11,7 +11,7 @@ One JSON object per rank (written at start with `"complete": false`, rewritten a
     tp, pp, cp, dp       parallel degrees; dp = world_size / (tp*pp*cp) when not given
     tokens_per_step      global tokens per optimizer step (user-given), global_batch_size, micro_batch_size
     model, n_params_non_embedding, n_layers, n_heads, head_dim, seq_len, flops_per_step
-    device               "cuda" | "cpu"; gpu_model (torch.cuda.get_device_name) or null
+    device_type          "cuda" | "cpu" (`device` in files of traceq 0.1); gpu_model (torch.cuda.get_device_name) or null
     peak_tflops          dense BF16 peak of one GPU if the user gave one (peak_tflops_source "user"), else
                          null: reports take it from traceq's peak table for gpu_model
     torch_version, cuda_version, nccl_version, python_version
@@ -79,10 +79,10 @@ def detect_rank(torch: Any) -> dict[str, Any]:
 
 def describe_device(torch: Any, peak_override: float | None) -> dict[str, Any]:
     """Device kind, GPU model, the peak TFLOPS the user gave (else null) and the torch / CUDA / NCCL versions."""
-    info: dict[str, Any] = {"device": "cpu", "gpu_model": None, "gpu_uuid": None}
+    info: dict[str, Any] = {"device_type": "cpu", "gpu_model": None, "gpu_uuid": None}
     if torch.cuda.is_available():
         index = torch.cuda.current_device()
-        info["device"] = "cuda"
+        info["device_type"] = "cuda"
         info["gpu_model"] = torch.cuda.get_device_name(index)
         try:
             info["gpu_uuid"] = str(torch.cuda.get_device_properties(index).uuid)
@@ -94,7 +94,7 @@ def describe_device(torch: Any, peak_override: float | None) -> dict[str, Any]:
     info["torch_version"] = str(torch.__version__)
     info["cuda_version"] = torch.version.cuda
     info["nccl_version"] = None
-    if info["device"] == "cuda":
+    if info["device_type"] == "cuda":
         try:
             version = torch.cuda.nccl.version()
             info["nccl_version"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)

@@ -6,12 +6,12 @@
 -- A collective ends at (nearly) the same instant on every rank, so the skew is the median difference
 -- of the end times of the same collective. Collectives are matched across ranks by (process group,
 -- collective type, Seq) where every kernel of that group/type has Seq, else by order of occurrence.
--- Times are wall clock: the trace's offset from step_windows (baseTimeNanoseconds or the collector's
+-- Times are wall clock: the trace's offset from step_wall_times (baseTimeNanoseconds or the collector's
 -- run.json clock), else baseTimeNanoseconds, else the trace's own clock.
 with offsets as (
     select t.trace_id, coalesce(w.offset_ns, t.base_time_ns, 0) as offset_ns
     from traces as t
-    left join (select trace_id, max(offset_ns) as offset_ns from step_windows group by all) as w using (trace_id)
+    left join (select trace_id, max(offset_ns) as offset_ns from step_wall_times group by all) as w using (trace_id)
 ),
 
 comm as (

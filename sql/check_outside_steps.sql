@@ -10,7 +10,7 @@ select
     'info' as severity,
     o.n_before + o.n_after as count,
     format('{}: {} events ({} ms of activity) before the first step''s window and {} ({} ms) after the last one; '
-        || 'no step counts them (--window trace does)',
+        || 'no step counts them (--whole-trace does)',
         case when o.device < 0 then 'CPU' else 'device ' || o.device end,
         o.n_before, round(o.before_ns / 1e6, 3), o.n_after, round(o.after_ns / 1e6, 3)) as detail
 from outside_steps as o

@@ -1,7 +1,7 @@
 -- inputs: device_activity, device_windows
 -- outside_steps: one row per (trace_id, rank, device) with device activity outside every step window: before
 -- the first step's window (e.g. kernels launched before the profiler started) or after the last one. No
--- step counts it; `--window trace` does.
+-- step counts it; `--whole-trace` does.
 --   before_ns, after_ns   |U(activity) ∩ (−∞, first window start)|, |U(activity) ∩ [last window end, ∞)|
 --   n_before, n_after     events that start before the first window / end after the last
 with edges as (

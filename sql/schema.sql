@@ -146,9 +146,9 @@ create table if not exists run_settings (
     primary key (run, key)
 );
 
--- Wall-clock window of every step: wall_ns = trace ns + offset_ns (sidecar.py says where the offset
--- comes from). start/end are the ProfilerStep#N CPU span.
-create table if not exists step_windows (
+-- Wall-clock times of every step's CPU span (its start and end), for power: wall_ns = trace ns + offset_ns
+-- (traceq/ingest/sidecar.py says where the offset comes from). step_windows until schema 2.
+create table if not exists step_wall_times (
     trace_id integer not null,
     rank bigint,
     step bigint not null,

@@ -1,6 +1,6 @@
 -- inputs: selected_steps
 -- step_power: one row per selected (trace_id, rank, step) with the NVML power and energy of the GPUs
--- in that rank's power log over the step's wall-clock window (step_windows: the step's CPU span).
+-- in that rank's power log over the step's wall-clock window (step_wall_times: the step's CPU span).
 --   power_source   nvml | unavailable (log says NVML was absent) | null (no power log)
 --   power_gpus     GPUs in the log (1 unless the collector sampled every GPU of the node)
 --   power_w        W, summed over those GPUs: time-weighted mean of the sampled power, each sample held
@@ -15,7 +15,7 @@
 -- smear into each other; the energy counter is the better source for joules.
 with windows as (
     select w.trace_id, w.rank, w.step, w.start_wall_ns, w.end_wall_ns
-    from step_windows as w
+    from step_wall_times as w
     semi join selected_steps as s on s.trace_id = w.trace_id and s.rank = w.rank and s.step = w.step
 ),
 

@@ -1,7 +1,7 @@
 -- inputs: selected_steps, step_power, run_metadata
 -- step_throughput: one row per selected (trace_id, rank, step) with throughput, FLOPs and energy metrics.
 -- The clock is the step's CPU span (step_time_ns; a rank without steps: its whole trace).
---   run, world_size, tokens_per_step (global), flops_per_step (global), flops_source, peak_tflops, peak_source,
+--   run, world_size, tokens_per_step (global), flops_per_step (global), flops_source, peak_tflops, peak_tflops_source,
 --   peak_gpu (the peak table's name for the run's GPU)
 --   step_time_ns          ns
 --   tokens_per_s          tokens/s of one GPU: tokens_per_step / world_size / step time (the study's WPS per device)
@@ -24,7 +24,7 @@ with base as (
         m.flops_per_step,
         m.flops_source,
         m.peak_tflops,
-        m.peak_source,
+        m.peak_tflops_source,
         m.peak_gpu
     from selected_steps as s
     inner join steps as st on st.trace_id = s.trace_id and st.rank = s.rank and st.step = s.step
@@ -43,7 +43,7 @@ final as (
         b.flops_per_step,
         b.flops_source,
         b.peak_tflops,
-        b.peak_source,
+        b.peak_tflops_source,
         b.peak_gpu,
         b.step_time_ns,
         b.tokens_per_step / b.world_size / b.step_s as tokens_per_s,

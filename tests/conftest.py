@@ -3,13 +3,35 @@
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
+import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
+# In CI (CI=true, set by .ci/run) what a test needs must be there: a missing corpus or test dependency
+# fails the test instead of skipping it.
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip with ``reason`` on a developer's machine; fail in CI, where nothing may be missing."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: it must be present)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require_module(name: str, reason: str) -> ModuleType:
+    """The module ``name``, or a skip (a failure in CI) saying why it is needed and how to get it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        skip_or_fail(reason)
+        raise
 
 
 def corpus_files() -> list[Path]:
@@ -22,7 +44,7 @@ def corpus_files() -> list[Path]:
 def corpus_path(relative: str) -> Path:
     path = CORPUS / relative
     if not path.exists():
-        pytest.skip(f"../shared/corpus/{relative} is absent (the shared corpus is beside the checkout in CI)")
+        skip_or_fail(f"../shared/corpus/{relative} is absent (the shared corpus is beside the checkout in CI)")
     return path
 
 
@@ -31,7 +53,7 @@ def corpus_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A warehouse holding the whole corpus, ingested once per test session."""
     files = corpus_files()
     if not files:
-        pytest.skip("../shared/corpus is absent (the shared corpus is beside the checkout in CI)")
+        skip_or_fail("../shared/corpus is absent (the shared corpus is beside the checkout in CI)")
     from traceq.ingest import ingest_traces
 
     db = tmp_path_factory.mktemp("corpus") / "corpus.duckdb"

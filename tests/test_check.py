@@ -301,7 +301,7 @@ def test_cli_exit_code_is_1_when_a_finding_needs_attention(scenarios_db: Path, f
 def test_cli_without_a_warehouse_says_what_to_do(tmp_path: Path) -> None:
     result = _cli("--db", str(tmp_path / "none.duckdb"))
     assert result.exit_code == 1
-    assert result.stderr.startswith("error: ") and "traceq ingest" in result.stderr
+    assert result.stderr.startswith("error: ") and "no warehouse here; ingest traces into it first" in result.stderr
 
 
 def test_cli_help_documents_the_exit_code() -> None:

@@ -46,7 +46,7 @@ def test_ingest_then_report_in_every_format(tmp_path: Path, good_trace: Path) ->
     rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
     assert rows == [{"run": "job", "rank": "0", "step": "1", "exposed_comm_us": "30.0", "step_time_ms": "0.1"}]
 
-    as_json = runner.invoke(app, ["report", "--metric", "overlap_ratio", "--window", "trace", "--format", "json", "--db", str(db)])
+    as_json = runner.invoke(app, ["report", "--metric", "overlap_ratio", "--whole-trace", "--format", "json", "--db", str(db)])
     data = json.loads(as_json.stdout)
     assert data[0]["overlap_ratio"] == pytest.approx(5 / 35)
 
@@ -104,11 +104,13 @@ def test_bad_files_fail_alone_with_one_line_naming_file_and_reason(tmp_path: Pat
 def test_report_errors_are_one_line_with_the_fix(tmp_path: Path, good_trace: Path) -> None:
     missing = runner.invoke(app, ["report", "--db", str(tmp_path / "none.duckdb")])
     assert missing.exit_code == 1
-    assert "run `traceq ingest" in missing.stderr
+    assert "no warehouse here; ingest traces into it first" in missing.stderr
     db = tmp_path / "w.duckdb"
     runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--workers", "0"])
     for args, text in [
-        (["--metric", "bogus"], "traceq metrics"),
+        (["--metric", "bogus"], "--metric bogus: unknown metric; every metric: comm_kernel_us"),
+        (["--metric", "exposed_com"], "--metric exposed_com: unknown metric; did you mean exposed_comm_us?"),
+        (["--by", "run,rnak"], "--by run,rnak: unknown column(s) ['rnak']; did you mean rank?"),
         (["--steps", "9:3"], "end is before the start"),
         (["--steps", "x"], "expected a:b"),
         (["--by", "run,color"], "unknown column"),
@@ -170,7 +172,7 @@ def test_console_script_exit_codes_and_output(tmp_path: Path, good_trace: Path) 
         {"run": "job", "rank": "0", "step": "1", "exposed_comm_us": "30.0", "step_time_ms": "0.1"}
     ]
     bad = _console("report", "--metric", "nope", "--db", str(db))
-    assert bad.returncode == 1 and bad.stderr.startswith("error: unknown metric 'nope'")
+    assert bad.returncode == 1 and bad.stderr.startswith("error: --metric nope: unknown metric")
     usage = _console("report", "--no-such-option")
     assert usage.returncode == 2 and "No such option" in usage.stderr
 

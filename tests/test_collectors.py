@@ -417,7 +417,7 @@ def test_gloo_job_run_metadata(gloo_run, rank):
         "traceq_run_metadata": 1, "complete": True, "run": "t", "rank": rank, "local_rank": rank,
         "world_size": 2, "rank_source": "torch.distributed", "backend": "gloo", "nodes": 1, "gpus_per_node": 2,
         "tp": 1, "pp": 1, "cp": 1, "dp": 2, "tokens_per_step": 8 * 64 * 2, "seq_len": 64, "n_layers": 2,
-        "n_heads": 4, "head_dim": 16, "device": "cpu", "gpu_model": None, "peak_tflops": None,
+        "n_heads": 4, "head_dim": 16, "device_type": "cpu", "gpu_model": None, "peak_tflops": None,
         "warmup_steps": 1, "profiled_steps": 4, "first_profiled_step": 1, "steps_seen": 6,
         "trace_file": f"rank{rank}.trace.json.gz", "power_file": f"rank{rank}.power.jsonl", "errors": [],
         "schedule": {"wait": 0, "warmup": 1, "active": 4, "repeat": 1}, "cuda_version": None,

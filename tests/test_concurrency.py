@@ -73,7 +73,7 @@ def test_two_ingests_on_one_warehouse_both_complete(trace: Path, db: Path) -> No
 def test_report_while_an_ingest_runs_waits_and_sees_the_whole_file(trace: Path, db: Path) -> None:
     ingest = _start("ingest", trace, "--db", db, "--workers", "0", "-q")
     wait_until_mid_file(ingest, trace)
-    report = _start("report", "--db", db, "--by", "run,rank", "--window", "trace", "--format", "csv")
+    report = _start("report", "--db", db, "--by", "run,rank", "--whole-trace", "--format", "csv")
     assert ingest.poll() is None
     _, err = ingest.communicate(timeout=120)
     out, report_err = report.communicate(timeout=120)

@@ -117,10 +117,10 @@ def test_merged_file_yields_four_ranks(corpus_db: Path) -> None:
     assert [r for (r,) in ranks] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("window", ["steps", "trace"])
-def test_identity_holds_to_the_nanosecond_on_every_corpus_gpu(corpus_db: Path, window: str) -> None:
+@pytest.mark.parametrize("whole_trace", [False, True], ids=["steps", "trace"])
+def test_identity_holds_to_the_nanosecond_on_every_corpus_gpu(corpus_db: Path, whole_trace: bool) -> None:
     with connect(corpus_db, read_only=True) as con:
-        rows = step_metrics(con, window=window)
+        rows = step_metrics(con, whole_trace=whole_trace)
     assert rows.height > 0
     lhs = rows["compute_ns"] + rows["exposed_comm_ns"] + rows["exposed_memcpy_ns"] + rows["idle_ns"]
     assert (lhs == rows["window_ns"]).all()
@@ -130,7 +130,7 @@ def test_identity_holds_to_the_nanosecond_on_every_corpus_gpu(corpus_db: Path, w
 def test_sql_metrics_agree_with_the_interval_api_on_every_corpus_gpu(corpus_db: Path) -> None:
     with connect(corpus_db, read_only=True) as con:
         gpu_activity = relation(con, "gpu_activity")  # noqa: F841 (the SQL reads it by name)
-        sql = step_metrics(con, window="trace").filter(pl.col("activity") == "gpu")
+        sql = step_metrics(con, whole_trace=True).filter(pl.col("activity") == "gpu")
         activity = con.sql(
             "select trace_id, rank, coalesce(device, -1) as device, class, start_ns, end_ns from gpu_activity"
         ).pl()

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-pytest.importorskip("distributed", reason='Dask is optional: pip install "traceq[dask]" to run the cluster tests')
+from tests.conftest import require_module
+
+require_module("distributed", 'Dask is optional: pip install "traceq[dask]" to run the cluster tests')
 
 from distributed import Client, LocalCluster  # noqa: E402
 
 from tests.conftest import corpus_path  # noqa: E402
 from tests.test_parquet import rank_trace  # noqa: E402
 from traceq.cli import app  # noqa: E402
-from traceq.errors import ConfigError  # noqa: E402
 from traceq.ingest import ingest_traces  # noqa: E402
 from traceq.ingest.cluster import ingest_with_dask  # noqa: E402
 from traceq.report.metrics import compute_metric  # noqa: E402
@@ -104,9 +105,11 @@ def test_cli_ingest_cluster_with_a_scheduler_address(cluster: LocalCluster, trac
     assert result.output.strip().endswith(f"2 ingested, 0 skipped, 0 failed -> {out}")
 
 
-def test_a_client_or_scheduler_is_required(traces: list[Path], tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="scheduler"):
-        ingest_with_dask(traces, tmp_path / "pq")
+def test_without_a_client_or_scheduler_a_local_cluster_ingests(traces: list[Path], tmp_path: Path) -> None:
+    """The library builds the local cluster (the CLI only passes --workers): one worker process here."""
+    summary = ingest_with_dask(traces[:2], tmp_path / "pq", local_workers=1)
+    assert [f.status for f in summary.files] == ["ingested", "ingested"]
+    assert compute_metric(tmp_path / "pq", "comm", by="run,rank")["rank"].to_list() == [0, 1]
 
 
 def test_cluster_ingest_gives_rankless_files_ranks_of_their_own_and_refuses_a_rank_held(

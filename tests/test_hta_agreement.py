@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 
 from tests import hta_reference as hta
-from tests.conftest import corpus_path
+from tests.conftest import corpus_path, require_module
 from traceq import intervals
 from traceq.ingest import ingest_traces
 from traceq.report.metrics import step_metrics
@@ -59,7 +59,7 @@ def test_whole_trace_comm_and_exposed_comm_equal_brute_force(tmp_path: Path, rel
     path = corpus_path(relative)
     expected = hta.brute_force_comm_overlap(path, is_comm)
     with connect(ingest(tmp_path, [path]), read_only=True) as con:
-        rows = step_metrics(con, window="trace")
+        rows = step_metrics(con, whole_trace=True)
     got = {(r["rank"], r["device"]): r for r in rows.iter_rows(named=True)}
     for (rank, device), ref in expected.items():
         row = got[(rank, int(device))]
@@ -71,7 +71,7 @@ def test_whole_trace_comm_and_exposed_comm_equal_brute_force(tmp_path: Path, rel
 
 @pytest.fixture(scope="module")
 def hta_results() -> dict[str, dict[int, float]]:
-    pytest.importorskip("hta", reason="holistictraceanalysis is a test dependency: pip install -e '.[test]'")
+    require_module("hta", "holistictraceanalysis is a test dependency: pip install -e '.[test]'")
     return {name: hta.run_hta_overlap([corpus_path(p) for p in rels]) for name, rels in HTA_CASES.items()}
 
 
@@ -174,6 +174,6 @@ def _per_window_ratio(kernels: pl.DataFrame, windows: pl.DataFrame) -> float:
         split = intervals.overlap_split(
             comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy(), comp["start_ns"].to_numpy(), comp["end_ns"].to_numpy()
         )
-        overlapped += split.overlapped_ns
+        overlapped += split.overlapped_comm_ns
         comm_total += split.comm_ns
     return 100 * overlapped / comm_total

@@ -110,7 +110,7 @@ def test_step_selection_and_whole_trace_window(tmp_path: Path) -> None:
     hta_like = compute_metric(db, "exposed_comm", by=["run", "rank", "step"], selection=StepSelection(drop_last=True))
     assert hta_like["step"].to_list() == [1]
     # whole trace: every kernel, the unattributed one included; comm 20 us, 5 us hidden by K2
-    whole = compute_metric(db, "comm", by=["run", "rank"], window="trace")
+    whole = compute_metric(db, "comm", by=["run", "rank"], whole_trace=True)
     assert whole["comm_us"].to_list() == [20.0]
     # mean over the two steps of exposed comm (0 and 15 us)
     agg = compute_metric(db, "exposed_comm", by=["run", "rank"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import CORPUS
+from tests.conftest import CORPUS, skip_or_fail
 from tests.tracegen import TraceBuilder
 from traceq.catalog import StepMarker
 from traceq.ingest import ingest_traces
@@ -48,7 +48,7 @@ def _both(paths: list[Path], tmp_path: Path) -> tuple[Path, Path, dict[str, str]
 
 def test_native_rows_equal_decode_rows_on_the_corpus(tmp_path: Path) -> None:
     if not CORPUS.is_dir():
-        pytest.skip(f"corpus not found at {CORPUS} (needs ../shared/corpus beside the repository)")
+        skip_or_fail(f"corpus not found at {CORPUS} (needs ../shared/corpus beside the repository)")
     native, decoded, messages = _both([CORPUS], tmp_path)
     for table, query in TABLES.items():
         a, b = _rows(native, query), _rows(decoded, query)

@@ -60,11 +60,11 @@ def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.sort([c for c in KEYS if c in frame.columns], nulls_last=True)
 
 
-@pytest.mark.parametrize("window", ["steps", "trace"])
-def test_step_metrics_from_parquet_equal_the_warehouse(warehouse: Path, exported: Path, window: str) -> None:
+@pytest.mark.parametrize("whole_trace", [False, True], ids=["steps", "trace"])
+def test_step_metrics_from_parquet_equal_the_warehouse(warehouse: Path, exported: Path, whole_trace: bool) -> None:
     with connect(warehouse, read_only=True) as db, connect(exported, read_only=True) as pq:
-        expected = _sorted(step_metrics(db, window=window))
-        got = _sorted(step_metrics(pq, window=window))
+        expected = _sorted(step_metrics(db, whole_trace=whole_trace))
+        got = _sorted(step_metrics(pq, whole_trace=whole_trace))
     assert expected.height > 0
     assert got.equals(expected)
 
@@ -114,7 +114,7 @@ def test_duckdb_reads_the_export_without_traceq(exported: Path) -> None:
 
 
 def test_export_refuses_a_directory_holding_an_export(warehouse: Path, exported: Path) -> None:
-    with pytest.raises(ConfigError, match="--overwrite"):
+    with pytest.raises(ConfigError, match="holds an export already .*; overwrite it, or export to a new directory"):
         export_parquet(warehouse, exported)
 
 
@@ -153,7 +153,7 @@ def test_cli_export_then_report_on_the_directory(warehouse: Path, tmp_path: Path
     assert from_db.exit_code == from_pq.exit_code == 0
     assert from_pq.stdout == from_db.stdout
     again = runner.invoke(app, ["export", "--parquet", str(out), "--db", str(warehouse)])
-    assert again.exit_code == 1 and "--overwrite" in again.output
+    assert again.exit_code == 1 and "overwrite it, or export to a new directory" in again.output
 
 
 def test_import_refuses_a_trace_of_steps_the_warehouse_holds(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from tests.conftest import require_module
 from tests.tracegen import TraceBuilder
 from traceq.cli import app
 from traceq.ingest import ingest_traces
@@ -80,7 +81,7 @@ def test_constant_300_w_and_energy_counter_give_hand_computed_step_power(tmp_pat
     assert (s1["tokens_per_j"], s2["tokens_per_j"]) == (pytest.approx(100.0), pytest.approx(50.0))
     assert (s1["tokens_per_s"], s2["tokens_per_s"]) == (pytest.approx(30_000.0), pytest.approx(15_000.0))
     with connect(db, read_only=True) as con:
-        windows = con.sql("select step, start_wall_ns - $b, end_wall_ns - $b, offset_source from step_windows order by step",
+        windows = con.sql("select step, start_wall_ns - $b, end_wall_ns - $b, offset_source from step_wall_times order by step",
                           params={"b": BASE}).fetchall()
     assert windows == [(1, 0, 100 * MS, "baseTimeNanoseconds"), (2, 100 * MS, 300 * MS, "baseTimeNanoseconds")]
 
@@ -161,7 +162,7 @@ def test_a_power_log_cut_by_a_crash_loads_and_a_corrupt_one_fails_the_trace(tmp_
     assert result.files[0].status == "failed" and "rank1.power.jsonl" in result.files[0].message
     with connect(db, read_only=True) as con:  # nothing of the failed trace is left behind
         assert con.sql("select count(*) from traces where run = 'bad'").fetchall() == [(0,)]
-        assert con.sql("select count(*) from step_windows").fetchall() == [(1,)]
+        assert con.sql("select count(*) from step_wall_times").fetchall() == [(1,)]
 
 
 def test_run_json_fills_run_metadata_and_user_settings_win(tmp_path: Path) -> None:
@@ -173,24 +174,24 @@ def test_run_json_fills_run_metadata_and_user_settings_win(tmp_path: Path) -> No
     listed = runner.invoke(app, ["runs", "--format", "json", "--db", str(db)])
     row = json.loads(listed.stdout)[0]
     assert (row["run"], row["world_size"], row["tp"], row["model"], row["tokens_per_step"]) == ("llama", 2, 2, "llama-7b", 6000)
-    assert row["gpu"] == "NVIDIA A100-SXM4-80GB" and row["peak_tflops"] == 312.0
+    assert row["gpu_model"] == "NVIDIA A100-SXM4-80GB" and row["peak_tflops"] == 312.0
     with connect(db, read_only=True) as con:
         stored = json.loads(con.sql("select metadata from runs").fetchall()[0][0])
         assert "host" not in stored and "clock" not in stored  # per-rank values stay in run_files
         assert con.sql("select rank, metadata->>'host' from run_files").fetchall() == [(0, "node7")]
 
-    result = runner.invoke(app, ["runs", "set", "llama", "--tokens-per-step", "8000", "--gpu", "H100 SXM", "--db", str(db)])
+    result = runner.invoke(app, ["runs", "set", "llama", "--tokens-per-step", "8000", "--gpu-model", "H100 SXM", "--db", str(db)])
     assert result.exit_code == 0, result.output
     # a later rank's run.json does not undo what the user set
     ingest_traces([write_rank(run_dir, 1, None, meta)], db, workers=0)
     row = json.loads(runner.invoke(app, ["runs", "llama", "--format", "json", "--db", str(db)]).stdout)[0]
-    assert row["tokens_per_step"] == 8000 and row["gpu"] == "H100 SXM"
-    assert row["peak_tflops"] == 989.0 and row["peak_source"] == "table"
+    assert row["tokens_per_step"] == 8000 and row["gpu_model"] == "H100 SXM"
+    assert row["peak_tflops"] == 989.0 and row["peak_tflops_source"] == "table"
     assert row["set_by_user"] == "gpu_model,tokens_per_step"  # the peak comes from the table when reported
     runner.invoke(app, ["runs", "set", "llama", "--peak-tflops", "900", "--db", str(db)])
-    runner.invoke(app, ["runs", "set", "llama", "--gpu", "A100", "--db", str(db)])  # a hand-set peak stays
+    runner.invoke(app, ["runs", "set", "llama", "--gpu-model", "A100", "--db", str(db)])  # a hand-set peak stays
     row = json.loads(runner.invoke(app, ["runs", "llama", "--format", "json", "--db", str(db)]).stdout)[0]
-    assert (row["peak_tflops"], row["peak_source"], row["gpu"]) == (900.0, "user", "A100")
+    assert (row["peak_tflops"], row["peak_tflops_source"], row["gpu_model"]) == (900.0, "user", "A100")
 
 
 def test_runs_set_errors_are_one_line_with_the_fix(tmp_path: Path) -> None:
@@ -202,16 +203,16 @@ def test_runs_set_errors_are_one_line_with_the_fix(tmp_path: Path) -> None:
         (["runs", "set", "job"], "nothing to set"),
         (["runs", "set", "job", "--tp", "0"], "must be positive"),
         # a GPU the peak table does not know would leave MFU without a peak: not without --peak-tflops
-        (["runs", "set", "job", "--gpu", "Mystery Accelerator 9000"], "not in the peak table"),
+        (["runs", "set", "job", "--gpu-model", "Mystery Accelerator 9000"], "not in the peak table"),
     ]:
         result = runner.invoke(app, [*args, "--db", str(db)])
         assert result.exit_code == 1 and text in result.stderr, (args, result.output)
         assert len(result.stderr.strip().splitlines()) == 1
-    ok = runner.invoke(app, ["runs", "set", "job", "--gpu", "Mystery Accelerator 9000", "--peak-tflops", "100",
+    ok = runner.invoke(app, ["runs", "set", "job", "--gpu-model", "Mystery Accelerator 9000", "--peak-tflops", "100",
                              "--db", str(db), "--format", "json"])
     assert ok.exit_code == 0, ok.output
     row = json.loads(ok.stdout)[0]
-    assert (row["gpu"], row["peak_tflops"], row["peak_source"]) == ("Mystery Accelerator 9000", 100.0, "user")
+    assert (row["gpu_model"], row["peak_tflops"], row["peak_tflops_source"]) == ("Mystery Accelerator 9000", 100.0, "user")
 
 
 def test_trace_without_base_time_uses_run_json_offset(tmp_path: Path) -> None:
@@ -220,7 +221,7 @@ def test_trace_without_base_time_uses_run_json_offset(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     ingest_traces([write_rank(tmp_path / "job", 0, None, meta, base=None)], db, workers=0)
     with connect(db, read_only=True) as con:
-        got = con.sql("select start_wall_ns, offset_source from step_windows where step = 1").fetchall()
+        got = con.sql("select start_wall_ns, offset_source from step_wall_times where step = 1").fetchall()
     assert got == [(offset, "run.json")]
 
 
@@ -247,7 +248,7 @@ class ConstantNVML:
 def test_collector_trace_maps_into_wall_clock_and_joins_its_power_log(tmp_path: Path, monkeypatch) -> None:
     """The collector's own files: every step window lies inside the collector's lifetime (run.json
     clock start/end) and the fake NVML's 250 W comes back as each step's power."""
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch", "torch is a test dependency: pip install torch==2.13.0, then -e .[test]")
     from traceq.collectors import TraceCollector
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE"):
@@ -266,7 +267,7 @@ def test_collector_trace_maps_into_wall_clock_and_joins_its_power_log(tmp_path: 
     assert ingest_traces([run_dir / "rank0.trace.json.gz"], db, workers=0).ok
     meta = json.loads((run_dir / "rank0.run.json").read_text())
     with connect(db, read_only=True) as con:
-        windows = con.sql("select step, start_wall_ns, end_wall_ns, offset_source from step_windows order by step").fetchall()
+        windows = con.sql("select step, start_wall_ns, end_wall_ns, offset_source from step_wall_times order by step").fetchall()
         rows = step_metrics(con).sort("step").to_dicts()
         read_steps = [step for (step,) in con.sql(
             "select step from power_samples where kind = 'energy' order by wall_ns").fetchall()]

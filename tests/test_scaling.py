@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from tests.tracegen import TraceBuilder
 from traceq.cli import app
-from traceq.errors import ConfigError
+from traceq.report.selection import StepSelection
+from traceq.errors import EmptySelection
 from traceq.ingest import ingest_traces
 from traceq.report.scaling import scaling_table
 
@@ -95,9 +96,12 @@ def test_scaling_from_the_cli(scaling_db: Path, tmp_path: Path) -> None:
     assert [(r["model"], r["world_size"]) for r in rows] == [("A", 1), ("A", 2), ("A", 4), ("B", 2), ("B", 4)]
     assert "note: ideal_tokens_per_s" in result.stderr
     bad = runner.invoke(app, ["scaling", "--by", "world_size", "--db", str(scaling_db)])
-    assert bad.exit_code == 1 and "scaling groups by run metadata" in bad.stderr
+    assert bad.exit_code == 1 and bad.stderr.startswith("error: --by world_size: unknown column(s) ['world_size']")
+    assert "use any of nodes, gpus_per_node" in bad.stderr  # world_size is the x axis, not a series
 
 
 def test_scaling_of_an_empty_selection_says_what_to_do(scaling_db: Path) -> None:
-    with pytest.raises(ConfigError, match="no selected steps"):
+    with pytest.raises(EmptySelection, match="no run 'absent' in the warehouse; it holds a1, a2, a4, b2, b4"):
         scaling_table(scaling_db, runs=["absent"])
+    with pytest.raises(EmptySelection, match=r"no step is selected \(steps 900..999"):
+        scaling_table(scaling_db, selection=StepSelection.parse("900:999"))

@@ -51,7 +51,7 @@ def intervals_of(events: list[tuple[str, int, int, int]], *labels: str) -> tuple
 @given(st.lists(event, min_size=1, max_size=25))
 def test_sql_breakdown_equals_interval_api_on_random_kernels(events: list[tuple[str, int, int, int]]) -> None:
     con = warehouse_with(events)
-    row = step_metrics(con, window="trace").row(0, named=True)
+    row = step_metrics(con, whole_trace=True).row(0, named=True)
     expected = intervals.breakdown(
         intervals_of(events, "comm"), intervals_of(events, "compute"), intervals_of(events, "memcpy", "memset")
     )
@@ -75,7 +75,7 @@ labelled_kernel = st.tuples(st.sampled_from(sorted(COLLECTIVES)), st.integers(0,
 def test_exposed_comm_by_collective_equals_interval_api(kernels: list[tuple[str, int, int, int]]) -> None:
     """sql/exposed_comm_by_collective.sql: per collective type, |U(its comm) - U(compute)|."""
     con = warehouse_with(kernels, COLLECTIVES)
-    frame = breakdown_metrics(con, "exposed_comm_by_collective_us", window="trace")
+    frame = breakdown_metrics(con, "exposed_comm_by_collective_us", whole_trace=True)
     got = dict(zip(frame["collective_type"], frame["exposed_comm_ns"]))
     compute, nothing = intervals_of(kernels, "compute"), intervals_of([], "memcpy")
     expected = {

@@ -189,5 +189,5 @@ def test_steps_without_gpu_activity_still_get_throughput(tmp_path: Path) -> None
     # the step's CPU span is its window, and nothing ran in it
     assert row["tokens_per_s"] == pytest.approx(2_000) and row["exposed_comm_us"] == 0
     assert row["window_us"] == row["idle_us"] == 50_000
-    with pytest.raises(ConfigError, match="tokens_per_s is measured per step"):
-        metric_report(db, "tokens_per_s", window="trace")
+    with pytest.raises(ConfigError, match="metric='tokens_per_s': measured per step"):
+        metric_report(db, "tokens_per_s", whole_trace=True)

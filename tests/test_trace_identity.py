@@ -129,7 +129,7 @@ def test_gpu_model_comes_from_device_properties_and_maps_to_the_peak(corpus_db: 
     assert gpus["Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"] == "NVIDIA H100 80GB HBM3"
     assert gpus["resnet_act_checkpoint.json.gz"] == "AMD Instinct MI300X"
     assert gpus["mtia_inference_rank_0.json.gz"] == "ARTEMIS"  # deviceProperties written as a Python repr
-    assert (meta["h100"]["gpu"], meta["h100"]["peak_tflops"], meta["h100"]["peak_gpu"]) == (
+    assert (meta["h100"]["gpu_model"], meta["h100"]["peak_tflops"], meta["h100"]["peak_gpu"]) == (
         "NVIDIA H100 80GB HBM3", 989.0, "H100 SXM")
     assert (meta["mi300"]["peak_tflops"], meta["b200"]["peak_tflops"], meta["deepseek_profile_data"]["peak_gpu"]) == (
         1307.4, 2250.0, "H800 SXM")

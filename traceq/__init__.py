@@ -13,7 +13,13 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from traceq.errors import ConfigError, EmptySelection, TraceFormatError, TraceqError, WarehouseError
+from traceq.errors import (
+    ConfigError,
+    EmptySelection,
+    TraceFormatError,
+    TraceqError,
+    WarehouseError,
+)
 
 __version__ = "0.1.0"
 

@@ -9,7 +9,9 @@ the reports and the CLI all take these lists from one place.
 from __future__ import annotations
 
 import csv
+import difflib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
@@ -92,11 +94,11 @@ class StepMarker:
         if pattern is None:
             return cls()
         if not pattern.strip():
-            raise ConfigError("--step-marker '': give a regular expression on step names, e.g. '^step\\[DECODE'")
+            raise ConfigError("give a regular expression on step names, e.g. '^step\\[DECODE'", param="step_marker", value=pattern)
         try:
             re.compile(pattern)
         except re.error as exc:
-            raise ConfigError(f"--step-marker {pattern!r}: not a regular expression ({exc})") from None
+            raise ConfigError(f"not a regular expression ({exc})", param="step_marker", value=pattern) from None
         return cls(pattern)
 
     @property
@@ -188,7 +190,7 @@ PER_STEP_METRICS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflo
 # `--metric exposed_comm` and `--metric exposed_comm_us` both work.
 _ALIASES = {m.name.removesuffix("_us").removesuffix("_ms"): m.name for m in METRICS}
 # Run metadata columns that can group a report (see sql/run_metadata.sql).
-META_COLUMNS = ("world_size", "nodes", "gpus_per_node", "tp", "pp", "cp", "dp", "model", "seq_len", "gpu",
+META_COLUMNS = ("world_size", "nodes", "gpus_per_node", "tp", "pp", "cp", "dp", "model", "seq_len", "gpu_model",
                 "tokens_per_step")
 GROUP_COLUMNS = ("run", "rank", "device", "step", *META_COLUMNS)
 # metric -> (dimension in exposed_comm_by_collective.sql, the key column it adds)
@@ -209,7 +211,26 @@ def resolve_metric(name: str) -> str:
         return name
     if name in _ALIASES:
         return _ALIASES[name]
-    raise ConfigError(f"unknown metric {name!r}; `traceq metrics` lists them: {', '.join(METRIC_NAMES)}")
+    raise ConfigError(f"unknown metric{did_you_mean(name, METRIC_NAMES)}; every metric: {', '.join(METRIC_NAMES)}",
+                      param="metric", value=name)
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """'; did you mean x?' for the closest of ``choices`` to ``word``, or ''."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def columns(by: str | Sequence[str], allowed: Sequence[str], param: str = "by") -> list[str]:
+    """``by`` (a comma-separated string or a sequence of names) as a list of column names, each one of
+    ``allowed``; ConfigError naming the unknown ones (with a did-you-mean)."""
+    names = [c.strip() for c in (by.split(",") if isinstance(by, str) else by) if c.strip()]
+    bad = [c for c in names if c not in allowed]
+    if bad:
+        hint = did_you_mean(bad[0], allowed)
+        raise ConfigError(f"unknown column(s) {bad}{hint}; use any of {', '.join(allowed)}",
+                          param=param, value=",".join(names))
+    return list(dict.fromkeys(names))
 
 
 # ---------------------------------------------------------------------------- run metadata keys
@@ -251,7 +272,7 @@ RUN_KEYS: tuple[RunKey, ...] = (
     RunKey("head_dim", int, "Q: head dimension"),
     RunKey("model_flops_per_token", float, "model FLOPs per token (replaces 6N + 12LHQT)"),
     RunKey("flops_per_step", float, "global model FLOPs per optimizer step (replaces the per-token convention)"),
-    RunKey("gpu_model", str, "GPU model, e.g. 'NVIDIA H100 80GB HBM3' (sets peak_tflops from the table)"),
+    RunKey("gpu_model", str, "GPU model, e.g. 'NVIDIA H100 80GB HBM3' (its peak comes from traceq's table)"),
     RunKey("peak_tflops", float, "peak dense BF16 TFLOP/s of one GPU (overrides the table)"),
     RunKey("warmup_steps", int, "recorded steps that reports skip"),
 )

@@ -1,6 +1,7 @@
 """Interval algebra on integer-nanosecond spans: union, intersection, difference, overlap.
 
-Depends on numpy only, so other profilers can import it alone. An interval set is a pair of
+Depends on numpy and the standard library only, so other profilers can copy or import it alone (its
+one exception, :class:`IntervalError`, is a ValueError). An interval set is a pair of
 1-D arrays ``(starts, ends)`` of integer nanoseconds, half-open ``[start, end)``, in any order,
 possibly overlapping, nested, duplicated or zero-length. Results are normalised: int64 arrays,
 sorted, disjoint and non-touching, without zero-length intervals. Every function is
@@ -11,7 +12,7 @@ O(n log n) (one sort plus vectorised sweeps).
     >>> comm = (np.array([0, 5, 20]), np.array([10, 15, 30]))  # ns; U = [0,15) + [20,30)
     >>> compute = ([10], [25])
     >>> split = intervals.overlap_split(*comm, *compute)
-    >>> split.comm_ns, split.overlapped_ns, split.exposed_ns, split.overlap_ratio
+    >>> split.comm_ns, split.overlapped_comm_ns, split.exposed_comm_ns, split.overlap_ratio
     (25, 10, 15, 0.4)
     >>> intervals.breakdown(comm, compute, memcpy=([30], [40]))["exposed_memcpy_ns"]
     10
@@ -28,9 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from traceq.errors import ConfigError
-
 __all__ = [
+    "IntervalError",
     "OverlapSplit",
     "breakdown",
     "difference",
@@ -41,6 +41,11 @@ __all__ = [
 ]
 
 Spans = tuple[np.ndarray, np.ndarray]
+
+
+class IntervalError(ValueError):
+    """Input that is not a set of integer-nanosecond intervals; the message names the argument and the fix."""
+
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -106,20 +111,21 @@ def total_length(starts: Any, ends: Any) -> int:
 class OverlapSplit:
     """How much communication time compute hides: all integer ns.
 
-    ``comm_ns`` = |U(comm)|, ``overlapped_ns`` = |U(comm) ∩ U(compute)|,
-    ``exposed_ns`` = |U(comm) − U(compute)|; ``overlapped_ns + exposed_ns == comm_ns``.
+    ``comm_ns`` = |U(comm)|, ``overlapped_comm_ns`` = |U(comm) ∩ U(compute)|,
+    ``exposed_comm_ns`` = |U(comm) − U(compute)|; ``overlapped_comm_ns + exposed_comm_ns == comm_ns``
+    (the names of traceq's metrics, in ns).
     """
 
     comm_ns: int
-    overlapped_ns: int
-    exposed_ns: int
+    overlapped_comm_ns: int
+    exposed_comm_ns: int
 
     @property
     def overlap_ratio(self) -> float:
-        """overlapped_ns / comm_ns (HTA's comp_comm_overlap_pctg / 100); nan when there is no comm."""
+        """overlapped_comm_ns / comm_ns (HTA's comp_comm_overlap_pctg / 100); nan when there is no comm."""
         if self.comm_ns == 0:
             return math.nan
-        return self.overlapped_ns / self.comm_ns
+        return self.overlapped_comm_ns / self.comm_ns
 
 
 def overlap_split(
@@ -132,14 +138,14 @@ def overlap_split(
         compute_starts, compute_ends: compute kernels, integer ns (1-D array-likes of equal length).
 
     Returns:
-        An ``OverlapSplit`` with ``comm_ns``, ``overlapped_ns``, ``exposed_ns`` (ns) and
+        An ``OverlapSplit`` with ``comm_ns``, ``overlapped_comm_ns``, ``exposed_comm_ns`` (ns) and
         ``overlap_ratio``.
     """
     comm = _union(*_validate(comm_starts, comm_ends, "comm"))
     compute = _union(*_validate(compute_starts, compute_ends, "compute"))
     comm_ns = _length(comm)
     overlapped_ns = _length(_combine(comm, compute, keep_a_only=False, keep_both=True))
-    return OverlapSplit(comm_ns=comm_ns, overlapped_ns=overlapped_ns, exposed_ns=comm_ns - overlapped_ns)
+    return OverlapSplit(comm_ns=comm_ns, overlapped_comm_ns=overlapped_ns, exposed_comm_ns=comm_ns - overlapped_ns)
 
 
 def breakdown(
@@ -198,13 +204,13 @@ def _validate(starts: Any, ends: Any, name: str) -> Spans:
     s = _as_int64(starts, f"{name} starts")
     e = _as_int64(ends, f"{name} ends")
     if s.shape != e.shape:
-        raise ConfigError(
+        raise IntervalError(
             f"{name}: {s.shape[0]} starts but {e.shape[0]} ends; pass one end per start"
         )
     bad = np.flatnonzero(e < s)
     if bad.size:
         i = int(bad[0])
-        raise ConfigError(
+        raise IntervalError(
             f"{name}: interval {i} ends before it starts (start={int(s[i])} ns, end={int(e[i])} ns);"
             f" {bad.size} such interval(s); pass end >= start"
         )
@@ -215,17 +221,17 @@ def _as_int64(values: Any, what: str) -> np.ndarray:
     try:
         arr = np.asarray(values)
     except (ValueError, TypeError, OverflowError) as exc:
-        raise ConfigError(f"{what}: cannot be read as an integer array ({exc}); pass integer ns") from exc
+        raise IntervalError(f"{what}: cannot be read as an integer array ({exc}); pass integer ns") from exc
     if arr.ndim != 1:
-        raise ConfigError(f"{what}: expected a 1-D array, got shape {arr.shape}; pass one value per interval")
+        raise IntervalError(f"{what}: expected a 1-D array, got shape {arr.shape}; pass one value per interval")
     if arr.size == 0:
         return np.empty(0, dtype=np.int64)
     if arr.dtype.kind == "u":
         if int(arr.max()) > _INT64_MAX:
-            raise ConfigError(f"{what}: a value exceeds the int64 range; pass ns that fit in int64")
+            raise IntervalError(f"{what}: a value exceeds the int64 range; pass ns that fit in int64")
         return arr.astype(np.int64)
     if arr.dtype.kind != "i":
-        raise ConfigError(
+        raise IntervalError(
             f"{what}: dtype {arr.dtype} is not an integer type; convert times to integer ns first"
         )
     return arr.astype(np.int64, copy=False)
@@ -235,7 +241,7 @@ def _as_pair(pair: Any, name: str) -> tuple[Any, Any]:
     try:
         starts, ends = pair
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{name}: expected a (starts, ends) pair; got {type(pair).__name__}") from exc
+        raise IntervalError(f"{name}: expected a (starts, ends) pair; got {type(pair).__name__}") from exc
     return starts, ends
 
 
@@ -317,12 +323,10 @@ def _window_length(window: tuple[int, int] | None, sets: Any) -> int:
 
 def _window_pair(window: Any) -> tuple[int, int]:
     lo, hi = _as_pair(window, "window")
-    try:
-        lo_i, hi_i = int(lo), int(hi)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"window: expected (start_ns, end_ns) integers; got {window!r}") from exc
-    if lo_i != lo or hi_i != hi:
-        raise ConfigError(f"window: {window!r} is not integer ns; convert to integer ns first")
+    # integers only: a float here is most often microseconds (Kineto's unit), and 25.0 would pass for 25 ns
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (lo, hi)):
+        raise IntervalError(f"window: {window!r} is not integer ns; convert to integer ns first")
+    lo_i, hi_i = int(lo), int(hi)
     if hi_i < lo_i:
-        raise ConfigError(f"window: end {hi_i} ns is before start {lo_i} ns; pass (start_ns, end_ns)")
+        raise IntervalError(f"window: end {hi_i} ns is before start {lo_i} ns; pass (start_ns, end_ns)")
     return lo_i, hi_i

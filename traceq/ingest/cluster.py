@@ -22,11 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from traceq.errors import ConfigError, TraceFormatError
-from traceq.ingest import FileResult, IngestSummary
 from traceq.ingest.inputs import expand_inputs
-from traceq.ingest.loader import INGEST_CHUNK_BYTES
+from traceq.ingest.loader import INGEST_CHUNK_BYTES, FileResult, IngestSummary, ingest_in_process
 from traceq.ingest.reader import digest_in
-from traceq.store.parquet import lowest_rank
+from traceq.store.parquet import (
+    TRACES,
+    known_digests,
+    lowest_rank,
+    next_trace_id,
+    steps_by_trace,
+    write_partitions,
+)
+from traceq.store.warehouse import connect
 
 
 def ingest_file_to_parquet(
@@ -47,9 +54,6 @@ def ingest_file_to_parquet(
     Files are written to a staging folder first and moved into place with the ``traces`` file
     last, so a task that dies leaves no trace that a report reads.
     """
-    from traceq.ingest.loader import ingest_in_process
-    from traceq.store.parquet import TRACES, write_partitions
-    from traceq.store.warehouse import connect
 
     started = time.perf_counter()
     trace_path = Path(path)
@@ -93,6 +97,7 @@ def ingest_with_dask(
     *,
     client: Any = None,
     scheduler: str | None = None,
+    local_workers: int | None = None,
     run: str | None = None,
     rank: int | None = None,
     chunk_bytes: int = INGEST_CHUNK_BYTES,
@@ -103,21 +108,32 @@ def ingest_with_dask(
         inputs: files, globs or directories (as for :func:`traceq.ingest.ingest_traces`), at paths
             every worker can read.
         out_dir: the Parquet directory (created; files already in it are skipped by content).
-        client: a ``distributed.Client``; else one is made for ``scheduler``.
+        client: a ``distributed.Client``; else one is made for ``scheduler``; else a local cluster of
+            ``local_workers`` processes (default: one per CPU) is started for this call.
         scheduler: address of a running scheduler, e.g. ``tcp://10.0.0.5:8786``.
         run, rank: as for ``ingest_traces``.
         chunk_bytes: decode chunk size (bytes of JSON).
 
     Returns one result per file, in input order.
     """
-    from traceq.store.parquet import known_digests, next_trace_id
-
-    if client is None and scheduler is None:
-        raise ConfigError("pass a Dask client or a scheduler address (e.g. tcp://host:8786)")
     try:
-        from distributed import Client
+        from distributed import Client, LocalCluster
     except ImportError:
         raise ConfigError('Dask is not installed; pip install "traceq[dask]" on the client and every worker') from None
+    if client is not None:
+        return _ingest(client, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
+    if scheduler is not None:
+        with Client(scheduler) as own:
+            return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
+    with LocalCluster(n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        with Client(cluster) as own:
+            return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
+
+
+def _ingest(
+    client: Any, inputs: Iterable[str | Path], out_dir: str | Path, *, run: str | None, rank: int | None,
+    chunk_bytes: int,
+) -> IngestSummary:
     paths = [p.resolve() for p in expand_inputs(inputs)]
     root = Path(out_dir).resolve()
     if root.exists() and not root.is_dir():
@@ -126,29 +142,20 @@ def ingest_with_dask(
     known = known_digests(root)
     first_id = next_trace_id(root)
     lowest = lowest_rank(root)  # files that name no rank get -1, -2, ... below every rank in the directory
-    own = client is None
-    if own:
-        client = Client(scheduler)
-    try:
-        futures = [
-            client.submit(
-                ingest_file_to_parquet, str(p), first_id + i, str(root), run=run, rank=rank,
-                skip_digests=frozenset(known.get(p.stat().st_size, ())) if p.exists() else frozenset(),
-                chunk_bytes=chunk_bytes, rank_if_none=lowest - 1 - i, pure=False,
-            )
-            for i, p in enumerate(paths)
-        ]
-        results = client.gather(futures)
-    finally:
-        if own:
-            client.close()
+    futures = [
+        client.submit(
+            ingest_file_to_parquet, str(p), first_id + i, str(root), run=run, rank=rank,
+            skip_digests=frozenset(known.get(p.stat().st_size, ())) if p.exists() else frozenset(),
+            chunk_bytes=chunk_bytes, rank_if_none=lowest - 1 - i, pure=False,
+        )
+        for i, p in enumerate(paths)
+    ]
+    results = client.gather(futures)
     return IngestSummary(files=_refuse_rank_collisions(root, _drop_duplicates(root, results)))
 
 
 def _remove_trace(root: Path, trace_id: int) -> None:
     """Remove a trace's files from ``root``: its traces file first, so that no reader sees half of it."""
-    from traceq.store.parquet import TRACES
-
     files = root.rglob(f"trace{trace_id}_*.parquet")
     for f in sorted(files, key=lambda f: f.relative_to(root).parts[0] != TRACES):
         f.unlink()
@@ -157,8 +164,6 @@ def _remove_trace(root: Path, trace_id: int) -> None:
 def _refuse_rank_collisions(root: Path, results: list[FileResult]) -> list[FileResult]:
     """As a local ingest does, a file whose run already holds one of its (rank, step) fails, here after
     the fact (the tasks ran apart): in input order, after the traces already in the directory."""
-    from traceq.store.parquet import steps_by_trace
-
     held = steps_by_trace(root)
     new = {r.trace_id for r in results if r.status == "ingested"}
     taken: dict[tuple[str, int, int], int] = {}

@@ -11,21 +11,19 @@ steps attributed and its transaction committed (:class:`_ReadAhead`).
 What keeps memory flat whatever the trace size (DESIGN §7; benchmarks/bench_scale.py measures it):
 one batch of chunks in flight (plus the one being read); DuckDB's buffer pool is capped
 (:data:`INGEST_MEMORY_LIMIT`: appended row groups go to the file as they fill); ranks from
-``distributedInfo`` are filled in as rows go in, not by an UPDATE afterwards; glibc returns large
-buffers to the OS (:func:`release_large_buffers`).
+``distributedInfo`` are filled in as rows go in, not by an UPDATE afterwards. Nothing process-wide
+is changed (no GC thresholds, no glibc settings: measured, neither pays any more, BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -48,7 +46,14 @@ from traceq.ingest.native import (
     scratch_dir,
     write_batch,
 )
-from traceq.ingest.reader import FileRange, TraceHeader, digest_in, file_digest, read_trace, read_trace_ranges
+from traceq.ingest.reader import (
+    FileRange,
+    TraceHeader,
+    digest_in,
+    file_digest,
+    read_trace,
+    read_trace_ranges,
+)
 from traceq.ingest.sidecar import load_side_files
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
@@ -70,11 +75,6 @@ MIN_CHUNK_BYTES = 1 << 20
 # the file as they fill. With 192 MB batches, 384 MB peaks at 443-469 MiB RSS on a 0.5 GB trace and
 # 488-529 MiB on 1.5 GB; 512 MB or 1 GB were 1-3 % faster, for up to 50 MiB more (BENCHMARKS.md).
 INGEST_MEMORY_LIMIT = "384MB"
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-# traceq.ingest.decode makes ~10 tracked objects per event, all alive until the chunk is converted: with the
-# default thresholds the cyclic GC scans them over and over (measured: msgspec decode 163 -> 273
-# MB/s per core, decode_chunk 89 -> 110 MB/s, with these). The objects hold no cycles.
-DECODE_GC_THRESHOLDS = (100_000, 50, 100)
 
 Progress = Callable[[str, dict[str, Any]], None]
 Chunk = TypeVar("Chunk", bytes, FileRange)
@@ -144,7 +144,6 @@ def ingest_traces(
     """
     marker = StepMarker.parse(step_marker)
     paths = expand_inputs(inputs)
-    release_large_buffers()
     notify = progress or (lambda event, info: None)
     summary = IngestSummary()
     con = connect(db)
@@ -161,10 +160,9 @@ def ingest_traces(
         raise
     try:
         notify("start", {"files": len(paths), "bytes": sum(file_size(p) for p in paths)})
-        with few_collections():  # matters when traceq.ingest.decode runs
-            for result in loader.load(paths):
-                summary.files.append(result)
-                notify("done", {"result": result})
+        for result in loader.load(paths):
+            summary.files.append(result)
+            notify("done", {"result": result})
     except RuntimeError as exc:  # DuckDB stops a query on SIGINT with "Query interrupted"
         if "interrupted" in str(exc).lower():
             raise KeyboardInterrupt from None
@@ -173,34 +171,6 @@ def ingest_traces(
         loader.close()
         con.close()
     return summary
-
-
-@contextmanager
-def few_collections() -> Iterator[None]:
-    """Run the block with :data:`DECODE_GC_THRESHOLDS`, then restore the previous thresholds."""
-    previous = gc.get_threshold()
-    gc.set_threshold(*DECODE_GC_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*previous)
-
-
-def release_large_buffers() -> None:
-    """Have glibc return buffers of 1 MB and more to the OS when freed (Linux only; else a no-op).
-
-    By default glibc raises its mmap threshold after the first large free, so multi-MB chunk buffers
-    end up in a heap that fragments and never shrinks (measured with DuckDB parsing: 421 vs 441 MB
-    peak on a 0.5 GB trace). The price is page faults on each new buffer (~0.2 s wall per 0.5 GB).
-    """
-    if sys.platform != "linux":
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
-    except (OSError, AttributeError):
-        pass  # not glibc (e.g. musl)
 
 
 class _Names:
@@ -334,8 +304,8 @@ def check_marker(con: Any, marker: StepMarker) -> None:
     try:
         con.execute("select regexp_matches('', ?)", [marker.pattern])
     except duckdb.Error as exc:
-        raise ConfigError(f"--step-marker {marker.pattern!r}: not a regular expression DuckDB reads (RE2): "
-                          f"{str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"not a regular expression DuckDB reads (RE2): {str(exc).splitlines()[0]}",
+                          param="step_marker", value=marker.pattern) from None
 
 
 def _finish_trace(
@@ -449,8 +419,7 @@ def ingest_in_process(
     check_marker(con, marker)
     loader = _Loader(con, run, rank, chunk_bytes, lambda event, info: None, marker=marker, rank_if_none=rank_if_none)
     try:
-        with few_collections():
-            return next(loader.load([path]))
+        return next(loader.load([path]))
     finally:
         loader.close()
 

@@ -5,7 +5,7 @@ events and steps are in the warehouse. It
 
 - stores the run metadata (whole file in ``run_files``; run-level values merged into
   ``runs.metadata``, see :mod:`traceq.store.run_metadata`);
-- gives every step of the trace its wall-clock window (``step_windows``), using the collectors'
+- gives every step of the trace its wall-clock window (``step_wall_times``), using the collectors'
   documented mapping ``wall_ns = ts_us * 1000 + offset_ns``: offset_ns is the trace's
   ``baseTimeNanoseconds``, else run.json's ``trace_files[].offset_ns`` / ``clock.offset_ns`` for
   this file, else 0 (older Kineto wrote epoch microseconds);
@@ -76,7 +76,7 @@ def load_side_files(con: duckdb.DuckDBPyConnection, trace_id: int, trace_path: P
     offset_ns, source = clock_offset(base_ns, meta, trace_path.name)
     con.execute(
         """
-        insert into step_windows
+        insert into step_wall_times
         select trace_id, rank, step, start_ns + $offset, end_ns + $offset, $offset, $source
         from steps where trace_id = $trace_id
         """,

@@ -12,17 +12,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import duckdb
 import polars as pl
 
 from traceq.catalog import BREAKDOWN_NOTE
 from traceq.errors import ConfigError, EmptySelection
-from traceq.report.metrics import breakdown_metrics, nothing_selected, require_runs, step_metrics
-from traceq.report.notes import FLOPS_CONVENTION, NVML_NOTE, PEAK_NOTE, peak_table_text, step_window_notes, steps_used
-from traceq.report.power import power_series, power_status, step_wall_windows
+from traceq.report.metrics import (
+    breakdown_metrics,
+    nothing_selected,
+    require_runs,
+    step_metrics,
+)
+from traceq.report.notes import (
+    FLOPS_CONVENTION,
+    NVML_NOTE,
+    PEAK_NOTE,
+    peak_table_text,
+    step_window_notes,
+    steps_used,
+)
+from traceq.report.power import power_series, power_status, step_wall_times
 from traceq.report.scaling import SCALING_NOTES, per_run, scaling_from_runs
 from traceq.report.selection import StepSelection
-from traceq.store.warehouse import DEFAULT_DB, connect
+from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
 SUMMARY_COLUMNS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
                    "tokens_per_j", "compute_us", "exposed_comm_us", "overlap_ratio", "idle_us")
@@ -43,17 +54,19 @@ class ReportData:
 
 
 def report_data(
-    db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB,
+    db: Warehouse = DEFAULT_DB,
     *,
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
     scaling_by: Sequence[str] = (),
+    steps: pl.DataFrame | None = None,
 ) -> ReportData:
-    """Read the frames of the HTML report for the selected steps of ``runs`` (default: all)."""
-    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
-    try:
-        require_runs(con, runs)
-        steps = step_metrics(con, selection=selection, runs=runs)
+    """Read the frames of the HTML report for the selected steps of ``runs`` (default: all); ``steps``:
+    the step rows of :func:`~traceq.report.metrics.step_metrics` for them, where the caller has them."""
+    with opened(db) as con:
+        if steps is None:
+            require_runs(con, runs)
+            steps = step_metrics(con, selection=selection, runs=runs)
         if steps.height == 0:
             raise EmptySelection(nothing_selected(con, selection, runs))
         window_notes = step_window_notes(con, steps, selection)
@@ -63,26 +76,25 @@ def report_data(
         chosen = steps["run"].unique().to_list()
         data = ReportData(
             steps=steps, by_collective=by_collective, scaling=scaling,
-            power=power_series(con, chosen), windows=step_wall_windows(con, chosen),
+            power=power_series(con, chosen), windows=step_wall_times(con, chosen),
             power_status=power_status(con).filter(pl.col("run").is_in(chosen)), scaling_by=list(scaling_by),
         )
-    finally:
-        if con is not db:
-            con.close()
     data.notes = [*steps_used(steps), *window_notes]
     return data
 
 
 def write_html_report(
-    db: str | Path | duckdb.DuckDBPyConnection,
+    db: Warehouse,
     path: str | Path,
     *,
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
     scaling_by: Sequence[str] = (),
+    steps: pl.DataFrame | None = None,
 ) -> Path:
-    """Write the HTML report of the warehouse ``db`` to ``path``; returns the path."""
-    text = render_html(report_data(db, selection=selection, runs=runs, scaling_by=scaling_by))
+    """Write the HTML report of the warehouse ``db`` to ``path``; returns the path. ``steps``: the step
+    rows for the selection, where the caller has computed them already (each metric is computed once)."""
+    text = render_html(report_data(db, selection=selection, runs=runs, scaling_by=scaling_by, steps=steps))
     out = Path(path)
     try:
         out.write_text(text, encoding="utf-8")

@@ -10,7 +10,7 @@ then ranks (mean, min, max and the slowest rank), then runs (grouped by metadata
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import duckdb
@@ -22,14 +22,15 @@ from traceq.catalog import (
     META_COLUMNS,
     METRICS,
     PER_STEP_METRICS,
+    columns,
     resolve_metric,
 )
 from traceq.errors import ConfigError, EmptySelection
-from traceq.report.notes import step_window_notes
+from traceq.report.notes import metric_notes, step_window_notes
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import import_in_background, to_polars
 from traceq.store.schema import require_side_tables
-from traceq.store.warehouse import DEFAULT_DB, connect
+from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
 if TYPE_CHECKING:  # imported where used: a report imports it while DuckDB runs the first query
     import polars as pl
@@ -48,7 +49,7 @@ _NS_COLUMNS = {
 }
 _THROUGHPUT_COLUMNS = (
     "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j", "tokens_per_j",
-    "power_source", "power_gpus", "energy_source", "flops_per_step", "flops_source", "peak_tflops", "peak_source",
+    "power_source", "power_gpus", "energy_source", "flops_per_step", "flops_source", "peak_tflops", "peak_tflops_source",
     "peak_gpu",
 )
 def list_metrics() -> pl.DataFrame:
@@ -79,27 +80,24 @@ def interval_breakdown(
 def step_metrics(
     con: duckdb.DuckDBPyConnection,
     *,
-    window: str = "steps",
+    whole_trace: bool = False,
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
 ) -> pl.DataFrame:
-    """One row per (run, rank, device, step) with every metric (``--window steps``), or per
-    (run, rank, device) over the whole trace and every kernel (``--window trace``, step = -1).
+    """One row per (run, rank, device, step) of the selected steps with every metric, or with
+    ``whole_trace`` one per (run, rank, device) over the whole timeline and every kernel (step -1).
 
-    With ``--window steps``, a selected step without GPU activity (CPU-only traces) still gets a
-    row: its interval metrics are null (device null) and its throughput metrics are filled.
-    Throughput and power metrics are null with ``--window trace``. Every row carries the run's
-    metadata columns (:data:`META_COLUMNS`).
+    A selected step without device activity (a step that launched nothing) still gets a row: its
+    interval metrics are null (device null) and its throughput metrics are filled. Throughput and
+    power metrics are null over the whole trace. Every row carries the run's metadata columns
+    (:data:`~traceq.catalog.META_COLUMNS`).
     """
-    if window not in ("steps", "trace"):
-        raise ConfigError(f"--window {window!r}: use steps or trace")
-    whole = window == "trace"
     require_side_tables(con)
-    frame = interval_breakdown(con, whole, selection)
+    frame = interval_breakdown(con, whole_trace, selection)
     import polars as pl
 
     meta = run_metadata_frame(con)
-    if whole:
+    if whole_trace:
         traces = to_polars(con.sql("select trace_id, run from traces"))
         frame = frame.join(traces, on="trace_id", how="left").with_columns(
             *[pl.lit(None).alias(c) for c in (*_THROUGHPUT_COLUMNS, "step_time_ns")]
@@ -122,7 +120,7 @@ def breakdown_metrics(
     con: duckdb.DuckDBPyConnection,
     metric: str,
     *,
-    window: str = "steps",
+    whole_trace: bool = False,
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
 ) -> pl.DataFrame:
@@ -132,9 +130,7 @@ def breakdown_metrics(
     import polars as pl
 
     dimension, key = BREAKDOWNS[metric]
-    if window not in ("steps", "trace"):
-        raise ConfigError(f"--window {window!r}: use steps or trace")
-    windows = "trace_windows" if window == "trace" else "selected_windows"
+    windows = "trace_windows" if whole_trace else "selected_windows"
     frame = to_polars(query.run(con, "exposed_comm_by_collective", query_params(selection), bind={"windows": windows}))
     frame = frame.filter(pl.col("dimension") == dimension).drop("dimension").rename({"key": key})
     extra = to_polars(con.sql("select trace_id, rank, step, step_time_ns from steps"))
@@ -154,72 +150,92 @@ def breakdown_metrics(
 
 
 def compute_metric(
-    db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB,
+    db: Warehouse = DEFAULT_DB,
     metric: str = "exposed_comm_us",
     *,
-    by: Sequence[str] = ("run", "rank"),
-    window: str = "steps",
+    by: str | Sequence[str] = ("run", "rank"),
+    whole_trace: bool = False,
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
 ) -> pl.DataFrame:
     """One metric aggregated to the grain ``by``.
 
     Args:
-        db: warehouse path or an open connection.
-        metric: a name from :data:`METRICS` (``exposed_comm`` works for ``exposed_comm_us``).
-        by: subset of :data:`GROUP_COLUMNS` (run, rank, device, step and run metadata columns such
-            as world_size, tp, gpu). Steps are aggregated when ``step`` is not in ``by`` (mean,
-            median, p10, p90 over steps); ranks when ``rank`` is not (mean, min, max of the
-            per-rank means, and the slowest rank by step time); runs when ``run`` is not either
-            (mean, min, max of the run means, and the slowest run).
-        window: "steps" (selected steps; kernels attributed by DESIGN §3) or "trace" (every kernel).
+        db: warehouse path (a DuckDB file or a Parquet directory) or an open connection.
+        metric: a name from :data:`~traceq.catalog.METRICS` (``exposed_comm`` works for ``exposed_comm_us``).
+        by: column names, as a sequence or a comma-separated string, from
+            :data:`~traceq.catalog.GROUP_COLUMNS` (run, rank, device, step and run metadata columns
+            such as world_size, tp, gpu_model). Steps are aggregated when ``step`` is not in ``by``
+            (mean, median, p10, p90 over steps); ranks when ``rank`` is not (mean, min, max of the
+            per-rank means, and the slowest rank by step time); runs when ``run`` is not either (mean,
+            min, max of the run means, and the slowest run).
+        whole_trace: the whole timeline and every kernel instead of the selected steps' windows.
         selection: which steps (warm-up skip, range, incomplete last step).
         runs: only these runs.
 
     Returns a polars DataFrame; the column named after the metric holds the (mean) value. The
-    breakdown metrics add their key column (collective_type or process_group) to ``by``.
+    breakdown metrics add their key column (collective_type or process_group) to ``by``. Raises
+    :class:`~traceq.errors.EmptySelection` when the selection leaves nothing.
     """
-    return metric_report(db, metric, by=by, window=window, selection=selection, runs=runs)[0]
+    return metric_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=runs)[0]
 
 
 def metric_report(
-    db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB,
+    db: Warehouse = DEFAULT_DB,
     metric: str = "exposed_comm_us",
     *,
-    by: Sequence[str] = ("run", "rank"),
-    window: str = "steps",
+    by: str | Sequence[str] = ("run", "rank"),
+    whole_trace: bool = False,
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
     """:func:`compute_metric` plus the notes a reader needs beside the numbers (steps used, FLOPs
-    convention and peak, power availability, breakdown overlap); same arguments."""
-    name = resolve_metric(metric)
-    bad = [c for c in by if c not in GROUP_COLUMNS]
-    if bad:
-        raise ConfigError(f"--by {','.join(by)}: unknown column(s) {bad}; use any of {', '.join(GROUP_COLUMNS)}")
-    if window == "trace" and name in PER_STEP_METRICS:
-        raise ConfigError(f"{name} is measured per step (over the step's time); report it with the steps window")
-    # polars (0.09 s to import) loads while DuckDB opens the warehouse and runs the interval query
-    with import_in_background("polars"):
-        con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
-        try:
-            require_runs(con, runs)
-            if name in BREAKDOWNS:
-                rows = breakdown_metrics(con, name, window=window, selection=selection, runs=runs)
-                by = [*by, BREAKDOWNS[name][1]]
-            else:
-                rows = step_metrics(con, window=window, selection=selection, runs=runs)
-            if rows.height == 0:
-                raise EmptySelection(nothing_selected(con, selection, runs))
-            from traceq.report.notes import metric_notes
+    convention and peak, power availability, breakdown overlap, windows); same arguments."""
+    report = step_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=runs)
+    return report.table, report.notes
 
-            notes = metric_notes(con, rows, name, window)
-            if window == "steps":
-                notes.extend(step_window_notes(con, rows, selection))
-        finally:
-            if con is not db:
-                con.close()
-    return aggregate(rows, name, by), notes
+
+@dataclass(frozen=True)
+class StepReport:
+    """A metric's report: ``rows`` (one per step, or per step and key for the breakdown metrics, every
+    metric), ``table`` (``rows`` aggregated to the grain asked), the ``notes`` to print beside it."""
+
+    metric: str
+    rows: pl.DataFrame
+    table: pl.DataFrame
+    notes: list[str]
+
+
+def step_report(
+    db: Warehouse = DEFAULT_DB,
+    metric: str = "exposed_comm_us",
+    *,
+    by: str | Sequence[str] = ("run", "rank"),
+    whole_trace: bool = False,
+    selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+) -> StepReport:
+    """:func:`metric_report` with the step rows behind the table, for a caller that shows them again
+    (the HTML report): every metric is computed once."""
+    name = resolve_metric(metric)
+    grain = columns(by, GROUP_COLUMNS)
+    if whole_trace and name in PER_STEP_METRICS:
+        raise ConfigError("measured per step (over the step's time): it has no whole-trace value",
+                          param="metric", value=name)
+    # polars (0.09 s to import) loads while DuckDB opens the warehouse and runs the interval query
+    with import_in_background("polars"), opened(db) as con:
+        require_runs(con, runs)
+        if name in BREAKDOWNS:
+            rows = breakdown_metrics(con, name, whole_trace=whole_trace, selection=selection, runs=runs)
+            grain = [*grain, BREAKDOWNS[name][1]]
+        else:
+            rows = step_metrics(con, whole_trace=whole_trace, selection=selection, runs=runs)
+        if rows.height == 0:
+            raise EmptySelection(nothing_selected(con, selection, runs))
+        notes = metric_notes(con, rows, name, whole_trace)
+        if not whole_trace:
+            notes.extend(step_window_notes(con, rows, selection))
+    return StepReport(name, rows, aggregate(rows, name, grain), notes)
 
 
 def require_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None) -> None:

@@ -14,7 +14,7 @@ import duckdb
 import polars as pl
 
 from traceq import query
-from traceq.catalog import WHOLE_TRACE_STEP, gpu_peaks
+from traceq.catalog import BREAKDOWN_NOTE, BREAKDOWNS, WHOLE_TRACE_STEP, gpu_peaks
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
 
@@ -38,12 +38,10 @@ def peak_table_text() -> str:
     return ", ".join(f"{p.gpu} {p.peak_tflops:g}" for p in gpu_peaks())
 
 
-def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str, window: str = "steps") -> list[str]:
+def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str, whole_trace: bool = False) -> list[str]:
     """Lines to print beside ``metric`` computed from ``rows`` (step rows of one report)."""
-    from traceq.catalog import BREAKDOWN_NOTE, BREAKDOWNS
-
     notes: list[str] = []
-    if window == "steps" and rows.height and "step" in rows.columns:
+    if not whole_trace and rows.height and "step" in rows.columns:
         notes.extend(steps_used(rows))
     if metric in BREAKDOWNS:
         notes.append(BREAKDOWN_NOTE)
@@ -59,10 +57,10 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
             flops = (f"{r['flops_per_step']:.4g} FLOPs/step ({r['flops_source']})" if r["flops_per_step"] is not None
                      else f"model FLOPs unknown (set --model-flops-per-token or the model dimensions: traceq runs set {r['run']} ...)")
             if r["peak_tflops"] is not None:
-                named = f", {r['peak_gpu']} for {r['gpu']!r}" if r["peak_source"] == "table" else (f", {r['gpu']}" if r["gpu"] else "")
-                peak = f"peak {r['peak_tflops']:g} TFLOP/s ({r['peak_source']}{named})"
-            elif r["gpu"]:
-                peak = (f"GPU {r['gpu']!r} is not in the peak table, so mfu is empty; set its dense BF16 peak: "
+                named = f", {r['peak_gpu']} for {r['gpu_model']!r}" if r["peak_tflops_source"] == "table" else (f", {r['gpu_model']}" if r["gpu_model"] else "")
+                peak = f"peak {r['peak_tflops']:g} TFLOP/s ({r['peak_tflops_source']}{named})"
+            elif r["gpu_model"]:
+                peak = (f"GPU {r['gpu_model']!r} is not in the peak table, so mfu is empty; set its dense BF16 peak: "
                         f"traceq runs set {r['run']} --peak-tflops P")
             else:
                 peak = f"GPU unknown, so mfu is empty: traceq runs set {r['run']} --gpu NAME (or --peak-tflops P)"
@@ -117,7 +115,7 @@ def power_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str
 
 
 def _run_facts(rows: pl.DataFrame) -> pl.DataFrame:
-    cols = ["run", "tokens_per_step", "flops_per_step", "flops_source", "peak_tflops", "peak_source", "peak_gpu", "gpu"]
+    cols = ["run", "tokens_per_step", "flops_per_step", "flops_source", "peak_tflops", "peak_tflops_source", "peak_gpu", "gpu_model"]
     present = [c for c in cols if c in rows.columns]
     facts = rows.select(present).unique(subset=["run"], keep="first").sort("run")
     return facts.with_columns(*[pl.lit(None).alias(c) for c in cols if c not in present])
@@ -142,7 +140,7 @@ def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, select
         parts = [f"{r[f'{p}_ns'] / 1e6:,.3f} ms ({r[f'n_{p}']} events) {p} the {'first' if p == 'before' else 'last'} "
                  f"step's window" for p in ("before", "after") if r[f"n_{p}"]]
         notes.append(f"run {r['run']} rank {r['rank']} {where}: activity outside every step: {' and '.join(parts)}; "
-                     "no step counts it (--window trace does)")
+                     "no step counts it (--whole-trace does)")
     if "compute_kernel_us" in rows.columns:
         lone = (
             rows.filter(pl.col("device") >= 0)

@@ -23,12 +23,12 @@ def power_series(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = No
     return frame.filter(pl.col("run").is_in(list(runs))) if runs else frame
 
 
-def step_wall_windows(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> pl.DataFrame:
-    """Wall-clock step windows: run, rank, step, start_wall_ns, end_wall_ns, offset_source."""
+def step_wall_times(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> pl.DataFrame:
+    """Wall-clock times of the steps' CPU spans: run, rank, step, start_wall_ns, end_wall_ns, offset_source."""
     frame = to_polars(con.sql(
         """
         select t.run, w.rank, w.step, w.start_wall_ns, w.end_wall_ns, w.offset_source
-        from step_windows as w inner join traces as t using (trace_id)
+        from step_wall_times as w inner join traces as t using (trace_id)
         order by t.run, w.rank, w.step
         """
     ))

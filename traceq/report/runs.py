@@ -58,7 +58,7 @@ def list_traces(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.D
                 count(s.step) filter (where s.source = 'marker') as steps,
                 min(s.step) filter (where s.source = 'marker') as first_step,
                 max(s.step) filter (where s.source = 'marker') as last_step,
-                t.gpu_model as gpu,
+                t.gpu_model,
                 t.n_events as events,
                 t.n_gpu_events as device_events,
                 t.step_marker,

@@ -10,17 +10,15 @@ smallest run is the base of the ideal line: ideal = base global tokens/s × worl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
-import duckdb
 import polars as pl
 
-from traceq.catalog import META_COLUMNS
-from traceq.errors import ConfigError
-from traceq.report.metrics import step_metrics
+from traceq.catalog import META_COLUMNS, columns
+from traceq.errors import EmptySelection
+from traceq.report.metrics import nothing_selected, require_runs, step_metrics
 from traceq.report.notes import power_notes
 from traceq.report.selection import StepSelection
-from traceq.store.warehouse import DEFAULT_DB, connect
+from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
 SCALING_NOTES = (
     "ideal_tokens_per_s: the smallest run of the group scaled linearly (its global tokens/s × world_size / its world_size); "
@@ -113,13 +111,26 @@ def scaling_from_runs(runs: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFram
 
 
 def scaling_table(
-    db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB,
+    db: Warehouse = DEFAULT_DB,
     *,
-    by: Sequence[str] = (),
+    by: str | Sequence[str] = (),
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
-    """The scaling table across runs and the notes that explain it.
+    """The scaling table across runs and the notes that explain it (:func:`scaling_report` without the
+    step rows)."""
+    table, notes, _ = scaling_report(db, by=by, selection=selection, runs=runs)
+    return table, notes
+
+
+def scaling_report(
+    db: Warehouse = DEFAULT_DB,
+    *,
+    by: str | Sequence[str] = (),
+    selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+) -> tuple[pl.DataFrame, list[str], pl.DataFrame]:
+    """The scaling table across runs, the notes that explain it, and the step rows it comes from.
 
     Args:
         db: warehouse path or an open connection.
@@ -127,23 +138,18 @@ def scaling_table(
         selection: which steps of each run.
         runs: only these runs.
     """
-    bad = [c for c in by if c not in META_COLUMNS or c == "world_size"]
-    if bad:
-        raise ConfigError(f"--by {','.join(by)}: scaling groups by run metadata: {', '.join(c for c in META_COLUMNS if c != 'world_size')}")
-    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
-    try:
+    by = columns(by, [c for c in META_COLUMNS if c != "world_size"])
+    with opened(db) as con:
+        require_runs(con, runs)
         rows = step_metrics(con, selection=selection, runs=runs)
+        if rows.height == 0:
+            raise EmptySelection(nothing_selected(con, selection, runs))
         power = power_notes(con, sorted(rows["run"].unique().to_list()))
-    finally:
-        if con is not db:
-            con.close()
-    if rows.height == 0:
-        raise ConfigError("no selected steps in the warehouse; ingest traces first (or loosen --steps/--skip-steps)")
     table = scaling_from_runs(per_run(rows, by), by)
     notes = list(SCALING_NOTES)
     missing = table.filter(pl.col("tokens_per_step").is_null())["run"].to_list()
     if missing:
         notes.append(f"no tokens_per_step for {', '.join(missing)}: set it with `traceq runs set RUN --tokens-per-step N`")
     if table["mfu"].is_null().all():
-        notes.append("mfu is empty: no run has a peak (traceq runs set RUN --gpu NAME or --peak-tflops P)")
-    return table, [*notes, *power]
+        notes.append("mfu is empty: no run has a peak (traceq runs set RUN --gpu-model NAME or --peak-tflops P)")
+    return table, [*notes, *power], rows

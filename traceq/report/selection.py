@@ -51,11 +51,11 @@ class StepSelection:
                 if not sep:
                     hi = lo
             except ValueError:
-                raise ConfigError(f"--steps {steps!r}: expected a:b with step numbers, e.g. 11:60") from None
+                raise ConfigError("expected a:b with step numbers, e.g. 11:60", param="steps", value=steps) from None
             if lo is not None and hi is not None and hi < lo:
-                raise ConfigError(f"--steps {steps!r}: the end is before the start")
+                raise ConfigError("the end is before the start", param="steps", value=steps)
         if skip_steps is not None and skip_steps < 0:
-            raise ConfigError(f"--skip-steps {skip_steps}: must be 0 or more")
+            raise ConfigError("must be 0 or more", param="skip_steps", value=skip_steps)
         return cls(skip_steps=skip_steps, step_min=lo, step_max=hi, drop_last=drop_last)
 
 

@@ -9,7 +9,14 @@ from pathlib import Path
 import duckdb
 
 from traceq.errors import ConfigError, WarehouseError
-from traceq.store.parquet import _ONE_ROW_PER, TRACES, is_parquet_dir, parquet_queries, warehouse_tables, write_partitions
+from traceq.store.parquet import (
+    _ONE_ROW_PER,
+    TRACES,
+    is_parquet_dir,
+    parquet_queries,
+    warehouse_tables,
+    write_partitions,
+)
 from traceq.store.warehouse import connect
 
 
@@ -31,7 +38,7 @@ def export_parquet(db: str | Path, directory: str | Path, *, overwrite: bool = F
         tables = warehouse_tables(con)
         existing = [t.name for t in tables if (out / t.name).exists()]
         if existing and not overwrite:
-            raise ConfigError(f"{out}: holds an export already ({', '.join(existing)}); pass --overwrite or a new directory")
+            raise ConfigError(f"{out}: holds an export already ({', '.join(existing)}); overwrite it, or export to a new directory")
         for name in existing:
             shutil.rmtree(out / name)
         out.mkdir(parents=True, exist_ok=True)

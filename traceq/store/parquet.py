@@ -33,6 +33,8 @@ TRACES = "traces"
 # Tables keyed by run alone: one row per key when several writers each wrote the run's row.
 _ONE_ROW_PER = {"runs": ("run",), "run_settings": ("run", "key")}
 _NEWEST_FIRST = {"runs": "created_at", "run_settings": "set_at desc"}
+# tables renamed since (new name: old name), read from exports written before
+_FORMER_NAMES = {"step_wall_times": "step_windows"}
 _TRACE_FILE = re.compile(r"^trace(\d+)_")
 # Tables of up to this many rows are copied into the in-memory database by open_parquet.
 IN_MEMORY_ROWS = 1_000_000
@@ -145,6 +147,8 @@ def parquet_queries(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, str
     queries = {}
     for table in warehouse_tables(con):
         files = root / table.name
+        if table.name in _FORMER_NAMES and not files.is_dir():
+            files = root / _FORMER_NAMES[table.name]  # an export written before the table's rename
         if not any(files.rglob("*.parquet")):
             continue  # nothing written: the table stays empty
         types = dict(

@@ -3,7 +3,7 @@
 ``runs.metadata`` holds the effective run-level values: the collector's (merged over the rank
 files ingested so far) overlaid with the values set with ``traceq runs set``, which live in
 ``run_settings`` and survive later ingests. ``sql/run_metadata.sql`` turns them into typed columns
-(world_size, tp, gpu, tokens_per_step, flops_per_step, peak_tflops, ...).
+(world_size, tp, gpu_model, tokens_per_step, flops_per_step, peak_tflops, ...).
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from traceq.catalog import PER_RANK_KEYS, RUN_KEY_NAMES, RUN_KEYS, RunKey, gpu_peaks, peak_for
+from traceq.catalog import (
+    PER_RANK_KEYS,
+    RUN_KEY_NAMES,
+    RUN_KEYS,
+    RunKey,
+    gpu_peaks,
+    peak_for,
+)
 from traceq.errors import ConfigError
 from traceq.store.schema import fetch_one
 from traceq.store.warehouse import connect
@@ -53,9 +60,9 @@ def _coerce(key: RunKey, value: Any) -> Any:
     try:
         out = key.kind(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"--{key.key.replace('_', '-')} {value!r}: expected {key.kind.__name__}") from None
+        raise ConfigError(f"expected {key.kind.__name__}", param=key.key, value=value) from None
     if key.kind in (int, float) and out <= 0:
-        raise ConfigError(f"--{key.key.replace('_', '-')} {value!r}: must be positive")
+        raise ConfigError("must be positive", param=key.key, value=value)
     return out
 
 

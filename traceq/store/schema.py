@@ -15,7 +15,8 @@ from traceq.errors import ConfigError, WarehouseError
 from traceq.query import sql_text
 from traceq.store.derive import device_properties, gpu_model_of, write_steps
 
-# 2: step markers and device windows (steps.source, traces.step_marker/devices/gpu_model, warehouse_info)
+# 2: step markers and device windows (steps.source, traces.step_marker/devices/gpu_model, warehouse_info,
+# step_windows renamed step_wall_times)
 SCHEMA_VERSION = 2
 _ADDED_COLUMNS = (
     ("traces", "step_marker", "varchar"),
@@ -78,11 +79,20 @@ def _migrate(con: duckdb.DuckDBPyConnection) -> None:
         return
     for table, column, kind in _ADDED_COLUMNS:
         con.execute(f"alter table {table} add column if not exists {column} {kind}")
+    if _has_table(con, "step_windows"):  # schema 1's name for step_wall_times ("window" meant three things)
+        con.execute("insert into step_wall_times select * from step_windows")
+        con.execute("drop table step_windows")
     if version is None and fetch_one(con, "select count(*) from traces")[0]:
         _derive_again(con)
     con.execute(
         "insert or replace into warehouse_info (key, value) values ('schema_version', ?)", [str(SCHEMA_VERSION)]
     )
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(con.execute(
+        "select count(*) from duckdb_tables() where database_name = current_database() and schema_name = 'main' "
+        "and table_name = ?", [name]).fetchall()[0][0])
 
 
 def _derive_again(con: duckdb.DuckDBPyConnection) -> None:
@@ -103,7 +113,7 @@ def _derive_again(con: duckdb.DuckDBPyConnection) -> None:
         )
 
 
-SIDE_TABLES = ("run_files", "run_settings", "step_windows", "power_logs", "power_samples")
+SIDE_TABLES = ("run_files", "run_settings", "step_wall_times", "power_logs", "power_samples")
 
 
 def require_side_tables(con: duckdb.DuckDBPyConnection) -> None:

@@ -11,7 +11,12 @@ import duckdb
 
 from traceq.errors import WarehouseError
 from traceq.store.parquet import open_parquet
-from traceq.store.schema import SCHEMA_VERSION, create_schema, prepare_session, schema_version
+from traceq.store.schema import (
+    SCHEMA_VERSION,
+    create_schema,
+    prepare_session,
+    schema_version,
+)
 
 DEFAULT_DB = "traceq.duckdb"
 Warehouse = str | Path | duckdb.DuckDBPyConnection  # a path to open, or a connection already open
@@ -29,7 +34,7 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     if path != ":memory:" and Path(path).is_dir():  # Parquet written by `traceq export` or a cluster ingest
         return open_parquet(path, read_only=read_only)
     if read_only and path != ":memory:" and not Path(path).exists():
-        raise WarehouseError(f"{path}: no warehouse here; run `traceq ingest TRACES --db {path}` first")
+        raise WarehouseError(f"{path}: no warehouse here; ingest traces into it first")
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -45,7 +50,7 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
                 ) from None
             time.sleep(0.2)
         except duckdb.Error as exc:
-            raise WarehouseError(f"{path}: not a traceq warehouse ({exc}); pass --db with a new file name") from None
+            raise WarehouseError(f"{path}: not a traceq warehouse ({exc}); give the warehouse another file name") from None
     if not read_only:
         create_schema(con)
     elif path != ":memory:" and schema_version(con) != SCHEMA_VERSION:

@@ -1,0 +1,118 @@
+"""One direction of dependencies: the import graph of traceq, walked with ast, module- and function-level
+imports alike (a function-level import must not hide an upward import or a cycle)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "traceq"
+COLLECTORS = ROOT / "collectors"
+# lower first; a module may import its own layer and the layers below, never one above
+LAYERS = (
+    ("leaf", ("traceq.errors", "traceq.catalog", "traceq.kineto", "traceq.intervals", "traceq.query")),
+    ("store", ("traceq.store",)),
+    ("ingest", ("traceq.ingest",)),
+    ("report", ("traceq.report",)),
+    ("cli", ("traceq.cli",)),
+)
+HEAVY = {"torch", "plotly", "pyarrow", "numpy", "polars", "duckdb", "distributed", "dask", "pynvml", "msgspec"}
+
+
+def _module_name(path: Path, root: Path, package: str) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    name = ".".join((package, *parts))
+    return name.removesuffix(".__init__")
+
+
+def _imports(path: Path, module: str) -> list[tuple[str, int]]:
+    """(imported module, line) for every import of ``path``, wherever it stands; ``from a import b`` gives
+    a.b when a.b is a module of the package, else a."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+            for alias in node.names:
+                found.append((f"{base}.{alias.name}" if _is_module(f"{base}.{alias.name}") else base, node.lineno))
+    return found
+
+
+def _is_module(name: str) -> bool:
+    if not name.startswith("traceq."):
+        return False
+    rel = Path(*name.split(".")[1:])
+    return (PACKAGE / rel).with_suffix(".py").exists() or (PACKAGE / rel / "__init__.py").exists()
+
+
+def _graph() -> dict[str, list[tuple[str, int]]]:
+    graph = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path, PACKAGE, "traceq")
+        graph[module] = [(m, line) for m, line in _imports(path, module) if m.startswith("traceq.") or m == "traceq"]
+    return graph
+
+
+def _layer(module: str) -> int:
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    raise AssertionError(f"{module} belongs to no layer of tests/test_architecture.py: put it in one")
+
+
+def test_every_module_belongs_to_a_layer_and_imports_none_above_it() -> None:
+    upward = []
+    for module, imports in _graph().items():
+        if module == "traceq":
+            continue  # the package's lazy public names (traceq.__getattr__), no import statement
+        for target, line in imports:
+            if target == "traceq" or target.startswith("traceq.collectors"):
+                continue
+            if _layer(target) > _layer(module):
+                upward.append(f"{module}:{line} imports {target}")
+    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph = {m: sorted({t for t, _ in imports if t in _graph_modules()}) for m, imports in _graph().items()}
+    seen: dict[str, int] = {}  # 1 on the path, 2 done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        seen[node] = 1
+        for nxt in graph.get(node, []):
+            if seen.get(nxt) == 1:
+                cycles.append(" -> ".join([*path[path.index(nxt):], nxt]))
+            elif nxt not in seen:
+                visit(nxt, [*path, nxt])
+        seen[node] = 2
+
+    for module in graph:
+        if module not in seen:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def _graph_modules() -> set[str]:
+    return {_module_name(p, PACKAGE, "traceq") for p in PACKAGE.rglob("*.py")} - {"traceq"}
+
+
+def test_the_interval_algebra_imports_only_numpy_and_the_standard_library() -> None:
+    imported = {m.split(".")[0] for m, _ in _imports(PACKAGE / "intervals.py", "traceq.intervals")}
+    assert imported <= {"numpy", "__future__", "dataclasses", "typing", "math"}, imported
+
+
+def test_the_collectors_import_neither_traceq_nor_its_dependencies() -> None:
+    for path in COLLECTORS.rglob("*.py"):
+        module = _module_name(path, COLLECTORS, "traceq.collectors")
+        for target, line in _imports(path, module):
+            top = target.split(".")[0]
+            assert not (target.startswith("traceq.") and not target.startswith("traceq.collectors")), f"{path}:{line}"
+            assert top not in {"duckdb", "polars", "plotly", "pyarrow", "msgspec"}, f"{path}:{line} imports {target}"
