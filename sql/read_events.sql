@@ -108,4 +108,4 @@ final as (
     from spans
 )
 
-select * from final;
+select * from final

@@ -399,9 +399,9 @@ def free_rank(con: Any, run: str) -> int:
 
 
 def _drop_plain_ops(con: Any, params: dict[str, Any]) -> int:
-    """Delete the CPU operators read before :class:`OpsPolicy` switched (``sql/drop_plain_ops.sql``);
+    """Delete the CPU operators read before :class:`OpsPolicy` switched (``sql/plain_ops.sql``);
     returns how many."""
-    statement = sql_text("drop_plain_ops.sql")
+    statement = f"delete from host_events where rowid in (select rid from ({sql_text('plain_ops.sql')}))"
     return con.execute(statement, params_of(statement, params)).fetchall()[0][0]
 
 

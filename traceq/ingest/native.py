@@ -2,7 +2,7 @@
 
 The reader (:mod:`traceq.ingest.reader`) cuts a trace's event array into chunks of whole events; here a
 batch of chunks becomes JSON array files that DuckDB parses on every core (``sql/read_events.sql``)
-into rows held in memory, then written as rows (``sql/load_events.sql``) while the next batch is
+into rows held in memory, then written as rows (``sql/batch_*.sql``) while the next batch is
 parsed: no Python touches an event. A range of an uncompressed trace reaches DuckDB through a named
 pipe, filled by ``splice`` from the page cache while DuckDB reads it (no copy of the trace is
 made); decompressed bytes are written as scratch files (in memory where ``/dev/shm`` exists).
@@ -54,7 +54,7 @@ class NotNative(Exception):
 
 @dataclass
 class BatchCounts:
-    """What one batch held (``sql/load_events.sql``, statement 1)."""
+    """What one batch held (``sql/batch_counts.sql``)."""
 
     events: int
     gpu: int
@@ -67,14 +67,12 @@ class BatchCounts:
     odd: bool
 
 
-@cache
-def _statements(name: str) -> list[str]:
-    statements = []
-    for text in sql_text(name).split(";"):
-        code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--")).strip()
-        if code:
-            statements.append(code)
-    return statements
+# the tables one parsed batch writes besides names, and the SELECT of their rows (columns by name)
+_BATCH_ROWS = (
+    ("gpu_events", "batch_gpu_events.sql"),
+    ("host_events", "batch_host_events.sql"),
+    ("trace_threads", "batch_threads.sql"),
+)
 
 
 def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -> list[tuple]:
@@ -408,7 +406,7 @@ def parse_batch(con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker =
 
     Raises :class:`NotNative` when DuckDB cannot parse them.
     """
-    (read,) = _statements("read_events.sql")
+    read = sql_text("read_events.sql")
     params = {
         "files": files.names, "all_ops": all_ops, "max_object_bytes": files.largest + 1,
         **event_categories().sql_params(), **marker.sql_params(),
@@ -425,7 +423,7 @@ def count_batch(con: Any, events: Any, files: BatchFiles) -> BatchCounts:
 
     Raises :class:`NotNative` when a row needs :mod:`traceq.ingest.decode`.
     """
-    counts = BatchCounts(*_run(con, _statements("load_events.sql")[0], {}, events)[0])
+    counts = BatchCounts(*_run(con, sql_text("batch_counts.sql"), {}, events)[0])
     for name in counts.unsure_files:
         if files.holds(name, _LOWERCASE_EXTERNAL_ID):
             raise NotNative('args with "external id" (2021 traces), which the JSON reader does not read')
@@ -440,8 +438,7 @@ def write_batch(con: Any, events: Any, trace_id: int, next_name_id: int, fill_ra
         "trace_id": trace_id, "next_name_id": next_name_id, "fill_rank": fill_rank,
         **event_categories().sql_params(),
     }
-    names, *rows = _statements("load_events.sql")[1:]
-    added = _run(con, names, params, events)[0][0]
-    for statement in rows:
-        _run(con, statement, params, events)
+    added = _run(con, f"insert into names by name {sql_text('batch_names.sql')}", params, events)[0][0]
+    for table, rows in _BATCH_ROWS:
+        _run(con, f"insert into {table} by name {sql_text(rows)}", params, events)
     return added

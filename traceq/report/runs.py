@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import duckdb
 import polars as pl
 
@@ -11,7 +9,7 @@ from traceq import query
 from traceq.report.selection import query_params
 from traceq.store.frames import to_polars
 from traceq.store.schema import require_side_tables
-from traceq.store.warehouse import DEFAULT_DB, connect
+from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
 
 def run_metadata(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
@@ -20,11 +18,9 @@ def run_metadata(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     return to_polars(query.run(con, "run_metadata", query_params()).order("run"))
 
 
-def list_runs(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.DataFrame:
+def list_runs(db: Warehouse = DEFAULT_DB) -> pl.DataFrame:
     """Runs in the warehouse: traces, ranks, the typed metadata and which values were set by hand."""
-
-    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
-    try:
+    with opened(db) as con:
         require_side_tables(con)
         meta = run_metadata(con)
         counts = to_polars(con.sql(
@@ -37,23 +33,19 @@ def list_runs(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.Dat
             group by t.run
             """
         ))
-    finally:
-        if con is not db:
-            con.close()
     return counts.join(meta, on="run", how="left").sort("run")
 
 
-def list_traces(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.DataFrame:
+def list_traces(db: Warehouse = DEFAULT_DB) -> pl.DataFrame:
     """Every trace file in the warehouse with what traceq took from it: its run, ranks, steps, GPU and
     where its rank came from. A (run, rank, step) comes from one file, so every report row traces back
     to one of these."""
-    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
-    try:
+    with opened(db) as con:
         return to_polars(con.sql(
             """
             select
                 t.run,
-                string_agg(distinct s.rank::varchar, ',' order by s.rank::varchar) as ranks,
+                string_agg(distinct s.rank::varchar, ',') as ranks,
                 t.rank_source,
                 count(s.step) filter (where s.source = 'marker') as steps,
                 min(s.step) filter (where s.source = 'marker') as first_step,
@@ -69,6 +61,3 @@ def list_traces(db: str | Path | duckdb.DuckDBPyConnection = DEFAULT_DB) -> pl.D
             order by t.run, min(s.rank), t.path
             """
         ))
-    finally:
-        if con is not db:
-            con.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -25,7 +24,7 @@ from traceq.catalog import (
 )
 from traceq.errors import ConfigError
 from traceq.store.schema import fetch_one
-from traceq.store.warehouse import connect
+from traceq.store.warehouse import Warehouse, opened
 
 if TYPE_CHECKING:  # polars loads with the first report, not with ingest
     pass
@@ -67,7 +66,7 @@ def _coerce(key: RunKey, value: Any) -> Any:
 
 
 def set_run_metadata(
-    db: str | Path | duckdb.DuckDBPyConnection, run: str, values: Mapping[str, Any]
+    db: Warehouse, run: str, values: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Set (or correct) metadata of ``run``: keys from :data:`RUN_KEY_NAMES`; None values are ignored.
 
@@ -80,16 +79,15 @@ def set_run_metadata(
     if bad:
         raise ConfigError(f"unknown run metadata {bad}; settable: {', '.join(RUN_KEY_NAMES)}")
     given = {k: _coerce(known[k], v) for k, v in values.items() if v is not None}
-    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db)
-    try:
+    with opened(db, read_only=False) as con:
         if fetch_one(con, "select 1 from runs where run = ?", [run]) is None:
             names = [r for (r,) in con.execute("select run from runs order by run").fetchall()]
-            raise ConfigError(f"no run {run!r} in the warehouse; `traceq runs` lists them: {', '.join(names) or 'none'}")
+            raise ConfigError(f"no run {run!r} in the warehouse; it holds: {', '.join(names) or 'none'}")
         peak_by_hand = settings(con, run).get("peak_tflops_source") == "user"
         if "gpu_model" in given and "peak_tflops" not in given and not peak_by_hand and peak_for(given["gpu_model"]) is None:
             raise ConfigError(
-                f"GPU {given['gpu_model']!r} is not in the peak table, so MFU would have no peak; give its dense BF16 "
-                f"peak with it (--peak-tflops P); the table knows: {', '.join(p.gpu for p in gpu_peaks())}"
+                "not in the peak table, so MFU would have no peak; give its dense BF16 peak (peak_tflops) with it; "
+                f"the table knows: {', '.join(p.gpu for p in gpu_peaks())}", param="gpu_model", value=given["gpu_model"]
             )
         if "peak_tflops" in given:
             given["peak_tflops_source"] = "user"
@@ -105,6 +103,3 @@ def set_run_metadata(
             con.rollback()
             raise
         return merged
-    finally:
-        if con is not db:
-            con.close()

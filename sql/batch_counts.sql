@@ -1,0 +1,13 @@
+-- batch_counts: what one parsed batch holds (_rows: the rows of sql/read_events.sql, held in memory), one row
+-- (traceq.ingest.native.BatchCounts). odd: the batch goes to traceq.ingest.decode instead.
+select
+    count(*) as events,
+    count(*) filter (where kind > 0 and span and valid) as gpu,
+    count(*) filter (where kind = 0 and span and valid) as host,
+    count(*) filter (where (span and not valid) or no_phase) as dropped,
+    count(*) filter (where plain_op and not span) as skipped_ops,
+    count(*) filter (where ((span and valid) or meta) and rank is null) as rows_without_rank,
+    count(*) filter (where span and valid and rank is not null) as rows_with_rank,
+    coalesce(list(distinct unsure_file) filter (where unsure_file is not null), []) as unsure_files,
+    coalesce(bool_or(odd), false) as odd
+from _rows

@@ -1,0 +1,27 @@
+-- batch_host_events: the rows of the host_events table of one parsed batch (_rows) of trace $trace_id (device-side
+-- annotations without args.device take the trace viewer's pid, as on ROCm; $device_annotation_cats);
+-- $fill_rank as in sql/batch_gpu_events.sql. Columns by name, as the table's.
+select
+    $trace_id as trace_id,
+    coalesce(e.rank, $fill_rank) as rank,
+    e.cat,
+    n.name_id,
+    e.pid,
+    e.tid,
+    e.start_ns,
+    e.dur_ns,
+    e.correlation,
+    e.external_id,
+    case when e.device is null and list_contains($device_annotation_cats, e.cat) then e.pid else e.device end as device,
+    e.collective,
+    e.pg_name,
+    e.pg_desc,
+    e.pg_ranks,
+    e.group_size,
+    e.in_nelems,
+    e.out_nelems,
+    e.dtype,
+    e.seq
+from _rows as e
+inner join names as n on n.trace_id = $trace_id and n.name = e.name
+where e.kind = 0 and e.span and e.valid
