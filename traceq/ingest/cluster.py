@@ -125,7 +125,7 @@ def ingest_with_dask(
     if scheduler is not None:
         with Client(scheduler) as own:
             return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
-    with LocalCluster(n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         with Client(cluster) as own:
             return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
 

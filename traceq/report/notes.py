@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from typing import TYPE_CHECKING
+
 import duckdb
-import polars as pl
 
 from traceq import query
 from traceq.catalog import BREAKDOWN_NOTE, BREAKDOWNS, WHOLE_TRACE_STEP, gpu_peaks
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
+
+if TYPE_CHECKING:  # imported where used: a report's polars loads in the background (traceq.store.frames)
+    import polars as pl
 
 FLOPS_CONVENTION = (
     "FLOPs per token = 6·N + 12·L·H·Q·T (PaLM appendix B; N non-embedding parameters, L layers, H heads, "
@@ -40,6 +44,8 @@ def peak_table_text() -> str:
 
 def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str, whole_trace: bool = False) -> list[str]:
     """Lines to print beside ``metric`` computed from ``rows`` (step rows of one report)."""
+    import polars as pl
+
     notes: list[str] = []
     if not whole_trace and rows.height and "step" in rows.columns:
         notes.extend(steps_used(rows))
@@ -73,6 +79,8 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
 def steps_used(rows: pl.DataFrame) -> list[str]:
     """'steps used: run r: steps a..b, n rank-steps over k rank(s)' for every run in ``rows`` with steps
     (ranks without steps, step -1, are named by :func:`traceq.report.notes.step_window_notes`)."""
+    import polars as pl
+
     steps = rows.select("run", "rank", "step").unique().filter(pl.col("step") != WHOLE_TRACE_STEP)
     out = []
     for r in (
@@ -88,6 +96,8 @@ def steps_used(rows: pl.DataFrame) -> list[str]:
 
 def power_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str]:
     """Per run: where its power numbers come from, or why there are none ("unavailable")."""
+    import polars as pl
+
     logs = to_polars(con.sql(
         """
         select t.run, p.source, any_value(p.reason) as reason, count(*) as logs, sum(p.n_samples) as samples,
@@ -115,6 +125,8 @@ def power_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str
 
 
 def _run_facts(rows: pl.DataFrame) -> pl.DataFrame:
+    import polars as pl
+
     cols = ["run", "tokens_per_step", "flops_per_step", "flops_source", "peak_tflops", "peak_tflops_source", "peak_gpu", "gpu_model"]
     present = [c for c in cols if c in rows.columns]
     facts = rows.select(present).unique(subset=["run"], keep="first").sort("run")
