@@ -1,3 +1,4 @@
+-- inputs: marker_spans
 -- step_attribution: the step that launched each device event of one trace ($trace_id), DESIGN §3; one row
 -- per attributed event: rid (gpu_events.rowid), step, step_source. In O(n log n) (ASOF joins):
 -- 1. launch: the runtime event with the same (rank, correlation) lies inside the step's CPU span;
@@ -6,7 +7,7 @@
 --    annotation (a GPU-only trace): the CPU step span contains its start. On other ranks such an event
 --    was launched by no step (e.g. before the profiler started) and is not attributed.
 -- A rank without any step marker has one step, -1, over its whole trace: every event belongs to it.
--- Device annotations are numbered as sql/steps.sql numbers CPU spans ($step_marker, $step_marker_prefix).
+-- The device-side step annotations come from sql/marker_spans.sql.
 with events as (
     select rowid as rid, rank, device, start_ns, correlation
     from gpu_events
@@ -28,36 +29,8 @@ whole_trace_ranks as (
     select distinct rank from cpu_steps where source = 'whole_trace'
 ),
 
-annotations as (
-    select
-        h.rank,
-        h.device,
-        try_cast(regexp_extract(n.name, $step_marker, 1) as bigint) as number,
-        h.start_ns,
-        h.start_ns + h.dur_ns as end_ns
-    from host_events as h
-    inner join names as n on n.trace_id = h.trace_id and n.name_id = h.name_id
-    where h.trace_id = $trace_id
-        and list_contains($device_annotation_cats, h.cat)
-        and starts_with(n.name, $step_marker_prefix)
-        and regexp_matches(n.name, $step_marker)
-),
-
 device_steps as (
-    select rank, device, step, min(start_ns) as start_ns, max(end_ns) as end_ns
-    from (
-        select
-            rank,
-            device,
-            case
-                when count(*) filter (where number is null) over (partition by rank, device) = 0 then number
-                else row_number() over (partition by rank, device order by start_ns, end_ns)
-            end as step,
-            start_ns,
-            end_ns
-        from annotations
-    )
-    group by all
+    select rank, device, step, start_ns, end_ns from marker_spans where side = 'device'
 ),
 
 with_launch as (

@@ -1,43 +1,15 @@
--- steps of one trace ($trace_id): one row per (rank, step), the rows of the steps table.
--- A step is a CPU span whose name matches the step marker ($step_marker, a regular expression;
--- $step_marker_prefix: literal text every match starts with, a cheap first test): when the marker's
--- first group captures an integer on every span of a rank, that integer numbers the step and the
--- spans of one number are one step (ProfilerStep#N); otherwise the rank's spans are steps 1, 2, ...
--- in time order. A rank with events but no marker gets one step, -1, over its whole timeline
--- (source 'whole_trace'), so that it is reported as one window, never left out.
+-- inputs: marker_spans
+-- steps of one trace ($trace_id): one row per (rank, step), the rows of the steps table: the CPU spans of
+-- sql/marker_spans.sql (ProfilerStep#N, or the step marker given at ingest). A rank with events but no
+-- marker gets one step, -1, over its whole timeline (source 'whole_trace'), so that it is reported as one
+-- window, never left out.
 -- Columns: start_ns/end_ns (CPU span, trace clock), step_time_ns, launches_without_gpu_work (device
 -- launches in the step whose device work is missing AND that come after the rank's last recorded
 -- device activity: the trace ended before that work ran, so the step is incomplete), source.
-with markers as (
-    select
-        h.rank,
-        try_cast(regexp_extract(n.name, $step_marker, 1) as bigint) as number,
-        h.start_ns,
-        h.start_ns + h.dur_ns as end_ns
-    from host_events as h
-    inner join names as n on n.trace_id = h.trace_id and n.name_id = h.name_id
-    where h.trace_id = $trace_id
-        and not list_contains($device_annotation_cats, h.cat)
-        and starts_with(n.name, $step_marker_prefix)
-        and regexp_matches(n.name, $step_marker)
-),
-
-numbered as (
-    select
-        rank,
-        case
-            when count(*) filter (where number is null) over (partition by rank) = 0 then number
-            else row_number() over (partition by rank order by start_ns, end_ns)
-        end as step,
-        start_ns,
-        end_ns
-    from markers
-),
-
-spans as (
-    select rank, step, min(start_ns) as start_ns, max(end_ns) as end_ns, 'marker' as source
-    from numbered
-    group by all
+with spans as (
+    select rank, step, start_ns, end_ns, 'marker' as source
+    from marker_spans
+    where side = 'cpu'
 ),
 
 events as (

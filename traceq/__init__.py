@@ -5,7 +5,7 @@ functions are imported on first use.
 
     >>> import traceq
     >>> summary = traceq.ingest_traces(["runs/job1"], db="traceq.duckdb")
-    >>> df = traceq.compute_metric("traceq.duckdb", "exposed_comm", by=("run", "rank"))
+    >>> df = traceq.compute_metric("traceq.duckdb", "exposed_comm_us", by="run,rank")
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ _LAZY = {
     "ingest_traces": "traceq.ingest",
     "IngestSummary": "traceq.ingest",
     "compute_metric": "traceq.report.metrics",
+    "metric_report": "traceq.report.metrics",
     "list_metrics": "traceq.report.metrics",
+    "StepSelection": "traceq.report.selection",
+    "relation": "traceq.report.selection",
     "connect": "traceq.store.warehouse",
 }
 

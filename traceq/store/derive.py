@@ -8,20 +8,20 @@ import ast
 from typing import Any
 
 from traceq.kineto import to_int
-from traceq.query import params_of, sql_text
+from traceq.query import compose, params_of
 
 
 def write_steps(con: Any, params: dict[str, Any]) -> None:
     """The steps of trace ``params["trace_id"]`` (``sql/steps.sql``) and the step that launched each
     of its device events (``sql/step_attribution.sql``); ``params``: the trace id, the event
     categories and the step marker's parameters."""
-    steps = sql_text("steps.sql")
+    steps = compose("steps")
     con.execute(
         "insert into steps (trace_id, rank, step, start_ns, end_ns, step_time_ns, launches_without_gpu_work, source) "
         + steps,
         params_of(steps, params),
     )
-    attribution = sql_text("step_attribution.sql")
+    attribution = compose("step_attribution")
     con.execute(
         f"update gpu_events as g set step = a.step, step_source = a.step_source from ({attribution}) as a "
         "where g.rowid = a.rid",
