@@ -191,3 +191,19 @@ def test_steps_without_gpu_activity_still_get_throughput(tmp_path: Path) -> None
     assert row["window_us"] == row["idle_us"] == 50_000
     with pytest.raises(ConfigError, match="metric='tokens_per_s': measured per step"):
         metric_report(db, "tokens_per_s", whole_trace=True)
+
+
+def test_a_run_json_of_traceq_0_1_still_ingests(tmp_path: Path) -> None:
+    """0.1's collector wrote `device` where it now writes `device_type`; its other keys kept their names."""
+    meta = {"world_size": 1, "tokens_per_step": 2000, "warmup_steps": 0, "device": "cuda",
+            "gpu_model": "NVIDIA H100 80GB HBM3", "peak_tflops": 989.0, "peak_tflops_source": "table", **MODEL}
+    path = write_rank(tmp_path / "old", 0, [100, 100], meta)
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([path], db, workers=0).ok
+    from traceq.report.runs import list_runs
+
+    run = list_runs(db).row(0, named=True)
+    assert (run["device_type"], run["gpu_model"], run["peak_tflops"]) == ("cuda", "NVIDIA H100 80GB HBM3", 989.0)
+    # 2000 tokens in 100 ms on one GPU: 20,000 tokens/s; 6,153,600 FLOPs per token -> 123.072 TFLOP/s
+    mfu = compute_metric(db, "mfu", by="run")["mfu"][0]
+    assert mfu == pytest.approx(20_000 * 6_153_600 / 989e12)
