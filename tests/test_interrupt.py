@@ -110,14 +110,13 @@ def test_interrupted_ingest_leaves_nothing_and_rerun_completes(
 
     connect(db).close()  # opens for writing (replaying its log after SIGKILL)
     assert table_counts(db) == before
-    # SIGINT cleans up its scratch files; SIGKILL cannot, and the next ingest removes them once stale
+    # SIGINT cleans up its scratch files; SIGKILL cannot, and the next traceq command, whatever it is,
+    # removes them: the kernel dropped the killed process's owner lock
     left = _scratch_of(proc.pid)
     assert len(left) == (1 if sig == signal.SIGKILL else 0), left
-    for d in left:
-        old = time.time() - STALE_SCRATCH_S - 1
-        os.utime(d, (old, old))
-    _assert_rerun_completes(trace, n_events, db, before)
+    subprocess.run([str(TRACEQ), "metrics", "--format", "csv"], check=True, capture_output=True, timeout=60)
     assert _scratch_of(proc.pid) == []
+    _assert_rerun_completes(trace, n_events, db, before)
 
 
 def _scratch_of(pid: int) -> list[Path]:
@@ -142,3 +141,25 @@ def test_only_stale_scratch_of_dead_processes_is_removed(tmp_path: Path) -> None
     assert {label: d.exists() for label, (d, _) in dirs.items()} == {
         "dead, stale": False, "dead, recent": True, "alive, stale": True, "not traceq's": True,
     }
+
+
+def test_scratch_goes_as_soon_as_its_owner_dies_whatever_its_age(tmp_path: Path) -> None:
+    """The owner lock, not the process id or the age, tells (a PID may be reused, or live in another
+    PID namespace): a locked directory stays however old, an unlocked one goes however recent."""
+    code = ("import sys, time; from traceq.ingest.native import ScratchDir; "
+            "d = ScratchDir(prefix='traceq-1-', dir=sys.argv[1]); print(d.name, flush=True); time.sleep(120)")
+    owner = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        held = Path(owner.stdout.readline().strip())
+        old = time.time() - STALE_SCRATCH_S - 1
+        os.utime(held, (old, old))
+        remove_stale_scratch(str(tmp_path))
+        assert held.exists()  # pid 1 is alive here anyway; the lock is what keeps it
+        owner.kill()
+        owner.wait()
+        os.utime(held, None)  # recent
+        remove_stale_scratch(str(tmp_path))
+        assert not held.exists()
+    finally:
+        owner.kill()
+        owner.wait()

@@ -82,6 +82,8 @@ def ingest(
     except TraceqError as exc:
         _fail(exc)
         return
+    for note in summary.notes:
+        typer.echo(f"note: {note}", err=True)
     for f in summary.files:
         if f.status == "ingested":
             ranks = ",".join(str(r) for r in f.ranks) or "none"
@@ -481,6 +483,8 @@ def ingest_cluster(
     except TraceqError as exc:
         _fail(exc)
         return
+    for note in summary.notes:
+        typer.echo(f"note: {note}", err=True)
     for f in summary.files:
         if f.status == "failed":
             typer.echo(f"failed {f.message}", err=True)
@@ -513,6 +517,33 @@ def import_parquet_command(
     typer.echo(f"imported {added} trace(s) from {parquet} -> {db}")
 
 
+_OS_PHRASES = ("no space left on device", "read-only file system", "disk quota exceeded", "file too large")
+
+
+def _environment_error(exc: BaseException) -> str | None:
+    """One line for what the machine, not traceq, got wrong (a full disk, a read-only file system,
+    no memory, a damaged warehouse file); None for anything else."""
+    import duckdb
+
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}"
+    if isinstance(exc, MemoryError | duckdb.OutOfMemoryException):
+        return f"out of memory ({str(exc).splitlines()[0] if str(exc) else 'MemoryError'}); free memory or use a smaller input"
+    if not isinstance(exc, duckdb.Error):
+        return None
+    first = str(exc).splitlines()[0]
+    lower = first.lower()
+    if any(phrase in lower for phrase in _OS_PHRASES):
+        return f"{first}; the file system said no: free space, or use a writable place for --db and outputs"
+    if isinstance(exc, duckdb.IOException | duckdb.SerializationException) or "corrupt" in lower:
+        damaged = any(w in first.lower() for w in ("could not read enough bytes", "corrupt", "checksum", "serializ"))
+        hint = ("; the warehouse file is damaged or cut short: copy it again, or ingest the traces into a new one"
+                if damaged else "")
+        return f"{first}{hint}"
+    return None
+
+
 def main() -> None:
     """Console-script entry point.
 
@@ -522,11 +553,20 @@ def main() -> None:
     CLI's choice for its own process; the library ends nothing. An uncaught exception still ends it the
     usual way.
     """
+    from traceq.ingest.native import remove_stale_scratch, scratch_base
+
+    remove_stale_scratch(scratch_base())  # what a killed ingest left, as soon as its owner is gone
     try:
         app()  # click's standalone mode ends with SystemExit(int)
         code: Any = 0
     except SystemExit as exc:
         code = exc.code or 0
+    except BaseException as exc:
+        message = _environment_error(exc)
+        if message is None:
+            raise  # a bug: the traceback is due
+        typer.echo(f"error: {message}", err=True)
+        code = 1
     sys.stdout.flush()  # click has made a closed pipe's stdout quiet (PacifyFlushWrapper)
     sys.stderr.flush()
     os._exit(code if isinstance(code, int) else 1)

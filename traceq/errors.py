@@ -6,6 +6,8 @@ An error about one argument carries its name (``param``) and ``value``: the libr
 
 from __future__ import annotations
 
+import shlex
+
 
 class TraceqError(Exception):
     """Base class: every error traceq raises on purpose derives from it."""
@@ -41,7 +43,7 @@ class ConfigError(TraceqError):
         """The message as the CLI says it: the option as typed, then what is wrong."""
         if not self.param:
             return self.message
-        return f"--{self.param.replace('_', '-')} {self.value}: {self.message}"
+        return f"--{self.param.replace('_', '-')} {shlex.quote(str(self.value))}: {self.message}"
 
 
 class EmptySelection(ConfigError):

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from traceq.errors import ConfigError, TraceFormatError
-from traceq.ingest.inputs import expand_inputs
-from traceq.ingest.loader import INGEST_CHUNK_BYTES, FileResult, IngestSummary, ingest_in_process
+from traceq.ingest.inputs import check_run_name, expand_inputs
+from traceq.ingest.loader import INGEST_CHUNK_BYTES, FileResult, IngestSummary, check_rank, ingest_in_process
 from traceq.ingest.reader import digest_in
 from traceq.store.parquet import (
     TRACES,
@@ -116,6 +116,9 @@ def ingest_with_dask(
 
     Returns one result per file, in input order.
     """
+    check_rank(rank)
+    if run is not None:
+        check_run_name(run)
     try:
         from distributed import Client, LocalCluster
     except ImportError:
@@ -134,7 +137,8 @@ def _ingest(
     client: Any, inputs: Iterable[str | Path], out_dir: str | Path, *, run: str | None, rank: int | None,
     chunk_bytes: int,
 ) -> IngestSummary:
-    paths = [p.resolve() for p in expand_inputs(inputs)]
+    notes: list[str] = []
+    paths = [p.resolve() for p in expand_inputs(inputs, notes)]
     root = Path(out_dir).resolve()
     if root.exists() and not root.is_dir():
         raise ConfigError(f"{root}: is a file; pass a directory for the Parquet output")
@@ -151,7 +155,7 @@ def _ingest(
         for i, p in enumerate(paths)
     ]
     results = client.gather(futures)
-    return IngestSummary(files=_refuse_rank_collisions(root, _drop_duplicates(root, results)))
+    return IngestSummary(files=_refuse_rank_collisions(root, _drop_duplicates(root, results)), notes=notes)
 
 
 def _remove_trace(root: Path, trace_id: int) -> None:

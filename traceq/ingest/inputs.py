@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
+from urllib.parse import quote
 
 from traceq.errors import ConfigError
 
@@ -13,9 +16,15 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 SIDE_FILE_SUFFIXES = (".run.json", ".power.jsonl")
 
 
-def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
-    """Files, globs and directories (searched recursively for ``*.json``/``*.json.gz``) -> trace paths."""
+def expand_inputs(inputs: Iterable[str | Path], notes: list[str] | None = None) -> list[Path]:
+    """Files, globs and directories (searched recursively for ``*.json``/``*.json.gz``) -> trace paths.
+
+    A named input that is not a regular file (a named pipe, a device, a socket), a symlink loop or
+    an unreadable directory is refused (ConfigError naming it): reading one would block or never
+    end. Inside a directory such entries are passed over, each with a line in ``notes``.
+    """
     out: list[Path] = []
+    notes = notes if notes is not None else []
     for item in inputs:
         text = str(item)
         matches = sorted(glob.glob(text, recursive=True)) if glob.has_magic(text) else [text]
@@ -23,15 +32,63 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
             raise ConfigError(f"{text}: the pattern matches no file")
         for m in matches:
             p = Path(m)
-            if p.is_dir():
-                found = sorted(q for q in p.rglob("*") if q.is_file() and _is_trace_name(q.name))
+            kind = _kind(p)
+            if kind == "directory":
+                found = _walk(p, notes)
                 if not found:
                     raise ConfigError(f"{p}: the directory holds no *.json or *.json.gz trace")
                 out.extend(found)
-            else:
+            elif kind in ("file", "missing"):  # a missing file fails alone, in one line, at ingest
                 out.append(p)
+            else:
+                raise ConfigError(f"{p}: {kind}; traceq reads trace files (.json, .json.gz) only")
     seen: set[Path] = set()
     return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+def _kind(path: Path) -> str:
+    """file | directory | missing, or what else ``path`` is, in words."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "missing" if not path.is_symlink() else "a symlink to nothing"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop"
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        if not os.access(path, os.R_OK | os.X_OK):
+            return "a directory that cannot be read (permission denied)"
+        return "directory"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe, not a regular file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device, not a regular file"
+    if stat.S_ISSOCK(mode):
+        return "a socket, not a regular file"
+    return "not a regular file"
+
+
+def _walk(root: Path, notes: list[str]) -> list[Path]:
+    """Trace files under ``root`` (symlinked directories are not followed, so no loop)."""
+    found: list[Path] = []
+
+    def unreadable(exc: OSError) -> None:
+        notes.append(f"{exc.filename}: directory passed over, it cannot be read ({exc.strerror})")
+
+    for folder, _dirs, files in os.walk(root, onerror=unreadable):
+        for name in sorted(files):
+            if not _is_trace_name(name):
+                continue
+            path = Path(folder) / name
+            kind = _kind(path)
+            if kind == "file":
+                found.append(path)
+            else:
+                notes.append(f"{path}: passed over, {kind}")
+    return sorted(found)
 
 
 def _is_trace_name(name: str) -> bool:
@@ -69,4 +126,29 @@ def json_size(path: Path) -> int:
 
 def run_name_of(path: Path, run: str | None) -> str:
     """The run a file belongs to: ``run`` if given, else the name of the file's directory."""
-    return run or path.resolve().parent.name or "default"
+    if run is not None:
+        return check_run_name(run)
+    name = path.resolve().parent.name or "default"
+    try:
+        return check_run_name(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: its directory's name is no run name ({exc.message}); give the run a name") from None
+
+
+# A run is a folder of a Parquet export, run=<name> with the name percent-encoded (at most 3 bytes
+# for each byte of UTF-8): the folder's name must fit a file system's 255 bytes.
+_MAX_RUN_FOLDER = 255
+
+
+def check_run_name(run: str) -> str:
+    """``run`` when it can name a run (non-empty, and its export folder fits in 255 bytes); else ConfigError."""
+    if not run.strip():
+        raise ConfigError("a run needs a name that is not empty", param="run", value=run)
+    folder = len("run=") + len(quote(run, safe=""))
+    if folder > _MAX_RUN_FOLDER:
+        raise ConfigError(
+            f"too long: its Parquet folder would be {folder} bytes, over {_MAX_RUN_FOLDER} "
+            f"({len(run.encode())} bytes of UTF-8, percent-encoded); give a shorter name",
+            param="run", value=run if len(run) <= 40 else run[:40] + "...",
+        )
+    return run

@@ -17,6 +17,7 @@ is changed (no GC thresholds, no glibc settings: measured, neither pays any more
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -33,7 +34,7 @@ import msgspec
 
 from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, event_categories
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
-from traceq.ingest.inputs import expand_inputs, file_size, json_size, run_name_of
+from traceq.ingest.inputs import check_run_name, expand_inputs, file_size, json_size, run_name_of
 from traceq.ingest.native import (
     BatchCounts,
     BatchFiles,
@@ -53,12 +54,13 @@ from traceq.ingest.reader import (
     file_digest,
     read_trace,
     read_trace_ranges,
+    too_deep_is_not_json,
 )
 from traceq.ingest.sidecar import load_side_files
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
 from traceq.store.derive import device_properties, gpu_model_of, write_steps
-from traceq.store.schema import execute_over, fetch_one
+from traceq.store.schema import execute_over, fetch_one, rollback
 from traceq.store.warehouse import DEFAULT_DB, connect
 
 if TYPE_CHECKING:  # the decode path imports them when it runs: the fast path needs neither
@@ -101,6 +103,7 @@ class IngestSummary:
     """Per-file results of one :func:`ingest_traces` call."""
 
     files: list[FileResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # about the inputs: entries of a directory passed over
 
     def by_status(self, status: str) -> list[FileResult]:
         return [f for f in self.files if f.status == status]
@@ -143,9 +146,12 @@ def ingest_traces(
     run already holds a step of one of its ranks (the same trace twice, or two jobs in one run).
     """
     marker = StepMarker.parse(step_marker)
-    paths = expand_inputs(inputs)
-    notify = progress or (lambda event, info: None)
+    check_rank(rank)
+    if run is not None:
+        check_run_name(run)
     summary = IngestSummary()
+    paths = expand_inputs(inputs, summary.notes)
+    notify = progress or (lambda event, info: None)
     con = connect(db)
     try:
         con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT}'")
@@ -281,18 +287,36 @@ def _require_events(path: Path, counts: _Counts) -> None:
         raise TraceFormatError(f"{path}: the trace holds no events; was the profiler started (schedule active > 0)?")
 
 
-def _rank_of(path: Path, fields: dict[str, Any], option_rank: int | None, counts: _Counts) -> tuple[int | None, str]:
-    """The file's rank and where it came from (DESIGN §1)."""
+MAX_RANK = 2**31 - 1  # ranks are int32 in torch.distributed
+
+
+def check_rank(rank: int | None) -> None:
+    """ConfigError unless ``rank`` is None or a rank torch.distributed could give (0 to 2^31-1)."""
+    if rank is not None and not 0 <= rank <= MAX_RANK:
+        raise ConfigError(f"a rank is from 0 to {MAX_RANK}", param="rank", value=rank)
+
+
+def _rank_of(
+    path: Path, fields: dict[str, Any], option_rank: int | None, counts: _Counts, notes: list[str]
+) -> tuple[int | None, str]:
+    """The file's rank and where it came from (DESIGN §1). A distributedInfo.rank that is no rank is
+    passed over with a line in ``notes``, never silently."""
     dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
     rank = to_int(dist.get("rank"))
-    if rank is not None:
+    if rank is not None and 0 <= rank <= MAX_RANK:
         return rank, "distributedInfo"
     if option_rank is not None:
         file_rank, source = option_rank, "option"
     else:
         m = _RANK_IN_NAME.search(path.name)
-        file_rank, source = (int(m.group(1)), "file name") if m else (None, "unknown")
-    return file_rank, ("event args" if counts.rows_with_rank else source)
+        file_rank, source = (int(m.group(1)), "file name") if m and int(m.group(1)) <= MAX_RANK else (None, "unknown")
+    source = "event args" if counts.rows_with_rank else source
+    if dist.get("rank") is not None:
+        instead = {"option": "the rank given is used", "file name": "the rank in the file name is used",
+                   "event args": "the ranks in the event args are used"}.get(source, "the file gets a rank of its own")
+        notes.append(f"{path}: distributedInfo.rank {json.dumps(dist.get('rank'))[:40]} is not a rank "
+                     f"(0 to {MAX_RANK}): passed over, {instead}")
+    return file_rank, source
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,6 +523,7 @@ class _Loader:
         size = file_size(path)
         digest: str | Future[str]
         try:
+            run_name_of(path, self.run)  # a directory name that cannot name a run fails before the work
             known = self.known.get(size)
             if known:  # hashed before it is read: it may be in the warehouse already
                 digest = taken_digest or file_digest(path)
@@ -510,7 +535,8 @@ class _Loader:
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
         try:
-            result = self._in_transaction(path, digest, size, parse)
+            with too_deep_is_not_json(path):
+                result = self._in_transaction(path, digest, size, parse)
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
         if result.status == "ingested":
@@ -543,7 +569,7 @@ class _Loader:
                 all_ops = True
                 continue
             except BaseException:
-                con.rollback()
+                rollback(con)
                 raise
             if result.status == "skipped":
                 con.rollback()
@@ -643,8 +669,8 @@ class _Loader:
             if skipped is not None:
                 return skipped
         run = run_name_of(path, self.run)
-        file_rank, rank_source = _rank_of(path, header.fields, self.rank, counts)
-        notes = []
+        notes: list[str] = []
+        file_rank, rank_source = _rank_of(path, header.fields, self.rank, counts, notes)
         fill_rank = file_rank
         if fill_rank is None and counts.rows_without_rank:  # a rank of its own: never shared by accident
             fill_rank = free_rank(con, run) if self.rank_if_none is None else self.rank_if_none

@@ -19,6 +19,7 @@ import os
 import re
 import zlib
 from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -36,6 +37,11 @@ _MALFORMED = re.compile(r"JSON is malformed: (?!trailing characters).*\(byte (\d
 _RAW = msgspec.json.Decoder(msgspec.Raw)
 _LENIENT_FLOATS = msgspec.json.Decoder(float_hook=float)
 _KEY = b'"traceEvents"'
+# Bytes read without reaching what comes next (the event array, the first event, the next event
+# boundary): past this the input is not a trace (a gzip of whitespace would otherwise be read to its
+# end, gigabytes from a few MB). A real trace's largest event or header is far smaller.
+MAX_SCAN_BYTES = 128 << 20
+_BOUNDARY_OVERLAP = 4096  # a boundary '}, {' split across two reads is found if its whitespace is shorter
 
 
 @dataclass
@@ -122,27 +128,46 @@ def _read(stream: BinaryIO, path: Path, size: int) -> bytes:
         raise TraceFormatError(f"{path}: cannot be read ({exc})") from None
 
 
+@contextmanager
+def too_deep_is_not_json(path: Path) -> Iterator[None]:
+    """A value nested deeper than msgspec reads (RecursionError) is a TraceFormatError naming ``path``."""
+    try:
+        yield
+    except RecursionError:
+        raise _not_json(path, "values nested too deeply to read: 1,000 levels or more") from None
+
+
 def _not_json(path: Path, detail: str) -> TraceFormatError:
     return TraceFormatError(f"{path}: not a Kineto trace ({detail}); expected a JSON object with a \"traceEvents\" array")
 
 
-def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool]:
-    """Read until the event array opens. Returns (prefix up to the key's colon, bytes after '[', bare)."""
+def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool, int]:
+    """Read until the event array opens. Returns (prefix up to the key's colon, bytes after '[', bare,
+    the offset in the file's JSON of the first byte after '[')."""
     buf = b""
     search_from = 0
+    scanned = 0
+    lead = 0  # bytes before the top-level value (a byte order mark, whitespace), dropped
     while True:
         more = _read(stream, path, _READ_BYTES)
-        if not buf and more.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (some Windows tools)
-            more = more[3:]
+        if not scanned and more.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (some Windows tools)
+            more, lead, scanned = more[3:], 3, 3
+        scanned += len(more)
+        if not buf:  # leading whitespace is not kept
+            stripped = more.lstrip()
+            lead += len(more) - len(stripped)
+            more = stripped
         buf += more
-        start = buf.lstrip()
+        if scanned > MAX_SCAN_BYTES:
+            raise _not_json(path, f'no "traceEvents" array in its first {MAX_SCAN_BYTES >> 20} MB')
+        start = buf
         if not start and not more:
             raise TraceFormatError(
                 f"{path}: the file is empty; the profiler did not finish writing it or the copy failed: "
                 "re-export or copy it again"
             )
         if start[:1] == b"[":
-            return b"", start[1:], True
+            return b"", start[1:], True, lead + 1
         if start and start[:1] != b"{":
             raise _not_json(path, "it does not start with '{' or '['")
         while True:
@@ -156,7 +181,7 @@ def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool]
                 break
             prefix = buf[: colon.end()]
             if buf[colon.end() : colon.end() + 1] == b"[" and _is_top_level_key(prefix):
-                return prefix, buf[colon.end() + 1 :], False
+                return prefix, buf[colon.end() + 1 :], False, lead + colon.end() + 1
             search_from = pos + 1
         if not more:
             raise _not_json(path, 'no "traceEvents" array')
@@ -182,7 +207,7 @@ def _is_top_level_key(prefix: bytes) -> bool:
         return False
 
 
-def _cut(buf: bytes, path: Path, offset: int, verify: bool = True) -> int:
+def _cut(buf: bytes, path: Path, offset: int, verify: bool = True, search_from: int = 0) -> int:
     """Index just past the last verified event boundary in ``buf`` (0 if none).
 
     A candidate cut inside a string or a nested array fails as *truncated*; a syntax error before
@@ -190,9 +215,10 @@ def _cut(buf: bytes, path: Path, offset: int, verify: bool = True) -> int:
     reader would buffer the rest of the file looking for a boundary that verifies). Unverified
     (``verify=False``), the cut is the last candidate: the caller must parse each chunk strictly
     (a wrong cut leaves both chunks invalid JSON) and read the file again verified if one fails.
+    ``search_from``: where to start looking, when the bytes before it were searched already.
     """
     for window in ((CHUNK_BYTES // 4) if verify else _UNVERIFIED_WINDOW, len(buf)):
-        candidates = [m.start() + 1 for m in _SPLIT.finditer(buf, max(0, len(buf) - window))]
+        candidates = [m.start() + 1 for m in _SPLIT.finditer(buf, max(search_from, len(buf) - window))]
         if candidates:
             break
     if not verify:
@@ -251,23 +277,25 @@ def read_trace(path: Path, chunk_bytes: int = CHUNK_BYTES, verify: bool = True) 
     Raises :class:`TraceFormatError` naming the file for anything that is not a readable trace.
     ``verify=False`` skips checking each cut (see :func:`_cut`).
     """
-    stream, header, prefix, rest = _open_events(path)
-    return header, _chunks(stream, path, prefix, rest, header, chunk_bytes, verify)
+    stream, header, prefix, rest, offset = _open_events(path)
+    return header, _chunks(stream, path, prefix, rest, header, chunk_bytes, verify, offset=offset)
 
 
-def _open_events(path: Path) -> tuple[BinaryIO, TraceHeader, bytes, bytes]:
+def _open_events(path: Path) -> tuple[BinaryIO, TraceHeader, bytes, bytes, int]:
     """Open ``path`` and read up to its first event: (stream, header with the leading fields, the
-    bytes before the event array, the bytes read after its '[')."""
+    bytes before the event array, the bytes read after its '[' (less whitespace dropped), the offset
+    of the first of them in the file's JSON)."""
     stream = _open(path)
     header = TraceHeader()
     try:
-        prefix, rest, header.bare_array = _find_array_start(stream, path)
-        header.leading = _leading_fields(prefix)
-        rest = _first_event(stream, path, rest)
+        with too_deep_is_not_json(path):
+            prefix, rest, header.bare_array, start = _find_array_start(stream, path)
+            header.leading = _leading_fields(prefix)
+            rest, skipped = _first_event(stream, path, rest)
     except BaseException:
         stream.close()
         raise
-    return stream, header, prefix, rest
+    return stream, header, prefix, rest, start + skipped
 
 
 @dataclass(frozen=True)
@@ -301,9 +329,9 @@ def read_trace_ranges(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[Trace
     the end of the array, is bytes). The caller must parse each piece strictly, as with unverified
     cuts. A compressed file yields bytes, as :func:`read_trace` does.
     """
-    stream, header, prefix, rest = _open_events(path)
+    stream, header, prefix, rest, offset = _open_events(path)
     if isinstance(stream, gzip.GzipFile):
-        return header, _chunks(stream, path, prefix, rest, header, chunk_bytes, verify=False)
+        return header, _chunks(stream, path, prefix, rest, header, chunk_bytes, verify=False, offset=offset)
     start = stream.tell() - len(rest)  # file offset of rest[0]
     return header, _ranges(stream, path, prefix, start, header, chunk_bytes)
 
@@ -333,27 +361,33 @@ def _ranges(
         yield from _chunks(stream, path, prefix, b"", header, chunk_bytes, verify=False, offset=start)
 
 
-def _first_event(stream: BinaryIO, path: Path, rest: bytes) -> bytes:
-    """Check that the event array holds objects (or nothing), reading on until its first character."""
-    while not rest.lstrip():
+def _first_event(stream: BinaryIO, path: Path, rest: bytes) -> tuple[bytes, int]:
+    """Check that the event array holds objects (or nothing), reading on until its first character.
+    Returns the bytes from there and how many bytes of whitespace before them were dropped."""
+    skipped = 0  # whitespace read and dropped (not kept: a gzip of whitespace would fill memory)
+    while not rest.strip():
         more = _read(stream, path, _READ_BYTES)
         if not more:
             raise _truncated(path, "the file ends right after the start of the event array")
-        rest += more
+        skipped += len(rest)
+        if skipped > MAX_SCAN_BYTES:
+            raise _not_json(path, f"{skipped:,} bytes of whitespace and no event after the start of the event array")
+        rest = more
     first = rest.lstrip()[:1]
     if first not in (b"{", b"]"):
         raise _not_json(path, f"the event array starts with {first.decode('latin-1')!r}, not an event object '{{'")
-    return rest
+    return rest, skipped
 
 
 def _chunks(
     stream: BinaryIO, path: Path, prefix: bytes, rest: bytes, header: TraceHeader, chunk_bytes: int, verify: bool,
-    offset: int | None = None,
+    offset: int,
 ) -> Iterator[bytes]:
-    with stream:
-        if offset is None:
-            offset = len(prefix) + 1  # uncompressed offset of rest[0], give or take leading whitespace
+    """Chunks of whole events from ``rest`` and the stream; ``offset``: where rest[0] is in the
+    file's JSON (error messages name bytes by it)."""
+    with stream, too_deep_is_not_json(path):
         eof = False
+        searched = 0  # rest[:searched] holds no event boundary (an event larger than a chunk)
         while not eof:
             while len(rest) < chunk_bytes:
                 more = _read(stream, path, max(_READ_BYTES, chunk_bytes - len(rest)))
@@ -363,14 +397,19 @@ def _chunks(
                 rest += more
             if eof:
                 break
-            end = _cut(rest, path, offset, verify)
-            if end == 0:  # one event larger than a chunk: read on
+            end = _cut(rest, path, offset, verify, max(0, searched - _BOUNDARY_OVERLAP))
+            if end == 0:  # one event larger than a chunk: read on, and look in what is new only
+                searched = len(rest)
+                if len(rest) > MAX_SCAN_BYTES:
+                    raise _not_json(path, f"no event boundary in {len(rest):,} bytes after byte {offset:,}: "
+                                          f"an event over {MAX_SCAN_BYTES >> 20} MB")
                 more = _read(stream, path, chunk_bytes)
                 if not more:
                     eof = True
                     break
                 rest += more
                 continue
+            searched = 0
             chunk, after = rest[:end], rest[end:].lstrip().lstrip(b",").lstrip()
             offset += len(rest) - len(after)
             rest = after

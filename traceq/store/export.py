@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -17,6 +20,7 @@ from traceq.store.parquet import (
     warehouse_tables,
     write_partitions,
 )
+from traceq.store.schema import rollback
 from traceq.store.warehouse import connect
 
 
@@ -28,23 +32,91 @@ def export_parquet(db: str | Path, directory: str | Path, *, overwrite: bool = F
         directory: output folder (created); it must not hold an export already unless ``overwrite``.
         overwrite: replace the table folders of an earlier export in ``directory``.
 
-    Returns rows written per table.
+    Returns rows written per table. The export is written into a staging folder inside
+    ``directory`` and moved into place when complete, ``traces/`` last: a reader (or a kill) never
+    leaves a directory that looks like an export and holds half of one. One export writes a
+    directory at a time: another one started meanwhile fails (WarehouseError).
     """
     out = Path(directory)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: is a file; pass a directory for the Parquet export")
     con = connect(db, read_only=True)
+    made = not out.exists()
     try:
-        tables = warehouse_tables(con)
-        existing = [t.name for t in tables if (out / t.name).exists()]
-        if existing and not overwrite:
-            raise ConfigError(f"{out}: holds an export already ({', '.join(existing)}); overwrite it, or export to a new directory")
-        for name in existing:
-            shutil.rmtree(out / name)
         out.mkdir(parents=True, exist_ok=True)
-        return write_partitions(con, out)
+    except OSError as exc:
+        con.close()
+        raise WarehouseError(f"{out}: cannot make the export directory ({exc.strerror})") from None
+    try:
+        with _writing(out):
+            tables = warehouse_tables(con)
+            existing = [t.name for t in tables if (out / t.name).exists()]
+            if existing and not overwrite:
+                raise ConfigError(f"{out}: holds an export already ({', '.join(existing)}); overwrite it, or export to a new directory")
+            staging = out / f"{_STAGING}{os.getpid()}"
+            try:
+                written = write_partitions(con, staging)
+                _move_into_place(out, staging, [t.name for t in tables])
+            except (OSError, duckdb.IOException) as exc:
+                raise WarehouseError(f"{out}: cannot write the export ({_reason(exc)}); nothing of it was kept") from None
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            return written
+    except BaseException:
+        if made:  # a directory this call made holds nothing of a failed export
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     finally:
         con.close()
+
+
+_STAGING = ".staging-"  # a folder of the export being written, inside the export directory
+_REPLACED = ".replaced-"  # the folders of the export being replaced, until the new one is in place
+
+
+@contextmanager
+def _writing(out: Path) -> Iterator[None]:
+    """Hold ``out``'s export lock (flock on the directory; released by the kernel if the process
+    dies) and clear what a killed export left there."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): one writer at a time is then the user's to keep
+        fcntl = None  # type: ignore[assignment]
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise WarehouseError(
+                    f"{out}: another traceq export is writing this directory; wait for it to finish, or export elsewhere"
+                ) from None
+        for left in out.iterdir():  # under the lock, any of these is a killed export's
+            if left.name.startswith((_STAGING, _REPLACED)):
+                shutil.rmtree(left, ignore_errors=True)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _move_into_place(out: Path, staging: Path, tables: list[str]) -> None:
+    """Swap the staged tables in: the old ``traces/`` goes out first and the new one comes in last."""
+    replaced = out / f"{_REPLACED}{os.getpid()}"
+    replaced.mkdir()
+    first_out = sorted((out / name for name in tables if (out / name).exists()), key=lambda p: p.name != TRACES)
+    for folder in first_out:
+        folder.rename(replaced / folder.name)
+    staged = sorted(staging.iterdir(), key=lambda p: p.name == TRACES)
+    for folder in staged:
+        folder.rename(out / folder.name)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of an OS or DuckDB I/O error, without DuckDB's prefix."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc).splitlines()[0].removeprefix("IO Error: ")
 
 
 def import_parquet(directory: str | Path, db: str | Path) -> int:
@@ -86,7 +158,7 @@ def import_parquet(directory: str | Path, db: str | Path) -> int:
             con.execute("drop table _id_map")
             con.commit()
         except BaseException:
-            con.rollback()
+            rollback(con)
             raise
         return added
     finally:

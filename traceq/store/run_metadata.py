@@ -9,6 +9,7 @@ files ingested so far) overlaid with the values set with ``traceq runs set``, wh
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,8 @@ from traceq.catalog import (
     peak_for,
 )
 from traceq.errors import ConfigError
-from traceq.store.schema import fetch_one
+from traceq.kineto import INT64_MAX
+from traceq.store.schema import fetch_one, rollback
 from traceq.store.warehouse import Warehouse, opened
 
 if TYPE_CHECKING:  # polars loads with the first report, not with ingest
@@ -60,9 +62,21 @@ def _coerce(key: RunKey, value: Any) -> Any:
         out = key.kind(value)
     except (TypeError, ValueError):
         raise ConfigError(f"expected {key.kind.__name__}", param=key.key, value=value) from None
-    if key.kind in (int, float) and out <= 0:
+    if key.kind is float and not math.isfinite(out):
+        raise ConfigError("must be a finite number", param=key.key, value=value)
+    if key.kind is int and out > INT64_MAX:  # stored as JSON, read back as a bigint
+        raise ConfigError(f"too large (the most is {INT64_MAX})", param=key.key, value=value)
+    if key.key in _MAY_BE_ZERO:
+        if out < 0:
+            raise ConfigError("must be 0 or more", param=key.key, value=value)
+    elif key.kind in (int, float) and out <= 0:
         raise ConfigError("must be positive", param=key.key, value=value)
+    if key.kind is str and not out.strip():
+        raise ConfigError("must not be empty", param=key.key, value=value)
     return out
+
+
+_MAY_BE_ZERO = frozenset({"warmup_steps"})  # 0 resets a warm-up
 
 
 def set_run_metadata(
@@ -100,6 +114,6 @@ def set_run_metadata(
             merged = merge_run_metadata(con, run, {})
             con.commit()
         except BaseException:
-            con.rollback()
+            rollback(con)
             raise
         return merged

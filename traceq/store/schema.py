@@ -40,8 +40,18 @@ def create_schema(con: duckdb.DuckDBPyConnection) -> None:
         _load_builtin_rules(con)
         con.commit()
     except BaseException:
-        con.rollback()
+        rollback(con)
         raise
+
+
+def rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll back after an error. A transaction DuckDB has ended already (a full disk, an I/O error)
+    is left as it is, so that the error that ended it is the one the caller sees, not
+    "cannot rollback - no transaction is active"."""
+    try:
+        con.rollback()
+    except duckdb.Error:
+        pass
 
 
 def prepare_session(con: duckdb.DuckDBPyConnection) -> None:
@@ -159,19 +169,33 @@ def builtin_rules() -> list[tuple]:
 
 
 def read_rules(text: str, source_name: str) -> list[tuple]:
-    """Parse a rules CSV (columns priority,pattern,class,category,collective) into rows."""
+    """Parse a rules CSV (columns priority,pattern,class,category,collective) into rows; ConfigError
+    naming the line of the first bad row (the whole file is read before anything is stored)."""
     rows = []
-    reader = csv.DictReader(text.splitlines())
-    missing = set(RULE_COLUMNS) - set(reader.fieldnames or ())
-    if missing:
-        raise ConfigError(f"{source_name}: missing columns {sorted(missing)}; expected {','.join(RULE_COLUMNS)}")
-    for line, row in enumerate(reader, start=2):
+    reader = csv.reader(text.splitlines())
+    header = next(reader, None) or []
+    missing = [c for c in RULE_COLUMNS if c not in header]
+    extra = [c for c in header if c not in RULE_COLUMNS]
+    if missing or extra or len(header) != len(RULE_COLUMNS):
+        what = f"missing columns {missing}" if missing else f"unknown or repeated columns {extra or header}"
+        raise ConfigError(f"{source_name}: {what}; the header must be {','.join(RULE_COLUMNS)}")
+    for values in reader:
+        line = reader.line_num
+        if not any(v.strip() for v in values):
+            continue  # a blank line
+        if len(values) != len(header):
+            raise ConfigError(f"{source_name}:{line}: {len(values)} fields, the header has {len(header)}")
+        row = dict(zip(header, values))
         if row["class"] not in RULE_CLASSES:
             raise ConfigError(f"{source_name}:{line}: class must be one of {', '.join(RULE_CLASSES)}, not {row['class']!r}")
         try:
             priority = int(row["priority"])
         except ValueError:
-            raise ConfigError(f"{source_name}:{line}: priority must be an integer") from None
+            raise ConfigError(f"{source_name}:{line}: priority must be an integer, not {row['priority']!r}") from None
+        if not -(2**31) <= priority < 2**31:
+            raise ConfigError(f"{source_name}:{line}: priority {priority} is out of range (a 32-bit integer)")
+        if not row["pattern"] or not row["category"]:
+            raise ConfigError(f"{source_name}:{line}: pattern and category must not be empty")
         rows.append((priority, row["pattern"], row["class"], row["category"], row["collective"] or None))
     return rows
 
@@ -186,18 +210,44 @@ def _load_builtin_rules(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def add_rules(con: duckdb.DuckDBPyConnection, path: Path) -> int:
-    """Add user classification rules from a CSV file; they win over builtin rules of equal priority."""
+    """Add user classification rules from a CSV file; they win over builtin rules of equal priority.
+
+    The whole file is checked first (every row, every pattern), then stored in one transaction with
+    one insert: a bad row or a kill leaves the rules as they were. Rules reclassify data already
+    ingested, so half a file would change every reported figure.
+    """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_bytes().decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the rules file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save the rules file as UTF-8") from None
     rows = read_rules(text, str(path))
-    for priority, pattern, *_ in rows:
-        try:
-            con.execute("select regexp_matches('', ?)", [pattern])
-        except duckdb.Error as exc:
-            raise ConfigError(f"{path}: bad pattern {pattern!r} (priority {priority}): {exc}") from None
-    con.executemany("insert into kernel_rules values (?, ?, ?, ?, ?, 'user')", rows)
+    if not rows:
+        raise ConfigError(f"{path}: holds no rule, only a header")
+    patterns = [r[1] for r in rows]
+    try:  # every pattern in one query; on an error, find the row it came from
+        con.execute("select count(regexp_matches('', p)) from unnest(?) as t(p)", [patterns])
+    except duckdb.Error:
+        for line, (priority, pattern, *_) in enumerate(rows, start=2):
+            try:
+                con.execute("select regexp_matches('', ?)", [pattern])
+            except duckdb.Error as exc:
+                raise ConfigError(
+                    f"{path}: bad pattern {pattern!r} (priority {priority}): {str(exc).splitlines()[0]}"
+                ) from None
+        raise
+    columns = [list(column) for column in zip(*rows)]
+    con.begin()
+    try:
+        con.execute(
+            "insert into kernel_rules select unnest($1), unnest($2), unnest($3), unnest($4), unnest($5), 'user'",
+            columns,
+        )
+        con.commit()
+    except BaseException:
+        rollback(con)
+        raise
     return len(rows)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,8 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     path = str(db)
     if path != ":memory:" and Path(path).is_dir():  # Parquet written by `traceq export` or a cluster ingest
         return open_parquet(path, read_only=read_only)
+    if path != ":memory:":
+        _refuse_other_files(Path(path))
     if read_only and path != ":memory:" and not Path(path).exists():
         raise WarehouseError(f"{path}: no warehouse here; ingest traces into it first")
     deadline = time.monotonic() + wait_s
@@ -59,6 +62,36 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
         return connect(db, read_only=True, wait_s=wait_s)
     prepare_session(con)
     return con
+
+
+_DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
+_LOOKS_LIKE = ((b"\x1f\x8b", "a gzip file"), (b"PAR1", "a Parquet file"), (b"{", "JSON"), (b"[", "JSON"))
+
+
+def _refuse_other_files(path: Path) -> None:
+    """WarehouseError when ``path`` exists and is not a DuckDB database. DuckDB would open a JSON,
+    CSV or Parquet file as an in-memory database with a view over it: every write would be lost."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise WarehouseError(f"{path}: cannot open the warehouse ({exc.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise WarehouseError(f"{path}: not a file; give the warehouse a file name (a new one is created)")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError as exc:
+        raise WarehouseError(f"{path}: cannot read the warehouse ({exc.strerror})") from None
+    if head[8:12] == _DUCKDB_MAGIC:
+        return
+    kind = next((name for magic, name in _LOOKS_LIKE if head.lstrip().startswith(magic)), "not a DuckDB database")
+    what = "empty" if not head else kind
+    raise WarehouseError(
+        f"{path}: this file exists and is not a traceq warehouse ({what}); give the warehouse another file name "
+        "(a new one is created), or remove the file if it is a leftover"
+    )
 
 
 def _upgrade(path: str, wait_s: float) -> None:
