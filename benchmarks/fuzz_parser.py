@@ -7,7 +7,8 @@ that nothing but TraceqError escapes.
 Each iteration takes a seed trace (the small corpus traces below when ../shared/corpus is here,
 plus a hand-made one), applies 1-4 random mutations (truncate, flip a bit, insert random bytes or
 a JSON token, delete, duplicate a range, gzip, put a wrong-typed value in place of a value, add a
-non-object element to the event array) and parses it as ingest does (reader + decode, with a
+non-object element to the event array, nest a value 100-5000 levels deep, insert up to 1 MB of
+whitespace) and parses it as ingest does (reader + decode, with a
 random chunk size). Every ``--ingest-every``-th input also goes through ``ingest_traces`` into a
 scratch warehouse, which must then hold the file whole or not at all.
 
@@ -70,9 +71,19 @@ def mutate(rng: random.Random, data: bytes) -> tuple[bytes, bool]:
     buf = bytearray(data)
     compressed = False
     for _ in range(rng.randint(1, 4)):
-        op = rng.choice(("truncate", "flip", "insert", "token", "delete", "duplicate", "gzip", "value", "element"))
+        op = rng.choice(("truncate", "flip", "insert", "token", "delete", "duplicate", "gzip", "value", "element",
+                         "nest", "spaces"))
         pos = rng.randrange(max(1, len(buf)))
-        if op in ("value", "element"):
+        if op == "nest":  # a value nested hundreds or thousands of levels deep
+            spots = list(VALUE_SPOT.finditer(buf))
+            if spots:
+                m = rng.choice(spots)
+                depth = rng.choice((100, 999, 1000, 5000))
+                opener, closer = rng.choice(((b"[", b"]"), (b'{"a": ', b"}")))
+                buf[m.start() : m.end()] = opener * depth + b"1" + closer * depth
+        elif op == "spaces":  # a run of whitespace, up to 1 MB
+            buf[pos:pos] = rng.choice((b" ", b"\n", b"\t")) * rng.choice((1, 4096, 1 << 20))
+        elif op in ("value", "element"):
             spots = list((VALUE_SPOT if op == "value" else ELEMENT_SPOT).finditer(buf))
             if spots:
                 m = rng.choice(spots)

@@ -80,3 +80,17 @@ def long_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
             f.write(b", " + events if n else events)
         f.write(b"]}")
     return path, len(doc["traceEvents"]) * copies
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The hostile-input suite's tally (tests/test_hostile.py), when it ran."""
+    import sys
+
+    hostile = sys.modules.get("tests.test_hostile")
+    if hostile is not None and hostile.TALLY["tried"]:
+        t = hostile.TALLY
+        terminalreporter.write_line(
+            f"hostile inputs: {t['tried']} tried: {t['one_line']} clear one-line errors, {t['noted']} passed over "
+            f"with a note, {t['kept whole']} kills and races with the data kept whole; "
+            f"{t['traceback']} tracebacks, {t['hang']} hangs, {t['loss']} losses"
+        )

@@ -140,7 +140,7 @@ def test_step_marker_names_steps_that_are_not_profiler_steps(tmp_path: Path) -> 
     with connect(marked, read_only=True) as con:
         assert con.sql("select step_marker from traces").fetchall() == [(r"^step\[DECODE",)]
     bad = CliRunner().invoke(app, ["ingest", str(path), "--db", str(tmp_path / "x.duckdb"), "--step-marker", "step[("])
-    assert bad.exit_code == 1 and bad.stderr.startswith("error: --step-marker step[(: not a regular expression")
+    assert bad.exit_code == 1 and bad.stderr.startswith("error: --step-marker 'step[(': not a regular expression")
 
 
 def test_a_step_marker_with_a_number_group_numbers_the_steps(tmp_path: Path) -> None:

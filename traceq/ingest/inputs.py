@@ -40,6 +40,8 @@ def expand_inputs(inputs: Iterable[str | Path], notes: list[str] | None = None) 
                 out.extend(found)
             elif kind in ("file", "missing"):  # a missing file fails alone, in one line, at ingest
                 out.append(p)
+            elif "cannot be read" in kind:
+                raise ConfigError(f"{p}: {kind}; check its permissions")
             else:
                 raise ConfigError(f"{p}: {kind}; traceq reads trace files (.json, .json.gz) only")
     seen: set[Path] = set()

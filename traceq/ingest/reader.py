@@ -149,7 +149,7 @@ def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool,
     scanned = 0
     lead = 0  # bytes before the top-level value (a byte order mark, whitespace), dropped
     while True:
-        more = _read(stream, path, _READ_BYTES)
+        more = raw = _read(stream, path, _READ_BYTES)
         if not scanned and more.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (some Windows tools)
             more, lead, scanned = more[3:], 3, 3
         scanned += len(more)
@@ -161,7 +161,7 @@ def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool,
         if scanned > MAX_SCAN_BYTES:
             raise _not_json(path, f'no "traceEvents" array in its first {MAX_SCAN_BYTES >> 20} MB')
         start = buf
-        if not start and not more:
+        if not start and not raw:
             raise TraceFormatError(
                 f"{path}: the file is empty; the profiler did not finish writing it or the copy failed: "
                 "re-export or copy it again"
@@ -183,7 +183,7 @@ def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool,
             if buf[colon.end() : colon.end() + 1] == b"[" and _is_top_level_key(prefix):
                 return prefix, buf[colon.end() + 1 :], False, lead + colon.end() + 1
             search_from = pos + 1
-        if not more:
+        if not raw:
             raise _not_json(path, 'no "traceEvents" array')
 
 
