@@ -258,8 +258,8 @@ def test_rules_add_killed_leaves_all_rules_or_none(db: Path, tmp_path: Path) -> 
 # ------------------------------------------------------------------ 4. bombs
 
 
-def _whitespace_gzip(path: Path, head: bytes, tail: bytes, megabytes: int) -> Path:
-    block = b" " * (1 << 20)
+def _whitespace_gzip(path: Path, head: bytes, tail: bytes, megabytes: int, filler: bytes = b" ") -> Path:
+    block = filler * (1 << 20)
     z = zlib.compressobj(9, zlib.DEFLATED, 31)
     with open(path, "wb") as f:
         f.write(z.compress(head))
@@ -284,6 +284,23 @@ def test_gzip_of_whitespace_is_bounded(head: bytes, tail: bytes, needle: str, tm
     run = traceq("ingest", bomb, "--db", tmp_path / "w.duckdb", timeout=60)
     one_line_error(run, str(bomb), needle)
     assert run.maxrss_mb < 4 * (MAX_SCAN_BYTES >> 20) + 300, run.maxrss_mb
+
+
+def test_one_endless_string_read_in_small_chunks_is_bounded(tmp_path: Path) -> None:
+    """Found by the fuzz run: a 500 MB string (from a 0.5 MB gzip) read in 64-byte chunks used to read
+    on 64 bytes at a time, copying its buffer each time (hours). Reads double now: linear."""
+    bomb = _whitespace_gzip(tmp_path / "bomb.json.gz", b'{"traceEvents": [{"ph": "X", "name": "', b'"}]}', 500, b"e")
+    code = ("import sys; from pathlib import Path; from tests.fuzzing import parse; from traceq.errors import TraceqError\n"
+            "try:\n    parse(Path(sys.argv[1]), 64)\nexcept TraceqError as exc:\n    print(exc)")
+    TALLY["tried"] += 1
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(bomb)], capture_output=True, text=True, timeout=60,
+                              cwd=Path(__file__).resolve().parents[1])
+    except subprocess.TimeoutExpired:
+        TALLY["hang"] += 1
+        raise
+    assert done.returncode == 0 and "no event boundary" in done.stdout, done.stdout + done.stderr
+    TALLY["one_line"] += 1
 
 
 def test_json_nested_a_thousand_deep(tmp_path: Path) -> None:
@@ -457,6 +474,16 @@ def test_export_paths_that_cannot_be(tmp_path: Path, warehouse: Path) -> None:
     one_line_error(traceq("export", "--parquet", a_file / "sub", "--db", warehouse), str(a_file / "sub"))
     long_name = tmp_path / ("x" * 300)
     one_line_error(traceq("export", "--parquet", long_name, "--db", warehouse), "File name too long")
+
+
+def test_export_of_a_run_whose_name_no_folder_can_hold(db: Path, tmp_path: Path) -> None:
+    """A warehouse of an older traceq may hold such a run: the export fails in one line and leaves nothing."""
+    with duckdb.connect(str(db)) as con:
+        for table in ("traces", "runs"):
+            con.execute(f"update {table} set run = ?", ["r" * 300])
+    out = tmp_path / "out"
+    one_line_error(traceq("export", "--parquet", out, "--db", db), str(out), "File name too long")
+    no_loss(not out.exists(), "a failed export left its directory")
 
 
 def test_a_run_name_that_no_export_could_hold(tmp_path: Path, trace: Path) -> None:

@@ -15,7 +15,8 @@ import pytest
 
 from tests.test_bad_input import small_trace, table_counts
 from traceq.ingest import ingest_traces
-from traceq.ingest.native import STALE_SCRATCH_S, remove_stale_scratch, scratch_base
+from traceq.ingest.native import scratch_base
+from traceq.scratch import STALE_SCRATCH_S, remove_stale_scratch
 from traceq.store.warehouse import connect
 
 TRACEQ = Path(sys.executable).with_name("traceq")
@@ -146,7 +147,7 @@ def test_only_stale_scratch_of_dead_processes_is_removed(tmp_path: Path) -> None
 def test_scratch_goes_as_soon_as_its_owner_dies_whatever_its_age(tmp_path: Path) -> None:
     """The owner lock, not the process id or the age, tells (a PID may be reused, or live in another
     PID namespace): a locked directory stays however old, an unlocked one goes however recent."""
-    code = ("import sys, time; from traceq.ingest.native import ScratchDir; "
+    code = ("import sys, time; from traceq.scratch import ScratchDir; "
             "d = ScratchDir(prefix='traceq-1-', dir=sys.argv[1]); print(d.name, flush=True); time.sleep(120)")
     owner = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

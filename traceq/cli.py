@@ -553,9 +553,9 @@ def main() -> None:
     CLI's choice for its own process; the library ends nothing. An uncaught exception still ends it the
     usual way.
     """
-    from traceq.ingest.native import remove_stale_scratch, scratch_base
+    from traceq.scratch import remove_stale_scratch_everywhere
 
-    remove_stale_scratch(scratch_base())  # what a killed ingest left, as soon as its owner is gone
+    remove_stale_scratch_everywhere()  # what a killed ingest left, as soon as its owner is gone
     try:
         app()  # click's standalone mode ends with SystemExit(int)
         code: Any = 0

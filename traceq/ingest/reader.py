@@ -403,7 +403,8 @@ def _chunks(
                 if len(rest) > MAX_SCAN_BYTES:
                     raise _not_json(path, f"no event boundary in {len(rest):,} bytes after byte {offset:,}: "
                                           f"an event over {MAX_SCAN_BYTES >> 20} MB")
-                more = _read(stream, path, chunk_bytes)
+                # doubling, so that the reads and copies are linear in all, up to just past the cap
+                more = _read(stream, path, min(max(chunk_bytes, _READ_BYTES, len(rest)), MAX_SCAN_BYTES + 1 - len(rest)))
                 if not more:
                     eof = True
                     break

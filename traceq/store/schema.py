@@ -229,7 +229,7 @@ def add_rules(con: duckdb.DuckDBPyConnection, path: Path) -> int:
     try:  # every pattern in one query; on an error, find the row it came from
         con.execute("select count(regexp_matches('', p)) from unnest(?) as t(p)", [patterns])
     except duckdb.Error:
-        for line, (priority, pattern, *_) in enumerate(rows, start=2):
+        for priority, pattern, *_ in rows:
             try:
                 con.execute("select regexp_matches('', ?)", [pattern])
             except duckdb.Error as exc:

@@ -1,0 +1,143 @@
+"""Scratch directories that outlive no process: each holds a lock file its process keeps locked, so
+that whatever kills the process (SIGKILL, the OOM killer), the next traceq command can tell and
+remove what it left. Standard library only: every command runs :func:`remove_stale_scratch_everywhere`
+before it imports anything heavy."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import tempfile
+import time
+import weakref
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+SHM = "/dev/shm"
+
+
+def scratch_base(room: int) -> str:
+    """Where scratch files go: in memory (``/dev/shm``) where the machine has one with ``room``
+    bytes free (containers often give it 64 MB), else the temp directory."""
+    try:
+        st = os.statvfs(SHM)
+        if os.access(SHM, os.W_OK) and st.f_bavail * st.f_frsize >= room:
+            return SHM
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
+def remove_stale_scratch_everywhere() -> None:
+    """:func:`remove_stale_scratch` wherever scratch directories may be (any traceq command runs it
+    first: a killed ingest's files go as soon as its owner is gone)."""
+    for base in {SHM, tempfile.gettempdir()}:
+        remove_stale_scratch(base)
+
+
+def scratch_dir(base: str) -> tempfile.TemporaryDirectory[str]:
+    """A private directory in ``base`` (:class:`ScratchDir`), after removing what killed ingests left there."""
+    _remove_stale_scratch_once(base)
+    return ScratchDir(prefix=f"traceq-{os.getpid()}-", dir=base)
+
+
+_OWNER_LOCK = "owner.lock"
+
+
+class ScratchDir(tempfile.TemporaryDirectory):  # type: ignore[type-arg]
+    """A temporary directory with a lock file that this process holds locked (``flock``) until the
+    directory is cleaned up. The kernel drops the lock when the process dies, however it dies, so
+    the next traceq command can tell a killed ingest's directory and remove it
+    (:func:`remove_stale_scratch`)."""
+
+    def __init__(self, prefix: str, dir: str) -> None:
+        super().__init__(prefix=prefix, dir=dir)
+        self._unlock: Callable[[], Any] | None = None
+        try:
+            import fcntl
+        except ImportError:  # no flock: stale directories then go by process id and age alone
+            return
+        fd = os.open(os.path.join(self.name, _OWNER_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._unlock = weakref.finalize(self, os.close, fd)
+
+    def cleanup(self) -> None:
+        try:
+            super().cleanup()
+        finally:
+            if self._unlock is not None:
+                self._unlock()
+
+
+@cache
+def _remove_stale_scratch_once(base: str) -> None:
+    """:func:`remove_stale_scratch`, once per process (not once per file: ``base`` may be a large /tmp)."""
+    remove_stale_scratch(base)
+
+
+_SCRATCH_NAME = re.compile(r"traceq-(\d+)-\w+")
+# A directory without an owner lock (traceq before 0.2): a live ingest adds and removes batch files
+# every few seconds, which touches its directory.
+STALE_SCRATCH_S = 600
+
+
+def remove_stale_scratch(base: str) -> None:
+    """Remove the scratch directories in ``base`` left by ingests that were killed (SIGKILL, the OOM
+    killer): up to a few batches of JSON each, in memory under ``/dev/shm``. A directory goes when
+    its owner lock can be taken (its process is gone: the kernel dropped the lock, in any PID
+    namespace); one without a lock file when its process is gone and it has not changed for
+    :data:`STALE_SCRATCH_S`."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        m = _SCRATCH_NAME.fullmatch(entry.name)
+        if m is None:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        owner = _owner_gone(entry.path)
+        if owner is None:  # no lock file
+            owner = now - st.st_mtime >= STALE_SCRATCH_S and not _process_alive(int(m.group(1)))
+        if owner:
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _owner_gone(directory: str) -> bool | None:
+    """Whether the process that made ``directory`` has released its owner lock; None without one."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    try:
+        fd = os.open(os.path.join(directory, _OWNER_LOCK), os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process
+        return True
+    return True
