@@ -12,8 +12,9 @@ whitespace) and parses it as ingest does (reader + decode, with a
 random chunk size). Every ``--ingest-every``-th input also goes through ``ingest_traces`` into a
 scratch warehouse, which must then hold the file whole or not at all.
 
-Prints the outcomes (parsed, failed grouped by the kind of message) and every escape: its
-exception and the input, saved under ``--out``. Exit code 1 when anything escaped.
+Prints the outcomes (parsed, failed grouped by the kind of message) and every escape (an exception
+other than TraceqError, or an input still parsing after ``--hang-s``): what happened and the input,
+saved under ``--out``. Exit code 1 when anything escaped.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import gzip
 import json
 import random
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -116,14 +118,24 @@ def kind_of(message: str, path: Path) -> str:
     return re.sub(r"\d[\d,]*", "N", re.split(r" \(|;|: ", text, maxsplit=1)[0])
 
 
+class _Hang(BaseException):
+    """Raised by SIGALRM in the middle of an input that took too long."""
+
+
+def _hang(signum: int, frame: object) -> None:
+    raise _Hang
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=0, help="random seed (same seed, same inputs)")
     ap.add_argument("--ingest-every", type=int, default=50, help="also ingest every N-th input (0: never)")
+    ap.add_argument("--hang-s", type=int, default=60, help="an input that takes longer is a finding (a hang)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "fuzz", help="where escapes are saved")
     args = ap.parse_args()
 
+    signal.signal(signal.SIGALRM, _hang)
     rng = random.Random(args.seed)
     sources = seeds()
     outcomes: collections.Counter[str] = collections.Counter()
@@ -136,6 +148,7 @@ def main() -> int:
             data, compressed = mutate(rng, rng.choice(sources))
             path = work / f"rank{i}.json{'.gz' if compressed else ''}"
             path.write_bytes(data)
+            signal.alarm(args.hang_s)
             try:
                 if args.ingest_every and i % args.ingest_every == 0:
                     before = row_counts(db)
@@ -151,9 +164,14 @@ def main() -> int:
                 if not str(exc).startswith(f"{path}: ") or "\n" in str(exc):
                     escapes.append((i, f"badly formed message: {exc!r}", path))
                 outcomes[f"failed: {kind_of(str(exc), path)}"] += 1
+            except _Hang:
+                escapes.append((i, f"hang: still parsing after {args.hang_s} s\n{traceback.format_exc(limit=4)}", path))
+                outcomes["HANG"] += 1
             except Exception:  # noqa: BLE001 - the point: anything else is a finding
                 escapes.append((i, traceback.format_exc(limit=4), path))
                 outcomes["ESCAPED"] += 1
+            finally:
+                signal.alarm(0)
             if not any(e[2] == path for e in escapes):
                 path.unlink()
             else:

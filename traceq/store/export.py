@@ -41,33 +41,39 @@ def export_parquet(db: str | Path, directory: str | Path, *, overwrite: bool = F
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: is a file; pass a directory for the Parquet export")
     con = connect(db, read_only=True)
-    made = not out.exists()
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        con.close()
-        raise WarehouseError(f"{out}: cannot make the export directory ({exc.strerror})") from None
-    try:
+        try:
+            out.mkdir(parents=True)
+            made = True
+        except FileExistsError:
+            made = False
+        except OSError as exc:
+            raise WarehouseError(f"{out}: cannot make the export directory ({exc.strerror})") from None
         with _writing(out):
-            tables = warehouse_tables(con)
-            existing = [t.name for t in tables if (out / t.name).exists()]
-            if existing and not overwrite:
-                raise ConfigError(f"{out}: holds an export already ({', '.join(existing)}); overwrite it, or export to a new directory")
-            staging = out / f"{_STAGING}{os.getpid()}"
             try:
-                written = write_partitions(con, staging)
-                _move_into_place(out, staging, [t.name for t in tables])
-            except (OSError, duckdb.IOException) as exc:
-                raise WarehouseError(f"{out}: cannot write the export ({_reason(exc)}); nothing of it was kept") from None
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-            return written
-    except BaseException:
-        if made:  # a directory this call made holds nothing of a failed export
-            shutil.rmtree(out, ignore_errors=True)
-        raise
+                return _write(con, out, overwrite)
+            except BaseException:
+                if made:  # under the lock, a directory this call made holds nothing but a failed export
+                    shutil.rmtree(out, ignore_errors=True)
+                raise
     finally:
         con.close()
+
+
+def _write(con: duckdb.DuckDBPyConnection, out: Path, overwrite: bool) -> dict[str, int]:
+    tables = warehouse_tables(con)
+    existing = [t.name for t in tables if (out / t.name).exists()]
+    if existing and not overwrite:
+        raise ConfigError(f"{out}: holds an export already ({', '.join(existing)}); overwrite it, or export to a new directory")
+    staging = out / f"{_STAGING}{os.getpid()}"
+    try:
+        written = write_partitions(con, staging)
+        _move_into_place(out, staging, [t.name for t in tables])
+    except (OSError, duckdb.IOException) as exc:
+        raise WarehouseError(f"{out}: cannot write the export ({_reason(exc)}); nothing of it was kept") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return written
 
 
 _STAGING = ".staging-"  # a folder of the export being written, inside the export directory
