@@ -32,6 +32,8 @@ _LAZY = {
     "StepSelection": "traceq.report.selection",
     "relation": "traceq.report.selection",
     "connect": "traceq.store.warehouse",
+    "remove_run": "traceq.store.manage",
+    "rename_run": "traceq.store.manage",
 }
 
 __all__ = [

@@ -55,9 +55,10 @@ def ingest(
     rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none (no distributedInfo, no per-event rank, none in the file name); without it each such file gets a rank of its own: -1, -2, ...")] = None,
     step_marker: Annotated[Optional[str], typer.Option(help="Regular expression naming the steps, for traces whose steps are not ProfilerStep#N, e.g. '^step\\[DECODE' or 'Optimizer.step#'. A group that captures an integer numbers the steps; else they are numbered 1, 2, ... in time order.")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Cores to parse on (default: all; 0 or 1 = one).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Ingest files that are in the warehouse already: each one's earlier trace is replaced in the same transaction (e.g. to move it under another --run).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Load Kineto traces into the warehouse (one transaction per file; re-ingesting is a no-op).
+    """Load Kineto traces into the warehouse (one transaction per file; re-ingesting is a no-op unless --force).
 
     Steps are the ProfilerStep#N spans unless --step-marker names others; a trace with no step is
     reported over its whole timeline as one window. Each file's ranks belong to it alone: a file whose
@@ -76,6 +77,7 @@ def ingest(
         summary = _with_progress(
             lambda progress: ingest_traces(
                 inputs, db, run=run, rank=rank, workers=workers, progress=progress, step_marker=step_marker,
+                force=force,
             ),
             enabled=not quiet and sys.stderr.isatty(),
         )
@@ -239,17 +241,18 @@ def metrics(fmt: Annotated[Format, typer.Option("--format", help="Output format.
 
 
 def runs(
-    target: Annotated[Optional[list[str]], typer.Argument(metavar="[set] [RUN]", help="A run to show, or `set RUN` with the options below to set its metadata.")] = None,
+    target: Annotated[Optional[list[str]], typer.Argument(metavar="[set|rm|rename] [RUN] [NEW]", help="A run to show; `set RUN` with the options below to set its metadata; `rm RUN` to remove it and all of its data; `rename RUN NEW`.")] = None,
     db: DbOption = Path(DEFAULT_DB),
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     traces: Annotated[bool, typer.Option("--traces", help="List the trace files instead: their run, ranks, steps, GPU and path.")] = False,
     **metadata: Any,
 ) -> None:
-    """List the runs in the warehouse with their metadata, or set metadata of one run.
+    """List the runs in the warehouse with their metadata, set metadata of one run, remove or rename one.
 
     Metadata comes from the collectors' rank<r>.run.json files; for traces recorded without them,
     set it here (values set here win over the collector's and survive later ingests). The peak of
     --gpu-model comes from traceq's table; a GPU the table does not know needs --peak-tflops with it.
+    Removing and renaming are one transaction each; a name another run has is refused.
 
     Examples:
 
@@ -258,14 +261,22 @@ def runs(
       traceq runs --traces --db runs.duckdb
 
       traceq runs set llama-8n --world-size 8 --tp 2 --tokens-per-step 4194304 --gpu-model 'H100 SXM' --db runs.duckdb
+
+      traceq runs rename trace_filter recsys-128r --db runs.duckdb
+
+      traceq runs rm old-attempt --db runs.duckdb
     """
     from traceq.report.runs import list_runs, list_traces
     from traceq.store.run_metadata import set_run_metadata
 
     words = list(target or [])
-    setting = bool(words) and words[0] == "set"
-    if setting:
+    action = words[0] if words and words[0] in ("set", "rm", "rename") else None
+    if action is not None:
         words = words[1:]
+    setting = action == "set"
+    if action in ("rm", "rename"):
+        _manage_run(action, words, db, bool({k: v for k, v in metadata.items() if v is not None}))
+        words = []
     if len(words) > 1:
         _fail(f"traceq runs takes one run name, got {' '.join(words)}; e.g. traceq runs set RUN --tp 2")
         return
@@ -292,6 +303,25 @@ def runs(
             _fail(f"no run {words[0]!r} in {db}; `traceq runs` lists them")
             return
     _emit(frame, fmt)
+
+
+def _manage_run(action: str, words: list[str], db: Path, with_options: bool) -> None:
+    """`traceq runs rm RUN` and `traceq runs rename RUN NEW` (then the runs are listed)."""
+    from traceq.store.manage import remove_run, rename_run
+
+    wanted = {"rm": ["RUN"], "rename": ["RUN", "NEW"]}[action]
+    if len(words) != len(wanted) or with_options:
+        _fail(f"usage: traceq runs {action} {' '.join(wanted)} (and no metadata options)")
+    try:
+        if action == "rm":
+            removed = remove_run(db, words[0])
+            rows = sum(n for table, n in removed.items() if table != "traces")
+            typer.echo(f"removed run {words[0]}: {removed.get('traces', 0)} trace(s), {rows:,} rows", err=True)
+        else:
+            moved = rename_run(db, words[0], words[1])
+            typer.echo(f"renamed run {words[0]} to {words[1]} ({moved} trace(s))", err=True)
+    except TraceqError as exc:
+        _fail(exc)
 
 
 def _with_run_key_options(command: Any) -> Any:

@@ -8,8 +8,8 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from urllib.parse import quote
 
+from traceq.catalog import check_run_name
 from traceq.errors import ConfigError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -135,22 +135,3 @@ def run_name_of(path: Path, run: str | None) -> str:
         return check_run_name(name)
     except ConfigError as exc:
         raise ConfigError(f"{path}: its directory's name is no run name ({exc.message}); give the run a name") from None
-
-
-# A run is a folder of a Parquet export, run=<name> with the name percent-encoded (at most 3 bytes
-# for each byte of UTF-8): the folder's name must fit a file system's 255 bytes.
-_MAX_RUN_FOLDER = 255
-
-
-def check_run_name(run: str) -> str:
-    """``run`` when it can name a run (non-empty, and its export folder fits in 255 bytes); else ConfigError."""
-    if not run.strip():
-        raise ConfigError("a run needs a name that is not empty", param="run", value=run)
-    folder = len("run=") + len(quote(run, safe=""))
-    if folder > _MAX_RUN_FOLDER:
-        raise ConfigError(
-            f"too long: its Parquet folder would be {folder} bytes, over {_MAX_RUN_FOLDER} "
-            f"({len(run.encode())} bytes of UTF-8, percent-encoded); give a shorter name",
-            param="run", value=run if len(run) <= 40 else run[:40] + "...",
-        )
-    return run

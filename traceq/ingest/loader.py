@@ -60,6 +60,7 @@ from traceq.ingest.sidecar import load_side_files
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
 from traceq.store.derive import device_properties, gpu_model_of, write_steps
+from traceq.store.manage import remove_traces
 from traceq.store.schema import execute_over, fetch_one, rollback
 from traceq.store.warehouse import DEFAULT_DB, connect
 
@@ -124,6 +125,7 @@ def ingest_traces(
     progress: Progress | None = None,
     native: bool = True,
     step_marker: str | None = None,
+    force: bool = False,
 ) -> IngestSummary:
     """Ingest trace files into the warehouse at ``db``.
 
@@ -139,6 +141,8 @@ def ingest_traces(
             decodes every file with :mod:`traceq.ingest.decode` (the reference the tests compare with).
         step_marker: regular expression naming the steps (default ``ProfilerStep#N``), e.g.
             ``^step\[DECODE`` (see :class:`traceq.catalog.StepMarker`).
+        force: ingest files whose content is in the warehouse already: each one's earlier trace is
+            removed in the same transaction (to put it under another run, or read it again).
 
     A file that fails leaves nothing behind; the others still ingest. Re-ingesting a file whose
     content is already in the warehouse is a no-op reported as skipped. A file that names no rank
@@ -160,7 +164,7 @@ def ingest_traces(
         con.execute("set preserve_insertion_order = false")
         con.execute(f"set threads = {max(1, (os.cpu_count() or 1) if workers is None else workers)}")
         check_marker(con, marker)
-        loader = _Loader(con, run, rank, chunk_bytes, notify, native, marker)
+        loader = _Loader(con, run, rank, chunk_bytes, notify, native, marker, force=force)
     except BaseException:
         con.close()
         raise
@@ -454,9 +458,10 @@ class _Loader:
 
     def __init__(
         self, con: Any, run: str | None, rank: int | None, chunk_bytes: int, notify: Progress, native: bool = True,
-        marker: StepMarker = StepMarker(), rank_if_none: int | None = None,
+        marker: StepMarker = StepMarker(), rank_if_none: int | None = None, force: bool = False,
     ) -> None:
         self.con = con
+        self.force = force
         self.native = native
         self.marker = marker
         self.rank_if_none = rank_if_none
@@ -510,11 +515,27 @@ class _Loader:
                         parse.close()
 
     def _already(self, path: Path, digest: str) -> FileResult | None:
+        if self.force:  # read again; its earlier trace goes in the same transaction (_replace)
+            return None
         known = self.con.execute("select path, run from traces where content_digest = ?", [digest]).fetchall()
         if not known:
             return None
         self.notify("bytes", {"bytes": file_size(path)})
         return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]})", run=known[0][1])
+
+    def _replace(self, path: Path, digest: str, size: int) -> list[str]:
+        """Remove the trace(s) of this file's content (``force``), in the file's transaction; a note
+        for each."""
+        digests = {digest} | ({stored} if (stored := _stored_digest(path, digest, self.known.get(size, set()))) else set())
+        earlier = self.con.execute(
+            "select trace_id, run from traces where content_digest in (select unnest(?)) order by trace_id", [sorted(digests)]
+        ).fetchall()
+        remove_traces(self.con, [trace_id for trace_id, _ in earlier])
+        self.con.execute(  # a run left without traces goes (its settings stay, for traces to come)
+            "delete from runs where run in (select unnest(?)) and run not in (select run from traces)",
+            [sorted({run for _, run in earlier})],
+        )
+        return [f"{path}: ingested again; its earlier trace in run {run} is replaced" for _, run in earlier]
 
     def _load(self, path: Path, parse: _FileParse | None = None, taken_digest: str | None = None) -> FileResult:
         """Ingest one file; ``parse``: its batches parsed ahead (:class:`_ReadAhead`), else it is
@@ -669,7 +690,7 @@ class _Loader:
             if skipped is not None:
                 return skipped
         run = run_name_of(path, self.run)
-        notes: list[str] = []
+        notes: list[str] = self._replace(path, digest, size) if self.force else []
         file_rank, rank_source = _rank_of(path, header.fields, self.rank, counts, notes)
         fill_rank = file_rank
         if fill_rank is None and counts.rows_without_rank:  # a rank of its own: never shared by accident
