@@ -308,7 +308,7 @@ def bench_speed(repeats: int, tmp: Path) -> dict:
         "parse_limit_chunked_mb_per_core_s": round(mb / (chunked["read_s"] + chunked["decode_s"]), 1),
         "decode_to_arrow_mb_per_core_s": round(mb / (chunked["read_s"] + chunked["arrow_s"]), 1),
         "ingest_share_of_parse_limit": round((mb / total_s / CORES) / (mb / limit_core_s), 2),
-        "hta_reference_s": "~60 s, 2.7 GB (DESIGN.md section 7; bench_ingest.py measures it in the same run)",
+        "hta_reference_s": "~60 s, 2.7 GB (bench_ingest.py measures it in the same run)",
         **rows,
     }
 

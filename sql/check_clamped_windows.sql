@@ -1,7 +1,7 @@
 -- inputs: device_windows
 -- check_clamped_windows: one row per (trace, rank, device) where a step's first device activity started
 -- before the previous step's window began, so its window start was moved up to keep windows in order
--- (DESIGN §3: windows tile the timeline); its activity before that point counts in the earlier step.
+-- (README, device windows: windows tile the timeline); its activity before that point counts in the earlier step.
 -- Columns: run, path, rank, check, severity (info), count (clamped windows), detail (which steps).
 select
     t.run,

@@ -1,6 +1,6 @@
 -- check_incomplete_steps: one row per (trace, rank) with steps cut by the end of the trace.
 -- Columns: run, path, rank, check, severity, count (steps with launches_without_gpu_work > 0),
--- detail (which steps). Reports drop such a last step by default (DESIGN §3).
+-- detail (which steps). Reports drop such a last step by default (README: device windows, steps).
 with incomplete as (
     select
         trace_id,

@@ -2,7 +2,7 @@
 -- Columns: run, path, rank, check, severity, count (kernels whose correlation id matches no
 -- runtime event ($runtime_cats) of the same rank), detail (share of all kernels).
 -- Expected for GPU-only traces and kernels launched before the profiler started; such kernels get their
--- step from the device-side step annotation, or by time on ranks with neither (DESIGN §3).
+-- step from the device-side step annotation, or by time on ranks with neither (README: device windows, steps).
 with launches as (
     select distinct trace_id, rank, correlation
     from host_events

@@ -3,7 +3,7 @@
 -- launch lies outside every step's CPU span, e.g. before the profiler's first step, or they have no launch
 -- event and no device-side step annotation holds them).
 -- Columns: run, path, rank, check, severity (info), count (such events), detail.
--- Step figures still count the part of them that lies inside a step's device window (DESIGN §3).
+-- Step figures still count the part of them that lies inside a step's device window (README: device windows, steps).
 with per_rank as (
     select trace_id, rank, count(*) as n_events, count(*) filter (where step is null) as n_unattributed
     from device_activity

@@ -1,6 +1,6 @@
 -- inputs: device_activity
 -- device_windows: one row per (trace_id, rank, device, step), every step of the rank: the step's window
--- on that device (DESIGN §3). Windows of one device tile its timeline and never overlap.
+-- on that device (README: device windows, steps). Windows of one device tile its timeline and never overlap.
 -- On a device: f = the first start of the activity launched by the step (sql/step_attribution.sql);
 -- a step that launched nothing there takes the f of the next one that did (an empty window where the
 -- next starts), or the device's end. start_ns = the running maximum of f over the steps in order (the

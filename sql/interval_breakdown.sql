@@ -1,7 +1,7 @@
 -- inputs: device_activity, windows
 -- interval_breakdown: one row per window (trace_id, rank, device, step) of `windows` (the selected steps'
 -- device windows, sql/selected_windows.sql, or the whole timeline, sql/trace_windows.sql) with the
--- interval metrics of DESIGN §4 in integer ns, over ALL activity of the device inside the window,
+-- interval metrics of the README's Metrics table in integer ns, over ALL activity of the device inside the window,
 -- whichever step launched it, clipped at the window's edges. U = union over all streams of one device.
 --   comm_kernel_ns / compute_kernel_ns  sum of the (clipped) kernel durations
 --   comm_ns, compute_ns                 |U(comm)|, |U(compute)|

@@ -64,7 +64,7 @@ create table if not exists gpu_events (
     out_nelems bigint,
     dtype varchar,
     seq bigint,
-    step bigint,                       -- the step that launched it (DESIGN §3), null when none did
+    step bigint,                       -- the step that launched it (README: device windows, steps), null when none did
     step_source varchar                -- launch | device_annotation | time | whole_trace
 );
 

@@ -1,5 +1,5 @@
 -- inputs: marker_spans
--- step_attribution: the step that launched each device event of one trace ($trace_id), DESIGN §3; one row
+-- step_attribution: the step that launched each device event of one trace ($trace_id) (README: device windows, steps); one row
 -- per attributed event: rid (gpu_events.rowid), step, step_source. In O(n log n) (ASOF joins):
 -- 1. launch: the runtime event with the same (rank, correlation) lies inside the step's CPU span;
 -- 2. no launch event: the device-side step annotation (same rank and device) contains its start;

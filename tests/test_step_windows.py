@@ -1,4 +1,4 @@
-"""Device windows (DESIGN §3): per-step figures that tile the device timeline, on a hand-made trace
+"""Device windows (README: device windows, steps): per-step figures that tile the device timeline, on a hand-made trace
 whose GPU lags its CPU by more than a step, and on every corpus trace against a brute-force reference
 written apart from the SQL (tests/step_reference.py) and against the interval API."""
 

@@ -17,7 +17,7 @@ O(n log n) (one sort plus vectorised sweeps).
     >>> intervals.breakdown(comm, compute, memcpy=([30], [40]))["exposed_memcpy_ns"]
     10
 
-Metric definitions (DESIGN.md section 4) live in ``breakdown``; the other functions are the
+Metric definitions (README, Metrics) live in ``breakdown``; the other functions are the
 building blocks.
 """
 
@@ -154,7 +154,7 @@ def breakdown(
     memcpy: tuple[Any, Any],
     window: tuple[int, int] | None = None,
 ) -> dict[str, int]:
-    """Break one GPU's time into the DESIGN.md section 4 figures, all in integer ns.
+    """Break one GPU's time into the README's Metrics figures, all in integer ns.
 
     Args:
         comm: ``(starts, ends)`` of communication kernels, integer ns.

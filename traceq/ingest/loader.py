@@ -8,7 +8,7 @@ file's result says so in its message. Files are written one at a time, in the or
 several, the reading thread goes on to the next file's batches while this one's are written, its
 steps attributed and its transaction committed (:class:`_ReadAhead`).
 
-What keeps memory flat whatever the trace size (DESIGN §7; benchmarks/bench_scale.py measures it):
+What keeps memory flat whatever the trace size (benchmarks/bench_scale.py measures it):
 one batch of chunks in flight (plus the one being read); DuckDB's buffer pool is capped
 (:data:`INGEST_MEMORY_LIMIT`: appended row groups go to the file as they fill); ranks from
 ``distributedInfo`` are filled in as rows go in, not by an UPDATE afterwards. Nothing process-wide
@@ -303,7 +303,7 @@ def check_rank(rank: int | None) -> None:
 def _rank_of(
     path: Path, fields: dict[str, Any], option_rank: int | None, counts: _Counts, notes: list[str]
 ) -> tuple[int | None, str]:
-    """The file's rank and where it came from (DESIGN §1). A distributedInfo.rank that is no rank is
+    """The file's rank and where it came from (README: trace identity). A distributedInfo.rank that is no rank is
     passed over with a line in ``notes``, never silently."""
     dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
     rank = to_int(dist.get("rank"))

@@ -1,5 +1,5 @@
 """Scaling across runs: global tokens/s against world size, the ideal linear line, efficiency,
-marginal tokens/s per added GPU, MFU and tokens per joule (DESIGN §5).
+marginal tokens/s per added GPU, MFU and tokens per joule (README: Metrics).
 
 Per run, over its selected steps: step_time_ms is the mean over ranks of each rank's mean step time,
 global_tokens_per_s = tokens_per_step / step time (total tokens over total time, not a mean of rates).

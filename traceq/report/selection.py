@@ -1,4 +1,4 @@
-"""Which steps a report uses, and the parameters every report query takes (DESIGN §3)."""
+"""Which steps a report uses, and the parameters every report query takes (README: device windows, steps)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from traceq.errors import ConfigError
 
 @dataclass(frozen=True)
 class StepSelection:
-    """Which steps a report uses (DESIGN §3).
+    """Which steps a report uses (README: device windows, steps).
 
     Args:
         skip_steps: leading profiled steps to skip; None = the run's ``warmup_steps`` metadata, else 0.
