@@ -189,6 +189,57 @@ def report(
         typer.echo(f"wrote {html}", err=True)
 
 
+@app.command()
+def summary(
+    traces: Annotated[Optional[list[str]], typer.Argument(help="Trace files, globs or directories to summarise without a warehouse (ingested into a temporary one); default: the warehouse's runs.")] = None,
+    db: DbOption = Path(DEFAULT_DB),
+    by: Annotated[str, typer.Option(help="Grain: comma-separated run, rank, device or run metadata columns.")] = "run,rank",
+    steps: Annotated[Optional[str], typer.Option(help="Step numbers to use, inclusive, e.g. 11:60.")] = None,
+    skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
+    drop_last: Annotated[bool, typer.Option(help="Always drop each rank's last step.")] = False,
+    run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+) -> None:
+    """Where each GPU's step time goes, on one screen: step time, then compute, overlapped comm,
+    exposed comm, exposed memcpy and idle as ms per step and as % of the device window (compute +
+    exposed comm + exposed memcpy + idle = 100 %), then tokens/s, MFU and power where known.
+
+    Examples:
+
+      traceq summary --db runs.duckdb
+
+      traceq summary runs/job1/*.json.gz          # no warehouse kept
+
+      traceq summary --by run --steps 11:60 --format csv
+    """
+    import tempfile
+
+    from traceq.report.selection import StepSelection
+    from traceq.report.summary import summary as summarise
+
+    try:
+        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        with tempfile.TemporaryDirectory(prefix="traceq-summary-") as scratch:
+            if traces:
+                from traceq.ingest import ingest_traces
+
+                db = Path(scratch) / "summary.duckdb"
+                ingested = ingest_traces(traces, db)
+                for f in ingested.by_status("failed"):
+                    typer.echo(f"failed {f.message}", err=True)
+                for note in [*ingested.notes, *(n for f in ingested.files for n in f.notes)]:
+                    typer.echo(f"note: {note}", err=True)
+            table, notes = summarise(db, by=by, selection=selection, runs=run)
+    except TraceqError as exc:
+        _fail(exc)
+        return
+    if fmt is Format.table:
+        typer.echo(f"summary by {by} ({_steps_note(selection)}); ms per step, % of the device window", err=True)
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
+    _emit(table, fmt)
+
+
 def _steps_note(selection: Any) -> str:
     skip = "the run's warmup_steps, 0 if unset" if selection.skip_steps is None else str(selection.skip_steps)
     parts = [f"warm-up steps skipped: {skip}"]

@@ -69,7 +69,7 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
                 peak = (f"GPU {r['gpu_model']!r} is not in the peak table, so mfu is empty; set its dense BF16 peak: "
                         f"traceq runs set {r['run']} --peak-tflops P")
             else:
-                peak = f"GPU unknown, so mfu is empty: traceq runs set {r['run']} --gpu NAME (or --peak-tflops P)"
+                peak = f"GPU unknown, so mfu is empty: traceq runs set {r['run']} --gpu-model NAME (or --peak-tflops P)"
             notes.append(f"run {r['run']}: {flops}; {peak}")
     if metric in POWER_METRICS:
         notes.extend(power_notes(con, runs["run"].to_list()))

@@ -1,0 +1,86 @@
+"""`traceq summary`: the step breakdown at a glance, on a hand-made trace worked out by hand, on
+trace files without a warehouse, and on every corpus trace (the shares of the window add up)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from tests.tracegen import TraceBuilder
+from traceq.cli import app
+from traceq.errors import ConfigError
+from traceq.ingest import ingest_traces
+from traceq.report.selection import StepSelection
+from traceq.report.summary import summary
+
+US = 1_000
+
+
+def two_steps(path: Path) -> Path:
+    """Step 1 (CPU 0-100 us) launches a GEMM at 10-40 us and an all-reduce at 30-60 us; step 2
+    (CPU 100-200 us) a GEMM at 110-150 us.
+
+    Windows: step 1 [10, 110) = 100 us, step 2 [110, 150) = 40 us.
+    Step 1: compute 30, overlapped 10 (30-40), exposed comm 20 (40-60), idle 100 - 50 = 50.
+    Step 2: compute 40, nothing else.
+    """
+    t = TraceBuilder(rank=0)
+    t.step(1, 0, 100 * US)
+    t.step(2, 100 * US, 200 * US)
+    t.kernel("ampere_sgemm_128x64_tn", 10 * US, 40 * US, launch_ns=5 * US)
+    t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 30 * US, 60 * US, stream=20, launch_ns=6 * US)
+    t.kernel("ampere_sgemm_128x64_tn", 110 * US, 150 * US, launch_ns=105 * US)
+    return t.write(path)
+
+
+def test_summary_by_hand(tmp_path: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    table, _ = summary(db, selection=StepSelection(skip_steps=0))
+    row = table.row(0, named=True)
+    window = 140  # us, over both steps
+    expected = {
+        "run": "job", "rank": 0, "steps": 2, "step_time_ms": 0.1,
+        "compute_ms": 0.035, "compute_pct": 70 / window * 100,
+        "overlapped_comm_ms": 0.005, "overlapped_comm_pct": 10 / window * 100,
+        "exposed_comm_ms": 0.010, "exposed_comm_pct": 20 / window * 100,
+        "exposed_memcpy_ms": 0.0, "exposed_memcpy_pct": 0.0,
+        "idle_ms": 0.025, "idle_pct": 50 / window * 100,
+        "tokens_per_s": None, "mfu": None, "power_w": None,
+    }
+    assert row.keys() == expected.keys()
+    for key, value in expected.items():
+        assert row[key] == (pytest.approx(value) if isinstance(value, float) else value), key
+
+
+def test_summary_straight_from_trace_files(tmp_path: Path) -> None:
+    trace = two_steps(tmp_path / "job" / "rank0.json")
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([trace], db, workers=0).ok
+    runner = CliRunner()
+    from_db = runner.invoke(app, ["summary", "--db", str(db), "--skip-steps", "0", "--format", "csv"])
+    from_files = runner.invoke(app, ["summary", str(trace), "--skip-steps", "0", "--format", "csv",
+                                     "--db", str(tmp_path / "not-made.duckdb")])
+    assert from_db.exit_code == 0 and from_files.exit_code == 0, from_files.stderr
+    assert from_files.stdout == from_db.stdout
+    assert not (tmp_path / "not-made.duckdb").exists()
+
+
+def test_summary_says_what_it_cannot_group_by(tmp_path: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    with pytest.raises(ConfigError, match=r"did you mean rank\?"):
+        summary(db, by="run,rnak")
+
+
+def test_shares_of_the_window_add_up_on_every_corpus_trace(corpus_db: Path) -> None:
+    table, notes = summary(corpus_db, by="run,rank,device", selection=StepSelection(skip_steps=0))
+    measured = table.filter(pl.col("device").is_not_null())
+    assert measured.height > 20
+    total = measured["compute_pct"] + measured["exposed_comm_pct"] + measured["exposed_memcpy_pct"] + measured["idle_pct"]
+    assert ((total - 100).abs() < 1e-9).all(), measured.filter((total - 100).abs() >= 1e-9)
+    assert (measured["overlapped_comm_pct"] <= measured["compute_pct"] + 1e-9).all()
+    assert any(n.startswith("steps used") for n in notes)

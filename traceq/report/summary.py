@@ -1,0 +1,66 @@
+"""The study's per-GPU picture on one screen (``traceq summary``): step time, then where the device
+window went (compute, overlapped comm, exposed comm, exposed memcpy, idle) as ms and as a share of the
+window, then tokens/s, MFU and power where known."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from traceq.catalog import GROUP_COLUMNS, columns
+from traceq.errors import EmptySelection
+from traceq.report.metrics import nothing_selected, require_runs, step_metrics
+from traceq.report.notes import metric_notes, step_window_notes, steps_used
+from traceq.report.selection import StepSelection
+from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
+
+if TYPE_CHECKING:
+    import polars as pl
+
+# The parts of a device window: compute + exposed comm + exposed memcpy + idle = window, and
+# overlapped comm is the part of the compute time that communication ran beside.
+PARTS = ("compute", "overlapped_comm", "exposed_comm", "exposed_memcpy", "idle")
+KNOWN_WHERE_GIVEN = ("tokens_per_s", "mfu", "power_w")
+
+
+def summary(
+    db: Warehouse = DEFAULT_DB,
+    *,
+    by: str | Sequence[str] = ("run", "rank"),
+    selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+) -> tuple[pl.DataFrame, list[str]]:
+    """One row per group of ``by`` (default run and rank) over the selected steps, and the notes a
+    reader needs beside it.
+
+    Columns: ``steps`` (device-steps averaged), ``step_time_ms`` (mean), for each part of the window
+    ``<part>_ms`` (mean per step) and ``<part>_pct`` (its share of the device window: the part summed
+    over the steps over the windows summed, so that compute, exposed comm, exposed memcpy and idle add
+    up to 100), then ``tokens_per_s``, ``mfu`` and ``power_w`` (means; empty where unknown).
+    """
+    import polars as pl
+
+    grain = columns(by, [c for c in GROUP_COLUMNS if c != "step"])
+    with opened(db) as con:
+        require_runs(con, runs)
+        rows = step_metrics(con, selection=selection, runs=runs)
+        if rows.height == 0:
+            raise EmptySelection(nothing_selected(con, selection, runs))
+        notes = steps_used(rows) + step_window_notes(con, rows, selection)
+        for name in ("mfu", "power_w"):  # their full notes where they have values, else one line for all
+            if rows[name].is_not_null().any():
+                notes += [n for n in metric_notes(con, rows, name) if n not in notes]
+        if rows["mfu"].is_null().all() or rows["power_w"].is_null().all():
+            notes.append("tokens_per_s, mfu and power_w are empty where a run lacks tokens_per_step, its model FLOPs "
+                         "or GPU peak, or a power log; `traceq report --metric mfu` (or power_w) says what is missing")
+    window = pl.col("window_us").sum()
+    table = rows.group_by(grain).agg(
+        pl.len().alias("steps"),
+        pl.col("step_time_ms").mean(),
+        *[expr for part in PARTS for expr in (
+            (pl.col(f"{part}_us").mean() / 1000).alias(f"{part}_ms"),
+            (pl.col(f"{part}_us").sum() / window * 100).alias(f"{part}_pct"),
+        )],
+        *[pl.col(name).mean() for name in KNOWN_WHERE_GIVEN],
+    )
+    return table.sort(grain, nulls_last=True), notes
