@@ -240,6 +240,46 @@ def summary(
     _emit(table, fmt)
 
 
+@app.command()
+def kernels(
+    db: DbOption = Path(DEFAULT_DB),
+    by: Annotated[str, typer.Option(help="Grain: comma-separated run, rank, step.")] = "run",
+    level: Annotated[str, typer.Option(help="kernel (one row per kernel name) or category (gemm, attention, elementwise, norm, optimizer, nccl, memcpy, other, ...).")] = "kernel",
+    top: Annotated[int, typer.Option(help="Rows per group of --by, the most device time first.")] = 20,
+    unclassified: Annotated[bool, typer.Option("--unclassified", help="Only kernels no rule classifies (category other): candidates for `traceq rules --add`.")] = False,
+    steps: Annotated[Optional[str], typer.Option(help="Step numbers to use, inclusive, e.g. 11:60.")] = None,
+    skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
+    drop_last: Annotated[bool, typer.Option(help="Always drop each rank's last step.")] = False,
+    run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+) -> None:
+    """The kernels (or categories) the device time goes to, over the selected steps: count, total,
+    share of the group's kernel time, mean, min and max duration. A kernel counts in the step that
+    launched it; durations are summed (kernels side by side count twice).
+
+    Examples:
+
+      traceq kernels --top 10
+
+      traceq kernels --level category --by run,rank
+
+      traceq kernels --unclassified --format csv      # then write rules for them: traceq rules --add
+    """
+    from traceq.report.kernels import kernel_table
+    from traceq.report.selection import StepSelection
+
+    try:
+        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        table = kernel_table(db, by=by, level=level, top=top, selection=selection, runs=run, unclassified=unclassified)
+    except TraceqError as exc:
+        _fail(exc)
+        return
+    if fmt is Format.table:
+        what = "categories" if level == "category" else "kernels"
+        typer.echo(f"top {top} {what} by device time, by {by} ({_steps_note(selection)})", err=True)
+    _emit(table, fmt)
+
+
 def _steps_note(selection: Any) -> str:
     skip = "the run's warmup_steps, 0 if unset" if selection.skip_steps is None else str(selection.skip_steps)
     parts = [f"warm-up steps skipped: {skip}"]

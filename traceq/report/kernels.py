@@ -1,0 +1,77 @@
+"""Which kernels the time goes to (``traceq kernels``): the top kernels and categories by device
+time over the selected steps (or per step), with their share, count and mean duration, and the
+kernels no rule classifies, so that rules can be added for them (``traceq rules --add``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from traceq import query
+from traceq.catalog import columns
+from traceq.errors import ConfigError, EmptySelection
+from traceq.report.metrics import nothing_selected, require_runs
+from traceq.report.selection import StepSelection, query_params
+from traceq.store.frames import to_polars
+from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
+
+if TYPE_CHECKING:
+    import polars as pl
+
+GRAINS = ("run", "rank", "step")
+LEVELS = ("kernel", "category")
+UNCLASSIFIED = "other"  # the category of a compute kernel that no rule matched
+
+
+def kernel_table(
+    db: Warehouse = DEFAULT_DB,
+    *,
+    by: str | Sequence[str] = ("run",),
+    level: str = "kernel",
+    top: int | None = 20,
+    selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+    unclassified: bool = False,
+) -> pl.DataFrame:
+    """The kernels (``level="kernel"``) or categories (``"category"``) with the most device time, per
+    group of ``by`` (run, rank, step), ``top`` of each group (None: all).
+
+    Columns: the ``by`` columns, ``class``, ``category`` (and ``name`` for kernels), ``count``,
+    ``total_ms``, ``share_pct`` (of the group's kernel time: durations summed, so kernels running
+    side by side count twice), ``mean_us``, ``min_us``, ``max_us``. ``unclassified``: only the kernels no
+    rule matched (category 'other').
+    """
+    import polars as pl
+
+    grain = columns(by, GRAINS)
+    if level not in LEVELS:
+        raise ConfigError(f"one of {', '.join(LEVELS)}", param="level", value=level)
+    if top is not None and top < 1:
+        raise ConfigError("must be 1 or more", param="top", value=top)
+    with opened(db) as con:
+        require_runs(con, runs)
+        rows = to_polars(query.run(con, "kernel_times", query_params(selection)))
+        traces = to_polars(con.sql("select trace_id, run from traces"))
+        rows = rows.join(traces, on="trace_id")
+        if runs:
+            rows = rows.filter(pl.col("run").is_in(list(runs)))
+        if rows.height == 0:
+            raise EmptySelection(nothing_selected(con, selection, runs))
+    if unclassified:
+        rows = rows.filter((pl.col("class") == "compute") & (pl.col("category") == UNCLASSIFIED))
+    keys = ["class", "category", *(["name"] if level == "kernel" else [])]
+    table = rows.group_by([*grain, *keys]).agg(
+        pl.col("count").sum(), pl.col("total_ns").sum(), pl.col("min_ns").min(), pl.col("max_ns").max(),
+    )
+    share = pl.col("total_ns") / pl.col("total_ns").sum().over(grain) * 100 if grain else (
+        pl.col("total_ns") / pl.col("total_ns").sum() * 100)
+    table = table.with_columns(
+        (pl.col("total_ns") / 1e6).alias("total_ms"),
+        share.alias("share_pct"),
+        (pl.col("total_ns") / pl.col("count") / 1e3).alias("mean_us"),
+        (pl.col("min_ns") / 1e3).alias("min_us"),
+        (pl.col("max_ns") / 1e3).alias("max_us"),
+    ).sort([*grain, "total_ns", *keys], descending=[*([False] * len(grain)), True, *([False] * len(keys))])
+    if top is not None:
+        table = table.group_by(grain, maintain_order=True).head(top) if grain else table.head(top)
+    return table.select(*grain, *keys, "count", "total_ms", "share_pct", "mean_us", "min_us", "max_us")
