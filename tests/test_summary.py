@@ -84,3 +84,21 @@ def test_shares_of_the_window_add_up_on_every_corpus_trace(corpus_db: Path) -> N
     assert ((total - 100).abs() < 1e-9).all(), measured.filter((total - 100).abs() >= 1e-9)
     assert (measured["overlapped_comm_pct"] <= measured["compute_pct"] + 1e-9).all()
     assert any(n.startswith("steps used") for n in notes)
+
+
+def test_several_metrics_side_by_side(tmp_path: Path) -> None:
+    from traceq.report.metrics import compute_metric
+
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    both = compute_metric(db, "compute,idle", by="run,rank,step", selection=StepSelection(skip_steps=0))
+    assert both.select("step", "compute_us", "idle_us").rows() == [(1, 30.0, 50.0), (2, 40.0, 0.0)]  # by hand
+    by_run = compute_metric(db, ["exposed_comm", "idle_us", "step_time"], by="run", selection=StepSelection(skip_steps=0))
+    for name in ("exposed_comm_us", "idle_us", "step_time_ms"):
+        alone = compute_metric(db, name, by="run", selection=StepSelection(skip_steps=0))
+        own = [c for c in alone.columns if c.startswith(name)]
+        assert by_run.select("run", *own).equals(alone.select("run", *own)), name
+    with pytest.raises(ConfigError, match="reported alone"):
+        compute_metric(db, "exposed_comm,exposed_comm_by_collective")
+    with pytest.raises(ConfigError, match="did you mean idle_us"):
+        compute_metric(db, "exposed_comm,idl")

@@ -135,7 +135,7 @@ def _with_progress(work: Any, enabled: bool) -> Any:
 
 @app.command()
 def report(
-    metric: Annotated[str, typer.Option(help="Metric name (see `traceq metrics`); the unit suffix may be left off.")] = "exposed_comm",
+    metric: Annotated[str, typer.Option(help="Metric name (see `traceq metrics`; the unit suffix may be left off), or several, comma-separated, side by side.")] = "exposed_comm",
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help=f"Grain: comma-separated subset of {', '.join(GROUP_COLUMNS)} (the last ones are run metadata).")] = "run,rank",
     whole_trace: Annotated[bool, typer.Option("--whole-trace", help="Report the whole timeline and every kernel, not the selected steps' windows.")] = False,
@@ -159,6 +159,8 @@ def report(
 
       traceq report --metric exposed_comm --by run,rank,step --format csv
 
+      traceq report --metric exposed_comm,idle,step_time --by run
+
       traceq report --metric overlap_ratio --by run --whole-trace --format json
 
       traceq report --metric tokens_per_s --by world_size,tp --html report.html
@@ -174,7 +176,7 @@ def report(
             from traceq.report.html import write_html_report
 
             # the report's step rows serve the page too, unless they are per collective or the whole trace
-            reuse = not whole_trace and result.metric not in BREAKDOWNS
+            reuse = not whole_trace and not set(result.metrics) & set(BREAKDOWNS)
             write_html_report(db, html, selection=selection, runs=run, steps=result.rows if reuse else None)
     except TraceqError as exc:
         _fail(exc)

@@ -151,7 +151,7 @@ def breakdown_metrics(
 
 def compute_metric(
     db: Warehouse = DEFAULT_DB,
-    metric: str = "exposed_comm_us",
+    metric: str | Sequence[str] = "exposed_comm_us",
     *,
     by: str | Sequence[str] = ("run", "rank"),
     whole_trace: bool = False,
@@ -162,7 +162,8 @@ def compute_metric(
 
     Args:
         db: warehouse path (a DuckDB file or a Parquet directory) or an open connection.
-        metric: a name from :data:`~traceq.catalog.METRICS` (``exposed_comm`` works for ``exposed_comm_us``).
+        metric: a name from :data:`~traceq.catalog.METRICS` (``exposed_comm`` works for ``exposed_comm_us``),
+            or several (a list or a comma-separated string): their columns side by side.
         by: column names, as a sequence or a comma-separated string, from
             :data:`~traceq.catalog.GROUP_COLUMNS` (run, rank, device, step and run metadata columns
             such as world_size, tp, gpu_model). Steps are aggregated when ``step`` is not in ``by``
@@ -182,7 +183,7 @@ def compute_metric(
 
 def metric_report(
     db: Warehouse = DEFAULT_DB,
-    metric: str = "exposed_comm_us",
+    metric: str | Sequence[str] = "exposed_comm_us",
     *,
     by: str | Sequence[str] = ("run", "rank"),
     whole_trace: bool = False,
@@ -197,18 +198,24 @@ def metric_report(
 
 @dataclass(frozen=True)
 class StepReport:
-    """A metric's report: ``rows`` (one per step, or per step and key for the breakdown metrics, every
-    metric), ``table`` (``rows`` aggregated to the grain asked), the ``notes`` to print beside it."""
+    """A report of one metric or several: ``rows`` (one per step, or per step and key for the breakdown
+    metrics, every metric), ``table`` (``rows`` aggregated to the grain asked, the columns of each
+    metric side by side), the ``notes`` to print beside it."""
 
-    metric: str
+    metrics: tuple[str, ...]
     rows: pl.DataFrame
     table: pl.DataFrame
     notes: list[str]
 
+    @property
+    def metric(self) -> str:
+        """The metrics' names, comma-separated (one name for a report of one metric)."""
+        return ",".join(self.metrics)
+
 
 def step_report(
     db: Warehouse = DEFAULT_DB,
-    metric: str = "exposed_comm_us",
+    metric: str | Sequence[str] = "exposed_comm_us",
     *,
     by: str | Sequence[str] = ("run", "rank"),
     whole_trace: bool = False,
@@ -216,26 +223,43 @@ def step_report(
     runs: Sequence[str] | None = None,
 ) -> StepReport:
     """:func:`metric_report` with the step rows behind the table, for a caller that shows them again
-    (the HTML report): every metric is computed once."""
-    name = resolve_metric(metric)
+    (the HTML report): every metric is computed once. ``metric``: one name, several as a list or a
+    comma-separated string (their columns side by side; a breakdown metric only alone)."""
+    given = metric.split(",") if isinstance(metric, str) else list(metric)
+    names = list(dict.fromkeys(resolve_metric(m.strip()) for m in given if m.strip()))
+    if not names:
+        raise ConfigError("give a metric name (traceq metrics lists them)", param="metric", value=metric)
     grain = columns(by, GROUP_COLUMNS)
-    if whole_trace and name in PER_STEP_METRICS:
-        raise ConfigError("measured per step (over the step's time): it has no whole-trace value",
-                          param="metric", value=name)
+    for name in names:
+        if whole_trace and name in PER_STEP_METRICS:
+            raise ConfigError("measured per step (over the step's time): it has no whole-trace value",
+                              param="metric", value=name)
+    breakdowns = [n for n in names if n in BREAKDOWNS]
+    if breakdowns and len(names) > 1:
+        raise ConfigError("a breakdown (one row per collective type or process group) is reported alone",
+                          param="metric", value=",".join(names))
     # polars (0.09 s to import) loads while DuckDB opens the warehouse and runs the interval query
     with import_in_background("polars"), opened(db) as con:
         require_runs(con, runs)
-        if name in BREAKDOWNS:
-            rows = breakdown_metrics(con, name, whole_trace=whole_trace, selection=selection, runs=runs)
-            grain = [*grain, BREAKDOWNS[name][1]]
+        if breakdowns:
+            rows = breakdown_metrics(con, names[0], whole_trace=whole_trace, selection=selection, runs=runs)
+            grain = [*grain, BREAKDOWNS[names[0]][1]]
         else:
             rows = step_metrics(con, whole_trace=whole_trace, selection=selection, runs=runs)
         if rows.height == 0:
             raise EmptySelection(nothing_selected(con, selection, runs))
-        notes = metric_notes(con, rows, name, whole_trace)
+        notes: list[str] = []
+        for name in names:
+            notes += [n for n in metric_notes(con, rows, name, whole_trace) if n not in notes]
         if not whole_trace:
             notes.extend(step_window_notes(con, rows, selection))
-    return StepReport(name, rows, aggregate(rows, name, grain), notes)
+    table = aggregate(rows, names[0], grain)
+    for name in names[1:]:  # each metric's own columns, side by side
+        more = aggregate(rows, name, grain)
+        keys = [c for c in grain if c in more.columns]
+        own = [c for c in more.columns if c.startswith(name) and c not in table.columns]
+        table = table.join(more.select(*keys, *own), on=keys, how="left", nulls_equal=True)
+    return StepReport(tuple(names), rows, table, notes)
 
 
 def require_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None) -> None:
