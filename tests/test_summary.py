@@ -102,3 +102,21 @@ def test_several_metrics_side_by_side(tmp_path: Path) -> None:
         compute_metric(db, "exposed_comm,exposed_comm_by_collective")
     with pytest.raises(ConfigError, match="did you mean idle_us"):
         compute_metric(db, "exposed_comm,idl")
+
+
+@pytest.mark.parametrize("command", [["summary"], ["report", "--metric", "exposed_comm,idle"], ["kernels"]])
+def test_tables_fit_a_100_column_terminal(command: list[str], corpus_db: Path) -> None:
+    runner = CliRunner()
+    narrow = runner.invoke(app, [*command, "--db", str(corpus_db)], env={"COLUMNS": "100"})
+    assert narrow.exit_code == 0, narrow.stderr
+    lines = narrow.stdout.splitlines()
+    assert lines and max(len(line) for line in lines) <= 100, max(lines, key=len)
+    full = runner.invoke(app, [*command, "--db", str(corpus_db), "--format", "csv"])
+    header = full.stdout.splitlines()[0].split(",")
+    shown = lines[0].replace("┃", " ").split()
+    left_out = [c for c in header if c not in shown]
+    if left_out:  # named on stderr, and CSV has them
+        assert any(all(c in line for c in left_out) and "left out" in line for line in narrow.stderr.splitlines())
+    assert shown[0] == header[0] and set(shown) <= set(header)
+    if command == ["summary"]:  # what matters stays: step time and the shares of compute and exposed comm
+        assert {"step_time_ms", "compute_pct", "exposed_comm_pct"} <= set(shown)

@@ -217,6 +217,7 @@ def summary(
     import tempfile
 
     from traceq.report.selection import StepSelection
+    from traceq.report.summary import PARTS
     from traceq.report.summary import summary as summarise
 
     try:
@@ -239,7 +240,8 @@ def summary(
         typer.echo(f"summary by {by} ({_steps_note(selection)}); ms per step, % of the device window", err=True)
     for note in notes:
         typer.echo(f"note: {note}", err=True)
-    _emit(table, fmt)
+    # on a narrow terminal: step time and the shares of compute, exposed comm and idle stay longest
+    _emit(table, fmt, drop_first=(*(f"{p}_ms" for p in PARTS), "overlapped_comm_pct", "exposed_memcpy_pct", "steps"))
 
 
 @app.command()
@@ -291,7 +293,9 @@ def _steps_note(selection: Any) -> str:
     return ", ".join(parts)
 
 
-def _emit(frame: Any, fmt: Format) -> None:
+def _emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
+    """``frame`` as CSV, JSON or a table; a table wider than the terminal leaves columns out (the
+    ``drop_first`` ones first, then as :func:`_fit` says) and says which."""
     if fmt is Format.csv:
         buf = io.StringIO()
         frame.write_csv(buf)
@@ -305,11 +309,64 @@ def _emit(frame: Any, fmt: Format) -> None:
         table = Table(show_edge=False, pad_edge=False)
         rows = [[_cell(v) for v in row] for row in frame.iter_rows()]
         widths = [max([len(name), *(len(r[i]) for r in rows)]) for i, name in enumerate(frame.columns)]
-        for name in frame.columns:
+        empty = {i for i in range(len(frame.columns)) if not any(r[i] for r in rows)}
+        shown = _fit(frame.columns, widths, _terminal_width(), empty, drop_first)
+        if len(shown) < len(frame.columns):
+            left = [c for i, c in enumerate(frame.columns) if i not in shown]
+            typer.echo(f"note: {len(left)} column(s) left out to fit the terminal: {', '.join(left)} "
+                       "(--format csv or json gives every column)", err=True)
+        for i in shown:
+            name = frame.columns[i]
             table.add_column(name, justify="right" if frame.schema[name].is_numeric() else "left", no_wrap=True)
         for row in rows:
-            table.add_row(*row)
-        Console(width=sum(widths) + 3 * len(widths) + 1, soft_wrap=False).print(table)
+            table.add_row(*(row[i] for i in shown))
+        Console(width=sum(widths[i] for i in shown) + 3 * len(shown) + 1, soft_wrap=False).print(table)
+
+
+# Left out first when a table is wider than the terminal: columns with no value, the spread of a
+# mean, the slowest rank or run, a part's ms where its % is shown, then columns from the right (the
+# first column, the key, always stays)
+_SPREAD = ("_median", "_p10", "_p90", "_min", "_max")
+
+
+def _fit(
+    columns: list[str], widths: list[int], room: int | None, empty: set[int] = frozenset(), drop_first: tuple[str, ...] = (),
+) -> list[int]:
+    """Indexes of the columns to show in ``room`` characters (all where room is None)."""
+    shown = list(range(len(columns)))
+
+    def width() -> int:
+        return sum(widths[i] for i in shown) + 3 * len(shown) + 1
+
+    if room is None:
+        return shown
+    order: list[int] = [i for i in shown if i in empty]
+    order += [columns.index(c) for c in drop_first if c in columns and columns.index(c) not in order]
+    tiers = (
+        lambda c, i: c.endswith(_SPREAD),
+        lambda c, i: c.startswith("slowest_"),
+        lambda c, i: c.endswith("_ms") and c.removesuffix("_ms") + "_pct" in columns,
+        lambda c, i: i > 0,
+    )
+    for tier in tiers:
+        order += [i for i in reversed(shown) if tier(columns[i], i) and i not in order]
+    for i in order:
+        if width() <= room:
+            break
+        shown.remove(i)
+    return shown
+
+
+def _terminal_width() -> int | None:
+    """The terminal's width when there is one to fit (stdout a terminal, or COLUMNS set); else None:
+    a table written to a file or a pipe keeps every column."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    if sys.stdout.isatty():
+        import shutil
+
+        return shutil.get_terminal_size().columns
+    return None
 
 
 def _cell(value: Any) -> str:
