@@ -284,6 +284,51 @@ def kernels(
     _emit(table, fmt)
 
 
+@app.command()
+def diff(
+    a: Annotated[str, typer.Argument(help="Side A: RUN, or RUN,rank=N and/or RUN,steps=a:b.")],
+    b: Annotated[str, typer.Argument(help="Side B, the same way.")],
+    db: DbOption = Path(DEFAULT_DB),
+    skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip on both sides (default: each run's warmup_steps metadata, else 0).")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    html: Annotated[Optional[Path], typer.Option(help="Also write the diff as a self-contained HTML page.")] = None,
+) -> None:
+    """Compare two runs, two step ranges of a run, or two ranks: every metric, exposed comm per
+    collective type and kernel time per category, as means over each side's rank-steps, with the
+    delta (B − A) and whether it is larger than the step-to-step spread (the wider p90 − p10 of the
+    two sides): a change the steps' own variation does not explain.
+
+    Examples:
+
+      traceq diff llama-8n llama-16n
+
+      traceq diff llama-8n,steps=11:30 llama-8n,steps=31:60
+
+      traceq diff llama-8n,rank=0 llama-8n,rank=3 --format csv
+    """
+    from traceq.report.diff import diff as compare
+    from traceq.report.diff import write_diff_html
+
+    notes = ["a, b: means over each side's selected rank-steps; p10/p90: the spread of its steps; "
+             "beyond_spread: |delta| > the wider p90 - p10 of the two sides",
+             "metric rows are in each metric's unit; collective rows: exposed comm (us) per collective type; "
+             "category rows: kernel time (us) launched per step, per kernel category"]
+    try:
+        table = compare(db, a, b, skip_steps=skip_steps)
+        if html is not None:
+            write_diff_html(table, str(html), a, b, notes)
+    except TraceqError as exc:
+        _fail(exc)
+        return
+    if fmt is Format.table:
+        typer.echo(f"A = {a}, B = {b}", err=True)
+        for note in notes:
+            typer.echo(f"note: {note}", err=True)
+    _emit(table, fmt, drop_first=("a_p10", "a_p90", "b_p10", "b_p90", "delta"))
+    if html is not None:
+        typer.echo(f"wrote {html}", err=True)
+
+
 def _steps_note(selection: Any) -> str:
     skip = "the run's warmup_steps, 0 if unset" if selection.skip_steps is None else str(selection.skip_steps)
     parts = [f"warm-up steps skipped: {skip}"]

@@ -151,3 +151,15 @@ def power_figure(series: pl.DataFrame, windows: pl.DataFrame, max_lines: int = 1
     fig.update_layout(title="GPU power over time (NVML; dotted lines: step starts)", xaxis_title="s since the first sample",
                       yaxis_title="W", showlegend=True, **_LAYOUT)
     return fig
+
+
+def diff_figure(changes: pl.DataFrame, a: str, b: str) -> Any:
+    """Horizontal bars: the % change from A to B of each quantity that moved beyond its spread."""
+    go = _go()
+    rows = changes.sort("delta_pct")
+    labels = [f"{n} ({s})" if s != "metric" else n for s, n in zip(rows["section"], rows["name"])]
+    fig = go.Figure(go.Bar(x=rows["delta_pct"].to_list(), y=labels, orientation="h",
+                           marker_color=["#c0392b" if v > 0 else "#2471a3" for v in rows["delta_pct"]]))
+    fig.update_layout(title=f"B ({b}) against A ({a}), % change", xaxis_title="% change from A",
+                      height=max(300, 24 * rows.height + 120), margin={"l": 260})
+    return fig

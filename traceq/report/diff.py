@@ -1,0 +1,166 @@
+"""Two sets of steps compared (``traceq diff A B``): two runs, two step ranges of one run, two ranks.
+Every metric, exposed comm per collective type and kernel time per category, with the delta and
+whether the delta is larger than the step-to-step spread, so that a user sees at once whether a
+change is real."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from traceq import query
+from traceq.catalog import BREAKDOWNS, METRIC_NAMES
+from traceq.errors import ConfigError, EmptySelection
+from traceq.report.metrics import breakdown_metrics, nothing_selected, require_runs, step_metrics
+from traceq.report.selection import StepSelection, query_params
+from traceq.store.frames import to_polars
+from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
+
+SCALARS = tuple(m for m in METRIC_NAMES if m not in BREAKDOWNS)
+# metric: every scalar metric, in its unit; collective: exposed comm (us) per collective type;
+# category: kernel time (us) launched per step, per kernel category
+SECTIONS = ("metric", "collective", "category")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a diff: a run, optionally one rank of it and a step range (``RUN[,rank=N][,steps=a:b]``)."""
+
+    run: str
+    rank: int | None = None
+    steps: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Side:
+        run, *options = [part.strip() for part in text.split(",")]
+        if not run:
+            raise ConfigError(f"side {text!r}: give RUN, RUN,rank=N, RUN,steps=a:b or RUN,rank=N,steps=a:b")
+        given: dict[str, str] = {}
+        for option in options:
+            key, sep, value = option.partition("=")
+            if not sep or key not in ("rank", "steps") or key in given:
+                raise ConfigError(f"side {text!r}: unknown part {option!r}; a side is RUN[,rank=N][,steps=a:b]")
+            given[key] = value
+        try:
+            rank = int(given["rank"]) if "rank" in given else None
+        except ValueError:
+            raise ConfigError(f"side {text!r}: rank=N takes a number") from None
+        return cls(run, rank, given.get("steps"))
+
+    def label(self) -> str:
+        return ",".join([self.run, *([f"rank={self.rank}"] if self.rank is not None else []),
+                         *([f"steps={self.steps}"] if self.steps else [])])
+
+
+def diff(
+    db: Warehouse = DEFAULT_DB, a: str | Side = "", b: str | Side = "", *, skip_steps: int | None = None,
+) -> pl.DataFrame:
+    """One row per quantity: ``section`` (:data:`SECTIONS`), ``name``, ``a``, ``b``
+    (means over each side's rank-steps), ``delta`` (b − a), ``delta_pct``, the step-to-step spread of
+    each side (``a_p10``, ``a_p90``, ``b_p10``, ``b_p90``) and ``beyond_spread``: |delta| larger than
+    the wider of the two p90 − p10 spreads (a change steps alone do not explain). Per collective type:
+    exposed comm; per kernel category: kernel time launched per step.
+    """
+    import polars as pl
+
+    sides = [s if isinstance(s, Side) else Side.parse(s) for s in (a, b)]
+    with opened(db) as con:
+        frames = [_side_rows(con, side, skip_steps) for side in sides]
+    parts = []
+    for section, (rows_a, rows_b) in zip(SECTIONS, zip(*frames)):
+        parts.append(_compare(section, rows_a, rows_b))
+    out = pl.concat(parts, how="vertical")
+    spread = pl.max_horizontal(pl.col("a_p90") - pl.col("a_p10"), pl.col("b_p90") - pl.col("b_p10"))
+    return out.with_columns(
+        (pl.col("b") - pl.col("a")).alias("delta"),
+        pl.when(pl.col("a") != 0).then((pl.col("b") - pl.col("a")) / pl.col("a").abs() * 100).alias("delta_pct"),
+    ).with_columns(
+        (pl.col("delta").abs() > spread).alias("beyond_spread"),
+    ).select("section", "name", "a", "b", "delta", "delta_pct", "beyond_spread", "a_p10", "a_p90", "b_p10", "b_p90")
+
+
+def _side_rows(con: duckdb.DuckDBPyConnection, side: Side, skip_steps: int | None) -> tuple[pl.DataFrame, ...]:
+    """(step rows in long form: name, value per rank-step) for the metrics, the collective types and
+    the kernel categories of one side."""
+    import polars as pl
+
+    require_runs(con, [side.run])
+    selection = StepSelection.parse(side.steps, skip_steps, False)
+    steps = step_metrics(con, selection=selection, runs=[side.run])
+    if side.rank is not None:
+        steps = steps.filter(pl.col("rank") == side.rank)
+    if steps.height == 0:
+        what = f"rank {side.rank} of " if side.rank is not None else ""
+        raise EmptySelection(f"{side.label()}: no steps of {what}run {side.run} selected; "
+                             + nothing_selected(con, selection, [side.run]))
+    keys = ["rank", "device", "step"]
+    metrics = steps.unpivot(index=keys, on=list(SCALARS), variable_name="name", value_name="value")
+    collectives = breakdown_metrics(con, "exposed_comm_by_collective_us", selection=selection, runs=[side.run])
+    if side.rank is not None:
+        collectives = collectives.filter(pl.col("rank") == side.rank)
+    collectives = collectives.select(*keys, pl.col("collective_type").alias("name"),
+                                     pl.col("exposed_comm_by_collective_us").alias("value"))
+    kernels = to_polars(query.run(con, "kernel_times", query_params(selection)))
+    trace_ids = [t for (t,) in con.execute("select trace_id from traces where run = ?", [side.run]).fetchall()]
+    kernels = kernels.filter(pl.col("trace_id").is_in(trace_ids))
+    if side.rank is not None:
+        kernels = kernels.filter(pl.col("rank") == side.rank)
+    # every selected rank-step gets every category seen (0 where it launched none), so means are per step
+    per_step = kernels.group_by("rank", "step", "category").agg((pl.col("total_ns").sum() / 1e3).alias("value"))
+    grid = steps.select("rank", "step").unique().join(per_step.select("category").unique(), how="cross")
+    categories = grid.join(per_step, on=["rank", "step", "category"], how="left").select(
+        "rank", pl.lit(None, pl.Int64).alias("device"), "step", pl.col("category").alias("name"),
+        pl.col("value").fill_null(0.0))
+    return metrics.with_columns(pl.col("value").cast(pl.Float64)), collectives, categories
+
+
+def _compare(section: str, rows_a: pl.DataFrame, rows_b: pl.DataFrame) -> pl.DataFrame:
+    import polars as pl
+
+    def stats(rows: pl.DataFrame, side: str) -> pl.DataFrame:
+        return rows.group_by("name").agg(
+            pl.col("value").mean().alias(side),
+            pl.col("value").quantile(0.1, "linear").alias(f"{side}_p10"),
+            pl.col("value").quantile(0.9, "linear").alias(f"{side}_p90"),
+        )
+
+    order = {name: i for i, name in enumerate(SCALARS)}
+    table = stats(rows_a, "a").join(stats(rows_b, "b"), on="name", how="full", coalesce=True)
+    table = table.with_columns(pl.lit(section).alias("section"))
+    if section == SECTIONS[0]:
+        return table.sort(pl.col("name").replace_strict(order, default=len(order)))
+    return table.sort(pl.max_horizontal(pl.col("a").fill_null(0), pl.col("b").fill_null(0)), descending=True)
+
+
+def write_diff_html(table: pl.DataFrame, path: str, a: str, b: str, notes: list[str]) -> None:
+    """The diff as one self-contained HTML page: the deltas beyond the spread as bars, then the table."""
+    import html
+
+    import polars as pl
+    from plotly.offline import get_plotlyjs
+
+    from traceq.report import plots
+    from traceq.report.html import _CSS, _figure, _notes, _section, _table
+
+    real = table.filter(pl.col("beyond_spread") & pl.col("delta_pct").is_not_null())
+    sections = []
+    if real.height:
+        sections.append(_section("Changes beyond the step-to-step spread", _figure(plots.diff_figure(real, a, b), "diff")))
+    sections.append(_section("Every quantity", _table(table) + _notes(notes)))
+    page = (
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>traceq diff: {html.escape(a)} vs {html.escape(b)}</title>"
+        f"<style>{_CSS}</style>\n<script type=\"text/javascript\">{get_plotlyjs()}</script>\n</head><body>\n"
+        f"<h1>traceq diff</h1><p class=\"meta\">A = {html.escape(a)} · B = {html.escape(b)}</p>\n"
+        + "\n".join(sections) + "\n</body></html>\n"
+    )
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(page)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write the HTML page ({exc.strerror}); check the directory") from None
+
