@@ -38,7 +38,8 @@ class EventCategories:
     kernel / memcpy / memset: device activity (the ``kind`` of gpu_events: 1, 2, 3);
     runtime: the host-side calls whose correlation id links a launch to its device activity, and
     ``launch_patterns`` the names among them that put work on the device (a launch that has no
-    device activity in the trace shows the trace was cut);
+    device activity in the trace shows the trace was cut), ``sync_patterns`` those that block the
+    host until the device is done (cudaStreamSynchronize, cudaDeviceSynchronize, event syncs);
     operator: CPU operators, kept only for traces without device activity (and where they are a
     step marker or carry collective arguments);
     device_annotation: annotations the profiler copies onto the device timeline.
@@ -46,6 +47,7 @@ class EventCategories:
 
     by_role: dict[str, tuple[str, ...]]
     launch_patterns: dict[str, str]
+    sync_patterns: dict[str, str]
 
     def cats(self, role: str) -> tuple[str, ...]:
         return self.by_role.get(role, ())
@@ -56,11 +58,12 @@ class EventCategories:
 
     def sql_params(self) -> dict[str, object]:
         """The lists as DuckDB parameters: $kernel_cats, $memcpy_cats, $memset_cats, $runtime_cats,
-        $op_cats, $device_annotation_cats, and $launch_patterns (list of {cat, pattern})."""
+        $op_cats, $device_annotation_cats, $launch_patterns and $sync_patterns (lists of {cat, pattern})."""
         params: dict[str, object] = {
             f"{'op' if role == 'operator' else role}_cats": list(self.cats(role)) for role in ROLES
         }
         params["launch_patterns"] = [{"cat": c, "pattern": p} for c, p in sorted(self.launch_patterns.items())]
+        params["sync_patterns"] = [{"cat": c, "pattern": p} for c, p in sorted(self.sync_patterns.items())]
         return params
 
 
@@ -69,6 +72,7 @@ def event_categories() -> EventCategories:
     """The shipped ``sql/event_categories.csv``."""
     by_role: dict[str, list[str]] = {}
     patterns: dict[str, str] = {}
+    syncs: dict[str, str] = {}
     for line, row in enumerate(csv.DictReader(data_text("event_categories.csv").splitlines()), start=2):
         role = row["role"]
         if role not in ROLES:
@@ -76,7 +80,9 @@ def event_categories() -> EventCategories:
         by_role.setdefault(role, []).append(row["cat"])
         if row.get("launch_pattern"):
             patterns[row["cat"]] = row["launch_pattern"]
-    return EventCategories({role: tuple(cats) for role, cats in by_role.items()}, patterns)
+        if row.get("sync_pattern"):
+            syncs[row["cat"]] = row["sync_pattern"]
+    return EventCategories({role: tuple(cats) for role, cats in by_role.items()}, patterns, syncs)
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("exposed_comm_us", "us", "|U(comm) − U(compute)|: communication with no compute beside it"),
     Metric("exposed_memcpy_us", "us", "|U(memcpy ∪ memset) − U(compute) − U(comm)|"),
     Metric("idle_us", "us", "window_us − |U(all device activity in the window)|; 0 <= idle_us <= window_us"),
+    Metric("idle_sync_us", "us", "idle_us while a synchronisation call (cudaStreamSynchronize, cudaDeviceSynchronize, an event "
+           "sync) was in flight on the rank's host"),
+    Metric("idle_host_bound_us", "us", "idle_us not in a sync and before the launch of the work that ends the idle gap: "
+           "nothing was queued, the CPU launched late"),
+    Metric("idle_other_us", "us", "the rest of idle_us: work was launched but had not started (launch latency, a stream "
+           "waiting on an event); idle_sync_us + idle_host_bound_us + idle_other_us = idle_us"),
     Metric("window_us", "us", "the step's device window: from the first device activity it launched to the first the next step "
            "launched (the last step: to the end of the activity the steps launched); windows tile the timeline"),
     Metric("overlap_ratio", "ratio", "overlapped_comm_us / comm_us (HTA's comp_comm_overlap_pctg / 100)"),
@@ -185,6 +197,8 @@ METRICS: tuple[Metric, ...] = (
            "|U(comm of process group g) − U(compute)| per process group; groups may overlap, so these can sum to more than exposed_comm_us"),
 )
 METRIC_NAMES = tuple(m.name for m in METRICS)
+# idle_us split by cause (sql/idle_breakdown.sql): computed when a report asks for one of them
+IDLE_PARTS = ("idle_sync_us", "idle_host_bound_us", "idle_other_us")
 # metrics over a step's CPU span (throughput, power): they have no whole-trace value
 PER_STEP_METRICS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
                     "tokens_per_j")

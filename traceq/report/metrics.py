@@ -19,6 +19,7 @@ from traceq import query
 from traceq.catalog import (
     BREAKDOWNS,
     GROUP_COLUMNS,
+    IDLE_PARTS,
     META_COLUMNS,
     METRICS,
     PER_STEP_METRICS,
@@ -45,6 +46,9 @@ _NS_COLUMNS = {
     "exposed_comm_us": "exposed_comm_ns",
     "exposed_memcpy_us": "exposed_memcpy_ns",
     "idle_us": "idle_ns",
+    "idle_sync_us": "idle_sync_ns",
+    "idle_host_bound_us": "idle_host_bound_ns",
+    "idle_other_us": "idle_other_ns",
     "window_us": "window_ns",
 }
 _THROUGHPUT_COLUMNS = (
@@ -65,16 +69,24 @@ def run_metadata_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
 
 
 def interval_breakdown(
-    con: duckdb.DuckDBPyConnection, whole_trace: bool, selection: StepSelection = StepSelection()
+    con: duckdb.DuckDBPyConnection, whole_trace: bool, selection: StepSelection = StepSelection(),
+    idle_parts: bool = False,
 ) -> pl.DataFrame:
     """Interval metrics (ns) per window: per (trace, rank, device, step) of the selected steps, or per
     (trace, rank, device) over the whole timeline (step -1). Device activity (``activity`` gpu), or for
-    traces without any, CPU-side gloo communication and operators (``activity`` cpu, device -1)."""
+    traces without any, CPU-side gloo communication and operators (``activity`` cpu, device -1).
+    ``idle_parts``: with idle split by cause (``sql/idle_breakdown.sql``; null on CPU-only traces)."""
     windows = "trace_windows" if whole_trace else "selected_windows"
     # run now (materialized): polars may still be importing meanwhile (metric_report)
     rows = query.run(con, "interval_breakdown", query_params(selection), bind={"windows": windows}).materialize()
     activity = con.sql("select trace_id, case when n_gpu_events > 0 then 'gpu' else 'cpu' end as activity from traces")
-    return to_polars(rows.join(activity, "trace_id"))
+    rows = rows.join(activity, "trace_id")
+    if idle_parts:
+        parts = query.run(con, "idle_breakdown", query_params(selection), bind={"windows": windows}).set_alias("p")
+        rows = rows.set_alias("r").join(
+            parts, "r.trace_id = p.trace_id and r.rank = p.rank and r.device = p.device and r.step = p.step", "left"
+        ).select("r.*, p.idle_sync_ns, p.idle_host_bound_ns, p.idle_other_ns")
+    return to_polars(rows)
 
 
 def step_metrics(
@@ -83,6 +95,7 @@ def step_metrics(
     whole_trace: bool = False,
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
+    idle_parts: bool = False,
 ) -> pl.DataFrame:
     """One row per (run, rank, device, step) of the selected steps with every metric, or with
     ``whole_trace`` one per (run, rank, device) over the whole timeline and every kernel (step -1).
@@ -93,7 +106,7 @@ def step_metrics(
     (:data:`~traceq.catalog.META_COLUMNS`).
     """
     require_side_tables(con)
-    frame = interval_breakdown(con, whole_trace, selection)
+    frame = interval_breakdown(con, whole_trace, selection, idle_parts)
     import polars as pl
 
     meta = run_metadata_frame(con)
@@ -111,7 +124,7 @@ def step_metrics(
     if runs:
         frame = frame.filter(pl.col("run").is_in(list(runs)))
     return frame.with_columns(
-        *[(pl.col(ns) / 1000).round(3).alias(us) for us, ns in _NS_COLUMNS.items()],
+        *[(pl.col(ns) / 1000).round(3).alias(us) for us, ns in _NS_COLUMNS.items() if ns in frame.columns],
         (pl.col("step_time_ns") / 1e6).round(6).alias("step_time_ms"),
     ).sort("run", "rank", "device", "step")
 
@@ -245,7 +258,8 @@ def step_report(
             rows = breakdown_metrics(con, names[0], whole_trace=whole_trace, selection=selection, runs=runs)
             grain = [*grain, BREAKDOWNS[names[0]][1]]
         else:
-            rows = step_metrics(con, whole_trace=whole_trace, selection=selection, runs=runs)
+            rows = step_metrics(con, whole_trace=whole_trace, selection=selection, runs=runs,
+                                idle_parts=bool(set(names) & set(IDLE_PARTS)))
         if rows.height == 0:
             raise EmptySelection(nothing_selected(con, selection, runs))
         notes: list[str] = []

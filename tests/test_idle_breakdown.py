@@ -1,0 +1,184 @@
+"""idle_us split by cause (sql/idle_breakdown.sql): by hand on a small trace, and on every corpus
+trace against a plain-Python sweep written apart from the SQL; the parts add up to idle_us."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tests.tracegen import TraceBuilder
+from traceq import query
+from traceq.catalog import event_categories
+from traceq.ingest import ingest_traces
+from traceq.report.metrics import compute_metric
+from traceq.report.selection import StepSelection, query_params
+from traceq.store.warehouse import connect
+
+US = 1_000
+ALL = StepSelection(skip_steps=0, drop_incomplete=False)
+
+
+def test_idle_parts_by_hand(tmp_path: Path) -> None:
+    """Step 1's window is [10, 80) us: busy 30 (three kernels), idle 40 in two gaps.
+    Gap [20, 40) ends with a kernel launched at 30: host-bound 20-30, other 30-40.
+    Gap [50, 70) ends with a kernel launched at 52: host-bound 50-52; two threads sync at 55-65 and
+    58-68 (one island, 55-68): sync 13; other 52-55 and 68-70, 5.
+    sync 13, host-bound 12, other 15: 40."""
+    t = TraceBuilder(rank=0)
+    t.step(1, 0, 100 * US)
+    t.kernel("ampere_sgemm_128x64_tn", 10 * US, 20 * US, launch_ns=5 * US)
+    t.kernel("ampere_sgemm_128x64_tn", 40 * US, 50 * US, launch_ns=30 * US)
+    t.kernel("ampere_sgemm_128x64_tn", 70 * US, 80 * US, launch_ns=52 * US)
+    t.events.append(t._span("cuda_runtime", "cudaStreamSynchronize", 55 * US, 65 * US, None))
+    other_thread = t._span("cuda_runtime", "cudaEventSynchronize", 58 * US, 68 * US, None)
+    other_thread["tid"] = 2
+    t.events.append(other_thread)
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([t.write(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    row = compute_metric(db, "idle,idle_sync,idle_host_bound,idle_other", by="run,rank,step", selection=ALL).row(0, named=True)
+    assert (row["idle_us"], row["idle_sync_us"], row["idle_host_bound_us"], row["idle_other_us"]) == (40.0, 13.0, 12.0, 15.0)
+
+
+def reference(con, selection: StepSelection) -> dict[tuple, tuple[int, int, int]]:
+    """The same split computed the plain way: merge each device's activity, walk its gaps inside each
+    window, find the launch of the work that ends each gap, merge the rank's sync calls."""
+    params = query_params(selection)
+    activity = query.run(con, "gpu_classified", params).filter("class <> 'sync' and device is not null").select(
+        "trace_id, rank, device, correlation, start_ns, end_ns").fetchall()
+    runtime = set(event_categories().cats("runtime"))
+    patterns = event_categories().sync_patterns
+    host = con.execute("select h.trace_id, h.rank, h.cat, n.name, h.correlation, h.start_ns, h.dur_ns "
+                       "from host_events h join names n on n.trace_id = h.trace_id and n.name_id = h.name_id").fetchall()
+    launch: dict[tuple, int] = {}
+    syncs: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+    for trace_id, rank, cat, name, corr, start, dur in host:
+        if cat not in runtime:
+            continue
+        if corr is not None:
+            key = (trace_id, rank, corr)
+            launch[key] = min(launch.get(key, start), start)
+        if cat in patterns and re.search(patterns[cat], name) and dur > 0:
+            syncs[(trace_id, rank)].append((start, start + dur))
+    islands: dict[tuple, list[list[int]]] = {}
+    for key, spans in syncs.items():
+        merged: list[list[int]] = []
+        for lo, hi in sorted(spans):
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        islands[key] = merged
+    by_device: dict[tuple, list[tuple]] = defaultdict(list)
+    for trace_id, rank, device, corr, start, end in activity:
+        by_device[(trace_id, rank, device)].append((start, end, launch.get((trace_id, rank, corr))))
+    gaps: dict[tuple, list[tuple[int, int, int | None]]] = {}
+    for key, items in by_device.items():
+        items.sort()
+        out, busy = [], None
+        for start, end, _ in items:
+            if busy is not None and start > busy:
+                ends = [lch for s, _, lch in items if s == start and lch is not None]
+                out.append((busy, start, min(ends) if ends else None))
+            busy = end if busy is None else max(busy, end)
+        gaps[key] = out
+
+    def overlap(lo: int, hi: int, spans: list[list[int]]) -> int:
+        return sum(max(0, min(hi, b) - max(lo, a)) for a, b in spans)
+
+    result = {}
+    windows = query.run(con, "selected_windows", params).select("trace_id, rank, device, step, start_ns, end_ns").fetchall()
+    for trace_id, rank, device, step, w0, w1 in windows:
+        if device is None or device < 0:
+            continue
+        sync = host_bound = other = 0
+        spans = islands.get((trace_id, rank), [])
+        for g0, g1, lch in gaps.get((trace_id, rank, device), []):
+            a, b = max(g0, w0), min(g1, w1)
+            if a >= b:
+                continue
+            c = min(b, max(g0, lch if lch is not None else g0))
+            s = overlap(a, b, spans)
+            h = max(0, c - a) - overlap(a, max(a, c), spans)
+            sync, host_bound, other = sync + s, host_bound + h, other + (b - a) - s - h
+        result[(trace_id, rank, device, step)] = (sync, host_bound, other)
+    return result
+
+
+def test_idle_parts_on_every_corpus_trace_agree_with_a_plain_sweep(corpus_db: Path) -> None:
+    with connect(corpus_db, read_only=True) as con:
+        params = query_params(ALL)
+        mine = {tuple(r[:4]): tuple(r[4:]) for r in query.run(
+            con, "idle_breakdown", params, bind={"windows": "selected_windows"}).fetchall()}
+        idle = {tuple(r[:4]): r[4] for r in query.run(
+            con, "interval_breakdown", params, bind={"windows": "selected_windows"}
+        ).select("trace_id, rank, device, step, idle_ns").fetchall()}
+        expected = reference(con, ALL)
+    assert len(mine) > 50
+    assert mine == expected
+    for key, parts in mine.items():
+        assert min(parts) >= 0 and sum(parts) == idle[key], key
+    # every part occurs somewhere in the corpus: the test sees each branch
+    assert all(any(parts[i] > 0 for parts in mine.values()) for i in range(3))
+
+
+@pytest.mark.parametrize("metric", ["idle_sync", "idle_host_bound", "idle_other"])
+def test_idle_parts_have_whole_trace_values(metric: str, corpus_db: Path) -> None:
+    table = compute_metric(corpus_db, f"idle,{metric}", by="run", whole_trace=True)
+    measured = table.filter(table[f"{metric}_us"].is_not_null())  # CPU-only runs have no split
+    assert measured.height > 15
+    assert (measured[f"{metric}_us"] <= measured["idle_us"] + 1e-6).all()
+
+
+def run_hta_idle(trace: Path) -> dict[tuple[int, str], float]:
+    """HTA's get_idle_time_breakdown on one trace: {(stream, category): idle µs over the whole trace}."""
+    import logging
+    import os
+    import tempfile
+
+    from tests.conftest import require_module
+    from tests.hta_reference import _hta_pandas_compat
+
+    require_module("hta", "HTA (holistictraceanalysis) is the peer this compares with: pip install -e '.[test]'")
+    _hta_pandas_compat()
+    from hta.trace_analysis import TraceAnalysis
+
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        link = Path(tmp) / f"rank-0{''.join(trace.suffixes[-2:])}"
+        os.symlink(trace, link)
+        frame = TraceAnalysis(trace_files={0: str(link)}, trace_dir=tmp).get_idle_time_breakdown(
+            ranks=[0], visualize=False, consecutive_kernel_delay=HTA_DELAY_US)[0]
+    return {(int(r["stream"]), r["idle_category"]): float(r["idle_time"]) for _, r in frame.iterrows()}
+
+
+HTA_DELAY_US = 30  # HTA's consecutive_kernel_delay, in the trace's unit (us)
+
+
+@pytest.mark.parametrize("name", ["hta/nccl_parser_config/nccl_data.json.gz", "tracelens/mi300/resnet_act_checkpoint.json.gz"])
+def test_idle_against_hta(name: str, tmp_path: Path) -> None:
+    """HTA splits the gaps of each stream; traceq splits the idle time of the device (no stream busy).
+
+    The figures differ by design, and one bound holds: every instant traceq calls host-bound lies in a
+    host_wait gap of the stream of the kernel that ends it (that kernel's previous one on its stream
+    ended before the device went idle, and its launch came after the instant), so traceq's whole-trace
+    idle_host_bound_us is at most HTA's host_wait summed over streams (but for gaps that a stream's
+    first kernel ends, which HTA does not count: none in these traces). HTA counts a whole gap as
+    host_wait where traceq counts it up to the launch; HTA counts time when another stream ran as idle,
+    traceq does not; HTA has no sync category (traceq's idle_sync_us falls in its host_wait or other).
+    """
+    from tests.conftest import corpus_path
+
+    trace = corpus_path(name)
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([trace], db).ok
+    hta = run_hta_idle(trace)
+    host_wait = sum(v for (_, kind), v in hta.items() if kind == "host_wait")
+    table = compute_metric(db, "idle,idle_host_bound,idle_sync", by="run", whole_trace=True).row(0, named=True)
+    assert table["idle_host_bound_us"] <= host_wait + 1.0
+    if name.startswith("hta/"):  # the A100 rank is host-bound: most of its idle time outside syncs
+        assert table["idle_host_bound_us"] > 0.9 * (table["idle_us"] - table["idle_sync_us"])
+    else:  # the MI300X trace has its work queued ahead: no host wait in either
+        assert table["idle_host_bound_us"] == host_wait == 0
