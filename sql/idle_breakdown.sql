@@ -58,12 +58,19 @@ segments as (
         on l.trace_id = g.trace_id and l.rank = g.rank and l.device = g.device and l.start_ns = g.gap_end
 ),
 
+-- the names that are sync calls, matched once per name (not once per event)
+sync_names as (
+    select n.trace_id, n.name_id, p.cat
+    from names as n
+    cross join (select unnest($sync_patterns, recursive := true)) as p
+    where regexp_matches(n.name, p.pattern)
+),
+
 sync_calls as (
     select h.trace_id, h.rank, h.start_ns, h.start_ns + h.dur_ns as end_ns
     from host_events as h
-    inner join names as n on n.trace_id = h.trace_id and n.name_id = h.name_id
-    inner join (select unnest($sync_patterns, recursive := true)) as p on p.cat = h.cat
-    where regexp_matches(n.name, p.pattern) and h.dur_ns > 0
+    inner join sync_names as s on s.trace_id = h.trace_id and s.name_id = h.name_id and s.cat = h.cat
+    where h.dur_ns > 0
 ),
 
 -- the sync calls of a rank merged into disjoint islands (several threads may sync at once)
