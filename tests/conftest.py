@@ -16,6 +16,9 @@ CORPUS = ROOT.parent / "shared" / "corpus"
 # In CI (CI=true, set by .ci/run) what a test needs must be there: a missing corpus or test dependency
 # fails the test instead of skipping it.
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# Tables fit the terminal when COLUMNS is set (traceq.cli._terminal_width): tests that read a table
+# set it themselves, so that a CI shell's COLUMNS changes nothing
+os.environ.pop("COLUMNS", None)
 
 
 def skip_or_fail(reason: str) -> None:

@@ -34,6 +34,9 @@ _LAZY = {
     "connect": "traceq.store.warehouse",
     "remove_run": "traceq.store.manage",
     "rename_run": "traceq.store.manage",
+    "summary": "traceq.report.summary",
+    "kernel_table": "traceq.report.kernels",
+    "diff": "traceq.report.diff",
 }
 
 __all__ = [
