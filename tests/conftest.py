@@ -16,9 +16,6 @@ CORPUS = ROOT.parent / "shared" / "corpus"
 # In CI (CI=true, set by .ci/run) what a test needs must be there: a missing corpus or test dependency
 # fails the test instead of skipping it.
 IN_CI = os.environ.get("CI", "").lower() == "true"
-# Tables fit the terminal when COLUMNS is set (traceq.cli._terminal_width): tests that read a table
-# set it themselves, so that a CI shell's COLUMNS changes nothing
-os.environ.pop("COLUMNS", None)
 
 
 def skip_or_fail(reason: str) -> None:
@@ -97,3 +94,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"with a note, {t['kept whole']} kills and races with the data kept whole; "
             f"{t['traceback']} tracebacks, {t['hang']} hangs, {t['loss']} losses"
         )
+
+
+@pytest.fixture(autouse=True)
+def _no_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables fit the terminal when COLUMNS is set (traceq.cli._terminal_width), and pytest or a CI
+    shell may set it: tests that read a table set it themselves."""
+    monkeypatch.delenv("COLUMNS", raising=False)

@@ -157,7 +157,10 @@ def test_user_rules_from_the_cli(tmp_path: Path, good_trace: Path) -> None:
 def _console(*args: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess:
     """``traceq ARGS`` as the console script runs it (:func:`traceq.cli.main`), in a fresh process."""
     code = "import sys; from traceq.cli import main; sys.argv = ['traceq', *sys.argv[1:]]; main()"
-    return subprocess.run([sys.executable, "-c", code, *args], stdout=stdout, stderr=subprocess.PIPE, text=True)
+    # os.environ, passed on: the process's C environment can hold a COLUMNS that os.environ does not
+    # (a library's setenv under pytest), and tables fit the terminal when COLUMNS is set
+    return subprocess.run([sys.executable, "-c", code, *args], stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ))
 
 
 def test_console_script_exit_codes_and_output(tmp_path: Path, good_trace: Path) -> None:
