@@ -41,6 +41,14 @@ class Format(str, Enum):
     json = "json"
 
 
+# the step selection and output options the reports share
+StepsOption = Annotated[Optional[str], typer.Option("--steps", help="Step numbers to use, inclusive, e.g. 11:60.")]
+SkipStepsOption = Annotated[Optional[int], typer.Option("--skip-steps", help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")]
+DropLastOption = Annotated[bool, typer.Option("--drop-last/--no-drop-last", help="Always drop each rank's last step.")]
+RunOption = Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")]
+FormatOption = Annotated[Format, typer.Option("--format", help="Output format.")]
+
+
 def _fail(error: str | TraceqError) -> None:
     message = error.cli_message() if isinstance(error, ConfigError) else str(error)
     typer.echo(f"error: {message}", err=True)
@@ -196,11 +204,11 @@ def summary(
     traces: Annotated[Optional[list[str]], typer.Argument(help="Trace files, globs or directories to summarise without a warehouse (ingested into a temporary one); default: the warehouse's runs.")] = None,
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help="Grain: comma-separated run, rank, device or run metadata columns.")] = "run,rank",
-    steps: Annotated[Optional[str], typer.Option(help="Step numbers to use, inclusive, e.g. 11:60.")] = None,
-    skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
-    drop_last: Annotated[bool, typer.Option(help="Always drop each rank's last step.")] = False,
-    run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    run: RunOption = None,
+    fmt: FormatOption = Format.table,
 ) -> None:
     """Where each GPU's step time goes, on one screen: step time, then compute, overlapped comm,
     exposed comm, exposed memcpy and idle as ms per step and as % of the device window (compute +
@@ -251,11 +259,11 @@ def kernels(
     level: Annotated[str, typer.Option(help="kernel (one row per kernel name) or category (gemm, attention, elementwise, norm, optimizer, nccl, memcpy, other, ...).")] = "kernel",
     top: Annotated[int, typer.Option(help="Rows per group of --by, the most device time first.")] = 20,
     unclassified: Annotated[bool, typer.Option("--unclassified", help="Only kernels no rule classifies (category other): candidates for `traceq rules --add`.")] = False,
-    steps: Annotated[Optional[str], typer.Option(help="Step numbers to use, inclusive, e.g. 11:60.")] = None,
-    skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
-    drop_last: Annotated[bool, typer.Option(help="Always drop each rank's last step.")] = False,
-    run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    run: RunOption = None,
+    fmt: FormatOption = Format.table,
 ) -> None:
     """The kernels (or categories) the device time goes to, over the selected steps: count, total,
     share of the group's kernel time, mean, min and max duration. A kernel counts in the step that
@@ -576,11 +584,11 @@ def rules(
 def scaling(
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help="Run metadata columns that split runs into separate series, e.g. model,tp.")] = "",
-    steps: Annotated[Optional[str], typer.Option(help="Step numbers to use (N of ProfilerStep#N), inclusive, e.g. 11:60.")] = None,
-    skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
-    drop_last: Annotated[bool, typer.Option(help="Always drop each rank's last step.")] = False,
-    run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    run: RunOption = None,
+    fmt: FormatOption = Format.table,
     html: Annotated[Optional[Path], typer.Option(help="Also write the HTML report (scaling curves with the ideal line) to this file.")] = None,
 ) -> None:
     """Scaling across runs: global tokens/s against world size, the ideal linear line from the

@@ -276,6 +276,18 @@ def step_report(
     return StepReport(tuple(names), rows, table, notes)
 
 
+def selected_step_rows(
+    con: duckdb.DuckDBPyConnection, selection: StepSelection, runs: Sequence[str] | None, *, idle_parts: bool = False,
+) -> pl.DataFrame:
+    """:func:`step_metrics` of the selected steps of ``runs``; EmptySelection (saying what exists) when
+    no run of that name is in the warehouse or the selection leaves nothing."""
+    require_runs(con, runs)
+    rows = step_metrics(con, selection=selection, runs=runs, idle_parts=idle_parts)
+    if rows.height == 0:
+        raise EmptySelection(nothing_selected(con, selection, runs))
+    return rows
+
+
 def require_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None) -> None:
     """EmptySelection when the warehouse holds no trace, or no run of ``runs``; it names those it holds."""
     held = [r for (r,) in con.execute("select distinct run from traces order by run").fetchall()]

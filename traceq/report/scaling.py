@@ -14,8 +14,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from traceq.catalog import META_COLUMNS, columns
-from traceq.errors import EmptySelection
-from traceq.report.metrics import nothing_selected, require_runs, step_metrics
+from traceq.report.metrics import selected_step_rows
 from traceq.report.notes import power_notes
 from traceq.report.selection import StepSelection
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -140,10 +139,7 @@ def scaling_report(
     """
     by = columns(by, [c for c in META_COLUMNS if c != "world_size"])
     with opened(db) as con:
-        require_runs(con, runs)
-        rows = step_metrics(con, selection=selection, runs=runs)
-        if rows.height == 0:
-            raise EmptySelection(nothing_selected(con, selection, runs))
+        rows = selected_step_rows(con, selection, runs)
         power = power_notes(con, sorted(rows["run"].unique().to_list()))
     table = scaling_from_runs(per_run(rows, by), by)
     notes = list(SCALING_NOTES)

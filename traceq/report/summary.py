@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from traceq.catalog import GROUP_COLUMNS, columns
-from traceq.errors import EmptySelection
-from traceq.report.metrics import nothing_selected, require_runs, step_metrics
+from traceq.report.metrics import selected_step_rows
 from traceq.report.notes import metric_notes, step_window_notes, steps_used
 from traceq.report.selection import StepSelection
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -42,10 +41,7 @@ def summary(
 
     grain = columns(by, [c for c in GROUP_COLUMNS if c != "step"])
     with opened(db) as con:
-        require_runs(con, runs)
-        rows = step_metrics(con, selection=selection, runs=runs)
-        if rows.height == 0:
-            raise EmptySelection(nothing_selected(con, selection, runs))
+        rows = selected_step_rows(con, selection, runs)
         notes = steps_used(rows) + step_window_notes(con, rows, selection)
         for name in ("mfu", "power_w"):  # their full notes where they have values, else one line for all
             if rows[name].is_not_null().any():
