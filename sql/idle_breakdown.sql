@@ -49,7 +49,10 @@ segments as (
         w.trace_id, w.rank, w.device, w.step,
         greatest(g.gap_start, w.start_ns) as seg_start,
         least(g.gap_end, w.end_ns) as seg_end,
-        least(g.gap_end, w.end_ns, greatest(g.gap_start, coalesce(l.launch_ns, g.gap_start))) as host_end
+        greatest(
+            greatest(g.gap_start, w.start_ns),
+            least(g.gap_end, w.end_ns, greatest(g.gap_start, coalesce(l.launch_ns, g.gap_start)))
+        ) as host_end
     from gaps as g
     inner join windows as w
         on w.trace_id = g.trace_id and w.rank = g.rank and w.device = g.device

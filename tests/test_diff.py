@@ -72,6 +72,17 @@ def test_two_step_ranges_and_two_ranks(db: Path) -> None:
     assert (same["delta"].drop_nulls() == 0).all() and not same["beyond_spread"].any()
 
 
+def test_what_one_side_lacks_is_zero_there(db: Path, tmp_path: Path) -> None:
+    t = TraceBuilder(rank=0)  # run c: one step with a GEMM only, no collective
+    t.step(1, 0, 100 * US)
+    t.kernel("ampere_sgemm_128x64_tn", 10 * US, 40 * US, launch_ns=5 * US)
+    assert ingest_traces([t.write(tmp_path / "c" / "rank0.json")], db, workers=0).ok
+    table = diff(db, "a", "c", skip_steps=0)
+    allreduce, nccl = row(table, "collective", "AllReduce"), row(table, "category", "nccl")
+    assert (allreduce["a"], allreduce["b"], allreduce["delta"]) == (10.0, 0.0, -10.0)
+    assert (nccl["a"], nccl["b"], nccl["delta_pct"]) == (15.0, 0.0, -100.0)
+
+
 def test_sides_that_do_not_exist(db: Path) -> None:
     with pytest.raises(EmptySelection, match="no run 'c'"):
         diff(db, "a", "c")

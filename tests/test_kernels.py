@@ -55,7 +55,9 @@ def test_kernels_by_hand(db: Path) -> None:
         (2, "gemm", pytest.approx(0.04), pytest.approx(200 / 3)), (2, "other", pytest.approx(0.02), pytest.approx(100 / 3)),
     ]
     assert kernel_table(db, top=1, selection=ALL)["name"].to_list() == ["ampere_sgemm_128x64_tn"]
-    assert kernel_table(db, unclassified=True, selection=ALL)["name"].to_list() == ["my_custom_op"]
+    unknown = kernel_table(db, unclassified=True, selection=ALL)
+    assert unknown["name"].to_list() == ["my_custom_op"]
+    assert unknown["share_pct"].to_list() == [pytest.approx(20 / 120 * 100)]  # of all kernel time, not of the unknown
     assert kernel_table(db, selection=StepSelection(step_min=2, step_max=2))["count"].to_list() == [1, 1]
 
 

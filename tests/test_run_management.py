@@ -112,14 +112,27 @@ def test_ingest_force_moves_a_trace_to_another_run(two_runs: Path) -> None:
     summary = ingest_traces([corpus_path(PAIR)], two_runs, run="c", force=True)
     assert [f.status for f in summary.files] == ["ingested", "ingested"]
     assert all("its earlier trace in run a is replaced" in f.notes[0] for f in summary.files)
+    assert "run a had no other trace and is removed" in summary.files[-1].notes[0]
     after = rows_by_run(two_runs)
     for table, by_run in before.items():
         if table in ("runs", "run_settings"):
             continue
         assert after[table].get("c", 0) == by_run.get("a", 0), table
         assert after[table].get("a", 0) == 0 and after[table].get("b") == by_run.get("b"), table
-    assert "a" not in after["runs"]  # no trace left in it
-    assert after["run_settings"] == before["run_settings"]  # settings wait for traces of their run
+    assert "a" not in after["runs"] and "a" not in after["run_settings"]  # no trace left: gone, as runs rm does
+    assert rename_run(two_runs, "c", "a") == 2  # and its name is free again
+
+
+def test_ingest_force_into_the_same_run_keeps_its_metadata(tmp_path: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    trace = corpus_path(ONE)
+    assert ingest_traces([trace], db, run="b", workers=0).ok
+    set_run_metadata(db, "b", {"tokens_per_step": 4096, "warmup_steps": 1})
+    before = compute_metric(db, "tokens_per_s", by="run")
+    result = ingest_traces([trace], db, run="b", force=True, workers=0).files[0]
+    assert result.status == "ingested" and "removed" not in result.notes[0]
+    after = compute_metric(db, "tokens_per_s", by="run")
+    assert after.equals(before) and after["tokens_per_s"][0] > 0
 
 
 def test_a_forced_ingest_that_fails_keeps_the_earlier_trace(tmp_path: Path) -> None:

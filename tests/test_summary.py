@@ -120,3 +120,5 @@ def test_tables_fit_a_100_column_terminal(command: list[str], corpus_db: Path) -
     assert shown[0] == header[0] and set(shown) <= set(header)
     if command == ["summary"]:  # what matters stays: step time and the shares of compute and exposed comm
         assert {"step_time_ms", "compute_pct", "exposed_comm_pct"} <= set(shown)
+    if command == ["kernels"]:  # a kernel's name (cut short), its total and its share
+        assert {"name", "total_ms", "share_pct"} <= set(shown)

@@ -289,7 +289,8 @@ def kernels(
     if fmt is Format.table:
         what = "categories" if level == "category" else "kernels"
         typer.echo(f"top {top} {what} by device time, by {by} ({_steps_note(selection)})", err=True)
-    _emit(table, fmt)
+    # on a narrow terminal: the name, its total and its share stay longest
+    _emit(table, fmt, drop_first=("min_us", "max_us", "mean_us", "class", "count"))
 
 
 @app.command()
@@ -361,9 +362,14 @@ def _emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
 
         table = Table(show_edge=False, pad_edge=False)
         rows = [[_cell(v) for v in row] for row in frame.iter_rows()]
-        widths = [max([len(name), *(len(r[i]) for r in rows)]) for i, name in enumerate(frame.columns)]
+        room = _terminal_width()
+        widths = _widths(frame.columns, rows)
+        if room is not None and sum(widths) + 3 * len(widths) + 1 > room:  # long names (kernels) are cut first
+            text = [i for i, name in enumerate(frame.columns) if not frame.schema[name].is_numeric()]
+            rows = [[_shorten(v, _TEXT_CELL) if i in text else v for i, v in enumerate(r)] for r in rows]
+            widths = _widths(frame.columns, rows)
         empty = {i for i in range(len(frame.columns)) if not any(r[i] for r in rows)}
-        shown = _fit(frame.columns, widths, _terminal_width(), empty, drop_first)
+        shown = _fit(frame.columns, widths, room, empty, drop_first)
         if len(shown) < len(frame.columns):
             left = [c for i, c in enumerate(frame.columns) if i not in shown]
             typer.echo(f"note: {len(left)} column(s) left out to fit the terminal: {', '.join(left)} "
@@ -374,6 +380,17 @@ def _emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
         for row in rows:
             table.add_row(*(row[i] for i in shown))
         Console(width=sum(widths[i] for i in shown) + 3 * len(shown) + 1, soft_wrap=False).print(table)
+
+
+_TEXT_CELL = 24  # characters of a text cell when the table is wider than the terminal
+
+
+def _widths(columns: list[str], rows: list[list[str]]) -> list[int]:
+    return [max([len(name), *(len(r[i]) for r in rows)]) for i, name in enumerate(columns)]
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 # Left out first when a table is wider than the terminal: columns with no value, the spread of a

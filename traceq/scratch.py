@@ -60,8 +60,12 @@ class ScratchDir(tempfile.TemporaryDirectory):  # type: ignore[type-arg]
             import fcntl
         except ImportError:  # no flock: stale directories then go by process id and age alone
             return
-        fd = os.open(os.path.join(self.name, _OWNER_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        # made under another name and locked before it takes its own: a remover that finds owner.lock
+        # unlocked must never be looking at one whose owner has not locked it yet
+        pending = os.path.join(self.name, f".{_OWNER_LOCK}.new")
+        fd = os.open(pending, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(pending, os.path.join(self.name, _OWNER_LOCK))
         self._unlock = weakref.finalize(self, os.close, fd)
 
     def cleanup(self) -> None:

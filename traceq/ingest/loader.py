@@ -531,11 +531,16 @@ class _Loader:
             "select trace_id, run from traces where content_digest in (select unnest(?)) order by trace_id", [sorted(digests)]
         ).fetchall()
         remove_traces(self.con, [trace_id for trace_id, _ in earlier])
-        self.con.execute(  # a run left without traces goes (its settings stay, for traces to come)
-            "delete from runs where run in (select unnest(?)) and run not in (select run from traces)",
-            [sorted({run for _, run in earlier})],
-        )
-        return [f"{path}: ingested again; its earlier trace in run {run} is replaced" for _, run in earlier]
+        target = run_name_of(path, self.run)
+        emptied = [r for (r,) in self.con.execute(
+            "select run from runs where run in (select unnest(?)) and run <> ? and run not in (select run from traces)",
+            [sorted({run for _, run in earlier}), target],
+        ).fetchall()]
+        for run in emptied:  # a run left without traces goes, as `traceq runs rm` would remove it
+            for table in ("runs", "run_settings"):
+                self.con.execute(f"delete from {table} where run = ?", [run])
+        return [f"{path}: ingested again; its earlier trace in run {run} is replaced"
+                + (f" (run {run} had no other trace and is removed)" if run in emptied else "") for _, run in earlier]
 
     def _load(self, path: Path, parse: _FileParse | None = None, taken_digest: str | None = None) -> FileResult:
         """Ingest one file; ``parse``: its batches parsed ahead (:class:`_ReadAhead`), else it is

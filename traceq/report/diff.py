@@ -70,9 +70,16 @@ def diff(
     sides = [s if isinstance(s, Side) else Side.parse(s) for s in (a, b)]
     with opened(db) as con:
         frames = [_side_rows(con, side, skip_steps) for side in sides]
-    parts = []
-    for section, (rows_a, rows_b) in zip(SECTIONS, zip(*frames)):
-        parts.append(_compare(section, rows_a, rows_b))
+    parts = [_compare(SECTIONS[0], frames[0][0], frames[1][0])]
+    # a collective type or kernel category seen on one side only is 0 on every step of the other
+    for index, section, keys in ((1, SECTIONS[1], ["rank", "device", "step"]), (2, SECTIONS[2], ["rank", "step"])):
+        names = pl.concat([f[index].select("name") for f in frames]).unique()
+        filled = []
+        for f in frames:
+            steps = f[3].filter(pl.col("device").is_not_null()) if "device" in keys else f[3]
+            grid = steps.select(keys).unique().join(names, how="cross")
+            filled.append(grid.join(f[index], on=[*keys, "name"], how="left").with_columns(pl.col("value").fill_null(0.0)))
+        parts.append(_compare(section, *filled))
     out = pl.concat(parts, how="vertical")
     spread = pl.max_horizontal(pl.col("a_p90") - pl.col("a_p10"), pl.col("b_p90") - pl.col("b_p10"))
     return out.with_columns(
@@ -84,8 +91,8 @@ def diff(
 
 
 def _side_rows(con: duckdb.DuckDBPyConnection, side: Side, skip_steps: int | None) -> tuple[pl.DataFrame, ...]:
-    """(step rows in long form: name, value per rank-step) for the metrics, the collective types and
-    the kernel categories of one side."""
+    """One side's rows in long form (name, value per rank-step): the metrics, the collective types and
+    the kernel categories (each where seen), and the side's (rank, device, step) keys."""
     import polars as pl
 
     require_runs(con, [side.run])
@@ -109,13 +116,9 @@ def _side_rows(con: duckdb.DuckDBPyConnection, side: Side, skip_steps: int | Non
     kernels = kernels.filter(pl.col("trace_id").is_in(trace_ids))
     if side.rank is not None:
         kernels = kernels.filter(pl.col("rank") == side.rank)
-    # every selected rank-step gets every category seen (0 where it launched none), so means are per step
-    per_step = kernels.group_by("rank", "step", "category").agg((pl.col("total_ns").sum() / 1e3).alias("value"))
-    grid = steps.select("rank", "step").unique().join(per_step.select("category").unique(), how="cross")
-    categories = grid.join(per_step, on=["rank", "step", "category"], how="left").select(
-        "rank", pl.lit(None, pl.Int64).alias("device"), "step", pl.col("category").alias("name"),
-        pl.col("value").fill_null(0.0))
-    return metrics.with_columns(pl.col("value").cast(pl.Float64)), collectives, categories
+    categories = kernels.group_by("rank", "step", pl.col("category").alias("name")).agg(
+        (pl.col("total_ns").sum() / 1e3).alias("value"))
+    return metrics.with_columns(pl.col("value").cast(pl.Float64)), collectives, categories, steps.select(keys)
 
 
 def _compare(section: str, rows_a: pl.DataFrame, rows_b: pl.DataFrame) -> pl.DataFrame:

@@ -57,8 +57,6 @@ def kernel_table(
             rows = rows.filter(pl.col("run").is_in(list(runs)))
         if rows.height == 0:
             raise EmptySelection(nothing_selected(con, selection, runs))
-    if unclassified:
-        rows = rows.filter((pl.col("class") == "compute") & (pl.col("category") == UNCLASSIFIED))
     keys = ["class", "category", *(["name"] if level == "kernel" else [])]
     table = rows.group_by([*grain, *keys]).agg(
         pl.col("count").sum(), pl.col("total_ns").sum(), pl.col("min_ns").min(), pl.col("max_ns").max(),
@@ -72,6 +70,8 @@ def kernel_table(
         (pl.col("min_ns") / 1e3).alias("min_us"),
         (pl.col("max_ns") / 1e3).alias("max_us"),
     ).sort([*grain, "total_ns", *keys], descending=[*([False] * len(grain)), True, *([False] * len(keys))])
+    if unclassified:  # after the shares: a share is of the group's whole kernel time
+        table = table.filter((pl.col("class") == "compute") & (pl.col("category") == UNCLASSIFIED))
     if top is not None:
         table = table.group_by(grain, maintain_order=True).head(top) if grain else table.head(top)
     return table.select(*grain, *keys, "count", "total_ms", "share_pct", "mean_us", "min_us", "max_us")

@@ -51,7 +51,7 @@ def summary(
                          "or GPU peak, or a power log; `traceq report --metric mfu` (or power_w) says what is missing")
     window = pl.col("window_us").sum()
     table = rows.group_by(grain).agg(
-        pl.len().alias("steps"),
+        pl.col("window_us").is_not_null().sum().alias("steps"),  # the device-steps the means are over
         pl.col("step_time_ms").mean(),
         *[expr for part in PARTS for expr in (
             (pl.col(f"{part}_us").mean() / 1000).alias(f"{part}_ms"),

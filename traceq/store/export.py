@@ -109,12 +109,21 @@ def _move_into_place(out: Path, staging: Path, tables: list[str]) -> None:
     """Swap the staged tables in: the old ``traces/`` goes out first and the new one comes in last."""
     replaced = out / f"{_REPLACED}{os.getpid()}"
     replaced.mkdir()
-    first_out = sorted((out / name for name in tables if (out / name).exists()), key=lambda p: p.name != TRACES)
-    for folder in first_out:
-        folder.rename(replaced / folder.name)
-    staged = sorted(staging.iterdir(), key=lambda p: p.name == TRACES)
-    for folder in staged:
-        folder.rename(out / folder.name)
+    moved_out: list[Path] = []
+    moved_in: list[Path] = []
+    try:
+        for folder in sorted((out / name for name in tables if (out / name).exists()), key=lambda p: p.name != TRACES):
+            folder.rename(replaced / folder.name)
+            moved_out.append(folder)
+        for folder in sorted(staging.iterdir(), key=lambda p: p.name == TRACES):
+            folder.rename(out / folder.name)
+            moved_in.append(out / folder.name)
+    except OSError:  # put the earlier export back as it was
+        for folder in reversed(moved_in):
+            shutil.rmtree(folder, ignore_errors=True)
+        for folder in reversed(moved_out):
+            (replaced / folder.name).rename(folder)
+        raise
     shutil.rmtree(replaced, ignore_errors=True)
 
 
