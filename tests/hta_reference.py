@@ -72,7 +72,7 @@ import re
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 __all__ = [
     "HTA_COMM_RE",
@@ -200,12 +200,26 @@ def run_hta_overlap(
 ) -> dict[int, float]:
     """Run HTA's ``get_comm_comp_overlap`` on the given trace files (one file per rank, one job).
 
+    Returns ``{rank: comp_comm_overlap_pctg}`` (a percentage rounded to 2 decimals by HTA; NaN when
+    the rank has no communication kernel). Files and ranks as for :func:`hta_analysis`.
+    """
+    with hta_analysis(trace_paths, ranks, quiet) as analysis:
+        df = analysis.get_comm_comp_overlap(visualize=False)
+    return {int(r): float(v) for r, v in zip(df["rank"], df["comp_comm_overlap_pctg"])}
+
+
+@contextlib.contextmanager
+def hta_analysis(
+    trace_paths: Iterable[Path | str],
+    ranks: Iterable[int] | None = None,
+    quiet: bool = True,
+) -> Iterator[Any]:
+    """HTA's ``TraceAnalysis`` over the given trace files (one file per rank, one job), for the block.
+
     The files are symlinked into a temporary directory as ``rank-<r>.<ext>``; ranks come from
     ``ranks`` if given, else from each file's ``distributedInfo.rank``, else from the file's position
-    in the list. HTA gets an explicit ``{rank: file}`` map, so rank-less files work.
-
-    Returns ``{rank: comp_comm_overlap_pctg}`` (a percentage rounded to 2 decimals by HTA; NaN when
-    the rank has no communication kernel).
+    in the list. HTA gets an explicit ``{rank: file}`` map, so rank-less files work. ``quiet``: HTA's
+    logging and stderr are silenced for the block.
     """
     from hta.trace_analysis import TraceAnalysis  # imported late: heavy, and optional for users
 
@@ -234,19 +248,14 @@ def run_hta_overlap(
             files[r] = str(link)
         hta_logger = logging.getLogger("hta")
         old_level = hta_logger.level
-        sink = io.StringIO()
-        redirect = (
-            contextlib.redirect_stderr(sink) if quiet else contextlib.nullcontext()
-        )
+        redirect = contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext()
         try:
             if quiet:
                 hta_logger.setLevel(logging.ERROR)
             with redirect:
-                analysis = TraceAnalysis(trace_files=files, trace_dir=tmp)
-                df = analysis.get_comm_comp_overlap(visualize=False)
+                yield TraceAnalysis(trace_files=files, trace_dir=tmp)
         finally:
             hta_logger.setLevel(old_level)
-    return {int(r): float(v) for r, v in zip(df["rank"], df["comp_comm_overlap_pctg"])}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -134,23 +134,12 @@ def test_idle_parts_have_whole_trace_values(metric: str, corpus_db: Path) -> Non
 
 def run_hta_idle(trace: Path) -> dict[tuple[int, str], float]:
     """HTA's get_idle_time_breakdown on one trace: {(stream, category): idle µs over the whole trace}."""
-    import logging
-    import os
-    import tempfile
-
     from tests.conftest import require_module
-    from tests.hta_reference import _hta_pandas_compat
+    from tests.hta_reference import hta_analysis
 
     require_module("hta", "HTA (holistictraceanalysis) is the peer this compares with: pip install -e '.[test]'")
-    _hta_pandas_compat()
-    from hta.trace_analysis import TraceAnalysis
-
-    logging.getLogger("hta").setLevel(logging.ERROR)
-    with tempfile.TemporaryDirectory() as tmp:
-        link = Path(tmp) / f"rank-0{''.join(trace.suffixes[-2:])}"
-        os.symlink(trace, link)
-        frame = TraceAnalysis(trace_files={0: str(link)}, trace_dir=tmp).get_idle_time_breakdown(
-            ranks=[0], visualize=False, consecutive_kernel_delay=HTA_DELAY_US)[0]
+    with hta_analysis([trace], ranks=[0]) as analysis:
+        frame = analysis.get_idle_time_breakdown(ranks=[0], visualize=False, consecutive_kernel_delay=HTA_DELAY_US)[0]
     return {(int(r["stream"]), r["idle_category"]): float(r["idle_time"]) for _, r in frame.iterrows()}
 
 

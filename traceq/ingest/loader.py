@@ -60,7 +60,7 @@ from traceq.ingest.sidecar import load_side_files
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
 from traceq.store.derive import device_properties, gpu_model_of, write_steps
-from traceq.store.manage import remove_traces
+from traceq.store.manage import forget_run, remove_traces
 from traceq.store.schema import execute_over, fetch_one, rollback
 from traceq.store.warehouse import DEFAULT_DB, connect
 
@@ -537,8 +537,7 @@ class _Loader:
             [sorted({run for _, run in earlier}), target],
         ).fetchall()]
         for run in emptied:  # a run left without traces goes, as `traceq runs rm` would remove it
-            for table in ("runs", "run_settings"):
-                self.con.execute(f"delete from {table} where run = ?", [run])
+            forget_run(self.con, run)
         return [f"{path}: ingested again; its earlier trace in run {run} is replaced"
                 + (f" (run {run} had no other trace and is removed)" if run in emptied else "") for _, run in earlier]
 

@@ -24,10 +24,15 @@ def remove_run(db: Warehouse, run: str) -> dict[str, int]:
         _require_run(con, run)
         ids = [t for (t,) in con.execute("select trace_id from traces where run = ?", [run]).fetchall()]
         removed = remove_traces(con, ids)
-        for table in _tables_with(con, "run"):
-            if table != _TRACES:
-                removed[table] = removed.get(table, 0) + _delete(con, table, "run = ?", [run])
+        for table, n in forget_run(con, run).items():
+            removed[table] = removed.get(table, 0) + n
         return removed
+
+
+def forget_run(con: duckdb.DuckDBPyConnection, run: str) -> dict[str, int]:
+    """Delete the run-level rows of ``run`` (its metadata, settings, run files) from every table with a
+    run column but ``traces``, on ``con`` in the caller's transaction; rows removed per table."""
+    return {table: _delete(con, table, "run = ?", [run]) for table in _tables_with(con, "run") if table != _TRACES}
 
 
 def rename_run(db: Warehouse, old: str, new: str) -> int:
