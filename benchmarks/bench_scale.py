@@ -21,6 +21,10 @@ Sections (each prints a table; all figures also go to ``benchmarks/out/bench_sca
   ingested with all cores and with one process (workers=0), then reported.
 - ``report2048``: a warehouse of 2048 ranks x 50 steps synthesised directly in SQL
   (:func:`synthesize_run`), reported by run and by rank.
+- ``collectives``: a run of 2048 ranks x 50 steps x 100 collectives synthesised in the warehouse
+  (:func:`synthesize_collectives`: the sizes and transfer times of the merged 4-rank RCCL corpus
+  trace's collectives, three ranks delayed), then ``traceq stragglers``, ``traceq collectives`` and
+  ``traceq report --metric exposed_comm_wait,exposed_comm_transfer``.
 - ``parquet``: ``traceq export --parquet`` of the 64-rank warehouse, and the report run on it.
 - ``dask``: ``traceq ingest-cluster`` of the 64 ranks on a local two-worker Dask cluster (skipped
   when dask is not installed).
@@ -205,6 +209,116 @@ def synthesize_run(db: str | Path, *, ranks: int, steps: int, run: str = "synthe
         con.close()
 
 
+def synthesize_collectives(
+    db: str | Path, template: list[tuple[str, int, int]], *, ranks: int, steps: int, collectives: int,
+    delayed: dict[int, int], run: str = "collectives",
+) -> None:
+    """Write a run of ``ranks`` x ``steps`` x ``collectives`` matched collectives straight into the warehouse.
+
+    ``template``: (collective type, bytes, transfer ns) of real collective instances (a corpus trace's),
+    cycled over the slots of a step. Every rank runs the same collectives in the same order in one process
+    group of all ranks (Seq numbered). Slot c of step s is 1 ms long; on every rank a compute kernel runs
+    over its first 520 us; rank r arrives at the collective at 500 us + (r % 7) us, plus ``delayed[r]`` us
+    for a delayed rank (at every fifth step), and every rank's kernel ends at 500 us + the latest
+    arrival's offset + the transfer. So each instance's transfer is its template's, the last rank to
+    arrive is the delayed one where one is, and the others wait for it.
+    """
+    from traceq.store.warehouse import connect
+
+    con = connect(db)
+    try:
+        con.begin()
+        con.execute("insert into runs (run) values (?) on conflict do nothing", [run])
+        con.execute("create temp table template as select * from (values " + ", ".join(
+            f"({i}, '{kind}', {size}, {transfer})" for i, (kind, size, transfer) in enumerate(template)
+        ) + ") as t(i, kind, bytes, transfer_ns)")
+        con.execute("create temp table delays as select * from (values " + ", ".join(
+            f"({r}, {d})" for r, d in delayed.items()) + ") as t(rank, delay_us)")
+        con.execute(
+            """
+            insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, file_rank, world_size,
+                n_events, n_gpu_events, n_host_events, n_dropped)
+            select 1 + r, $run, 'synthetic/rank' || r, 'synthetic-' || $run || '-' || r, 0, 'distributedInfo', r,
+                $ranks, 0, $steps * $collectives * 2, 0, 0
+            from range($ranks) as t(r)
+            """,
+            {"run": run, "ranks": ranks, "steps": steps, "collectives": collectives},
+        )
+        con.execute(
+            """
+            insert into names (trace_id, name_id, name)
+            select 1 + r, n.id, n.name
+            from range($ranks) as t(r)
+            cross join (values (0, 'void gemm_kernel<bf16>()'),
+                               (1, 'ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)'),
+                               (2, 'ProfilerStep#')) as n(id, name)
+            """,
+            {"ranks": ranks},
+        )
+        step_ns = collectives * 1_000_000
+        con.execute(
+            """
+            insert into steps (trace_id, rank, step, start_ns, end_ns, step_time_ns, launches_without_gpu_work, source)
+            select 1 + r, r, s, s * $step_ns, (s + 1) * $step_ns, $step_ns, 0, 'marker'
+            from range($ranks) as t(r) cross join range(1, $steps + 1) as u(s)
+            """,
+            {"ranks": ranks, "steps": steps, "step_ns": step_ns},
+        )
+        con.execute(
+            """
+            insert into host_events (trace_id, rank, cat, name_id, pid, tid, start_ns, dur_ns)
+            select 1 + r, r, 'user_annotation', 2, 1, 1, s * $step_ns, $step_ns
+            from range($ranks) as t(r) cross join range(1, $steps + 1) as u(s)
+            """,
+            {"ranks": ranks, "steps": steps, "step_ns": step_ns},
+        )
+        con.execute(
+            """
+            insert into gpu_events (trace_id, rank, device, stream, kind, name_id, start_ns, dur_ns, correlation,
+                collective, pg_name, pg_ranks, group_size, in_nelems, out_nelems, dtype, seq, step, step_source)
+            with slots as (
+                select r, s, c, t.kind, t.bytes, t.transfer_ns,
+                       s * $step_ns + c * 1000000 as slot_ns,
+                       case when s % 5 = 0 then coalesce(d.delay_us, 0) else 0 end as delay_us
+                from range($ranks) as a(r) cross join range(1, $steps + 1) as b(s) cross join range($collectives) as k(c)
+                inner join template as t on t.i = c % $n_template
+                left join delays as d on d.rank = r
+            ),
+            latest as (select s, c, max((r % 7) * 1000 + delay_us * 1000) as latest_ns from slots group by all)
+            select 1 + r, r, 0, 7, 1, 0, slot_ns, 520000, s * 100000 + c * 2, null, null, null, null, null, null,
+                   null, null, s, 'launch'
+            from slots
+            union all
+            select 1 + r, r, 0, 20, 1, 1,
+                   slot_ns + 500000 + (r % 7) * 1000 + delay_us * 1000,
+                   latest_ns + transfer_ns - ((r % 7) * 1000 + delay_us * 1000),
+                   s * 100000 + c * 2 + 1, lower(kind), '0', null, $ranks,
+                   case when kind = 'AllGather' then bytes // 2 // $ranks else bytes // 2 end,
+                   case when kind = 'AllGather' then bytes // 2 else bytes // 2 end, 'BFloat16',
+                   s * $collectives + c, s, 'launch'
+            from slots inner join latest using (s, c)
+            """,
+            {"ranks": ranks, "steps": steps, "collectives": collectives, "step_ns": step_ns, "n_template": len(template)},
+        )
+        con.commit()
+    finally:
+        con.close()
+
+
+def corpus_template(tmp: Path) -> list[tuple[str, int, int]]:
+    """(collective type, bytes, transfer ns) of the matched instances of the merged 4-rank RCCL corpus trace."""
+    from traceq.ingest import ingest_traces
+    from traceq.report.collectives import instance_table
+
+    source = REPO.parent / "shared" / "corpus" / "amd_hpctraining" / "fused_traces" / "merged_all_events.json.gz"
+    db = tmp / "template.duckdb"
+    _rm(db)
+    assert ingest_traces([source], db, workers=0).ok
+    rows = instance_table(db).filter("arrived_last").sort("instance")
+    _rm(db)
+    return [(r["collective_type"], int(r["size_bytes"]), round(r["transfer_us"] * 1000)) for r in rows.iter_rows(named=True)]
+
+
 # --------------------------------------------------------------------------------------------------
 # sections
 
@@ -354,6 +468,28 @@ def bench_report2048(repeats: int, tmp: Path, ranks: int = 2048, steps: int = 50
     }
 
 
+def bench_collectives(repeats: int, tmp: Path, ranks: int = 2048, steps: int = 50, collectives: int = 100) -> dict:
+    db = tmp / "collectives.duckdb"
+    _rm(db)
+    delayed = {3: 40, 700: 25, 1500: 10}
+    started = time.perf_counter()
+    synthesize_collectives(db, corpus_template(tmp), ranks=ranks, steps=steps, collectives=collectives, delayed=delayed)
+    build_s = time.perf_counter() - started
+    out = {"ranks": ranks, "steps_per_rank": steps, "collectives_per_step": collectives,
+           "comm_kernels": ranks * steps * collectives, "delayed_ranks": str(delayed), "build_s": round(build_s, 1)}
+    for name, args in (
+        ("stragglers", ["stragglers"]),
+        ("collectives", ["collectives", "--by", "collective_type,size_bucket"]),
+        ("report_exposed_wait", ["report", "--metric", "exposed_comm_wait,exposed_comm_transfer", "--by", "run"]),
+    ):
+        got = repeated(lambda i, a=args: ([TRACEQ, *a, "--db", str(db), "--format", "csv"], lambda: None), repeats)
+        out[f"{name}_s"] = round(got["seconds"], 2)
+        out[f"{name}_peak_rss_mb"] = round(got["peak_rss_mb"])
+        out[f"{name}_first_rows"] = " | ".join(got["stdout"].strip().splitlines()[1:3])[:200]
+    _rm(db)
+    return out
+
+
 def bench_parquet(repeats: int, tmp: Path) -> dict:
     db = tmp / "ranks.duckdb"
     if not db.exists():
@@ -406,7 +542,7 @@ def _print_table(title: str, rows: list[dict] | dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sections = ["memory", "speed", "ranks", "report2048", "parquet", "dask"]
+    sections = ["memory", "speed", "ranks", "report2048", "collectives", "parquet", "dask"]
     ap.add_argument("--only", nargs="*", choices=sections, default=sections)
     ap.add_argument("--sizes", nargs="*", type=int, default=[100, 500, 1500], help="memory sweep, MB of JSON")
     ap.add_argument("--repeats", type=int, default=2)
@@ -427,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
         if "report2048" in args.only:
             results["report2048"] = bench_report2048(args.repeats, tmp)
             _print_table("report2048: 2048 ranks x 50 steps synthesised in the warehouse", results["report2048"])
+        if "collectives" in args.only:
+            results["collectives"] = bench_collectives(args.repeats, tmp)
+            _print_table("collectives: 2048 ranks x 50 steps x 100 collectives (corpus sizes, 3 ranks delayed)",
+                         results["collectives"])
         if "parquet" in args.only:
             results["parquet"] = bench_parquet(args.repeats, tmp)
             _print_table("parquet: export of the 64-rank warehouse, report on it", results["parquet"])

@@ -1,6 +1,7 @@
 -- cpu_activity: one row per CPU span of the traces with no device events (training on CPU with the
 -- gloo backend), shaped like gpu_classified for sql/device_activity.sql (device -1, step null):
---   comm:    gloo:* spans: the collective itself, run by a pt_gloo_runloop thread
+--   comm:    gloo:* spans: the collective itself, run by a pt_gloo_runloop thread (collective_type from
+--            the name: gloo:all_reduce -> AllReduce)
 --   compute: operator spans ($op_cats) on every other thread, except c10d::* ops, which only enqueue a
 --            collective, and the step markers themselves ($step_marker)
 -- On CPU, "exposed" communication is gloo time during which no op runs on the other threads. A main
@@ -25,7 +26,8 @@ spans as (
         h.start_ns,
         h.start_ns + h.dur_ns as end_ns,
         h.dur_ns,
-        case when n.name like 'gloo:%' then 'comm' else 'compute' end as class
+        case when n.name like 'gloo:%' then 'comm' else 'compute' end as class,
+        case when n.name like 'gloo:%' then collective_type(n.name[6:]) end as collective_type
     from host_events as h
     inner join names as n on n.trace_id = h.trace_id and n.name_id = h.name_id
     semi join cpu_traces as t on t.trace_id = h.trace_id
@@ -38,7 +40,8 @@ comm_threads as (
 ),
 
 final as (
-    select s.trace_id, s.rank, -1::bigint as device, null::bigint as step, s.start_ns, s.end_ns, s.dur_ns, s.class
+    select s.trace_id, s.rank, -1::bigint as device, null::bigint as step, s.start_ns, s.end_ns, s.dur_ns, s.class,
+           s.collective_type
     from spans as s
     anti join comm_threads as c
         on s.class = 'compute' and c.trace_id = s.trace_id and c.rank = s.rank and c.tid = s.tid

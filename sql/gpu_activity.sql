@@ -1,5 +1,6 @@
 -- inputs: gpu_classified
--- gpu_activity: the rows of gpu_classified with each comm kernel's collective type and process group:
+-- gpu_activity: the rows of gpu_classified with each comm kernel's collective type, process group, message
+-- (element counts, dtype) and sequence number:
 -- from the kernel's own "Collective name" argument, else from the CPU record_param_comms op around its
 -- launch (runtime calls: $runtime_cats), else from the rule that made it comm.
 -- comm kernels without collective args: the record_param_comms op around their launch
@@ -15,14 +16,14 @@ with comm_launches as (
 
 param_ops as (
     select h.trace_id, h.rank, h.tid, h.start_ns, h.start_ns + h.dur_ns as end_ns, h.collective, h.pg_name,
-           h.pg_desc, h.pg_ranks, h.group_size, h.in_nelems, h.out_nelems, h.dtype
+           h.pg_desc, h.pg_ranks, h.group_size, h.in_nelems, h.out_nelems, h.dtype, h.seq
     from host_events as h
     where h.collective is not null
 ),
 
 launch_params as (
     select l.trace_id, l.rank, l.correlation, p.collective, p.pg_name, p.pg_desc, p.pg_ranks,
-           p.group_size, p.in_nelems, p.out_nelems, p.dtype
+           p.group_size, p.in_nelems, p.out_nelems, p.dtype, p.seq
     from comm_launches as l
     asof inner join param_ops as p
         on p.trace_id = l.trace_id and p.rank = l.rank and p.tid = l.tid and l.launch_ns >= p.start_ns
@@ -56,7 +57,8 @@ final as (
         coalesce(e.group_size, lp.group_size) as group_size,
         coalesce(e.in_nelems, lp.in_nelems) as in_nelems,
         coalesce(e.out_nelems, lp.out_nelems) as out_nelems,
-        coalesce(e.dtype, lp.dtype) as dtype
+        coalesce(e.dtype, lp.dtype) as dtype,
+        coalesce(e.seq, lp.seq) as seq
     from gpu_classified as e
     left join launch_params as lp
         on e.class = 'comm' and e.collective is null

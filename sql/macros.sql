@@ -32,3 +32,23 @@ create or replace temp macro json_int(s) as
 -- as text these start with '"', 't', 'f', '[' or '{', which no cast from text to double accepts. (Cast
 -- as text: the cast from JSON reads true as 1 and "12.5" as 12.5.)
 create or replace temp macro json_number(j) as try_cast(j::varchar as double);
+
+-- Bytes per element of a record_param_comms dtype ("Float", "BFloat16", "Float8_e4m3fn", ...); null if unknown.
+create or replace temp macro dtype_bytes(d) as (
+    case
+        when d in ('Float', 'Int', 'UInt32', 'Float32', 'Int32') then 4
+        when d in ('Half', 'BFloat16', 'Short', 'UInt16', 'Float16', 'Int16') then 2
+        when d in ('Double', 'Long', 'UInt64', 'ComplexFloat', 'Float64', 'Int64') then 8
+        when d = 'ComplexDouble' then 16
+        when d in ('Char', 'Byte', 'Bool', 'Int8', 'UInt8') or starts_with(d, 'Float8') then 1
+    end
+);
+
+-- nccl-tests' bus bandwidth factor of a collective type over n ranks (busbw = algbw x factor).
+create or replace temp macro busbw_factor(collective_type, n) as (
+    case
+        when collective_type = 'AllReduce' then 2.0 * (n - 1) / n
+        when collective_type in ('AllGather', 'ReduceScatter', 'AllToAll') then (n - 1)::double / n
+        when collective_type in ('Broadcast', 'Reduce', 'SendRecv', 'Send', 'Recv') then 1.0
+    end
+);

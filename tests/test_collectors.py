@@ -434,6 +434,41 @@ def test_gloo_job_run_metadata(gloo_run, rank):
         assert clock["start"]["time_ns"] <= wall_ns(step["ts"], clock["offset_ns"]) <= clock["end"]["time_ns"]
 
 
+def test_gloo_job_collectives_match_across_ranks_as_counted_from_the_traces(gloo_run, tmp_path):
+    """The gloo spans are the collectives of a CPU run. Counted apart from traceq, from each rank's trace:
+    the k-th span of a name on rank 0 and on rank 1 are one instance; its transfer is the shorter of the
+    two durations and the other rank waited the difference."""
+    from traceq.ingest import ingest_traces
+    from traceq.report.collectives import instance_table
+
+    _, run_dir = gloo_run
+    files = sorted(run_dir.glob("rank*.trace.json.gz"))
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces(files, db, workers=0).ok
+    durations: dict[tuple[str, int], dict[int, int]] = {}
+    for rank in (0, 1):
+        events = load_trace(run_dir / f"rank{rank}.trace.json.gz")["traceEvents"]
+        spans = sorted((e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("gloo:")),
+                       key=lambda e: (Decimal(str(e["ts"])), Decimal(str(e["dur"]))))
+        seen: dict[str, int] = {}
+        for e in spans:
+            seen[e["name"]] = seen.get(e["name"], 0) + 1
+            durations.setdefault((e["name"], seen[e["name"]]), {})[rank] = int(Decimal(str(e["dur"])) * 1000)
+    kinds = {"gloo:all_reduce": "AllReduce", "gloo:all_gather": "AllGather", "gloo:broadcast": "Broadcast"}
+    expected = {}
+    for (name, k), by_rank in durations.items():
+        assert set(by_rank) == {0, 1}, (name, k)  # both ranks recorded the same collectives
+        transfer = min(by_rank.values())
+        last = min(by_rank, key=lambda r: (by_rank[r], r))
+        for rank, dur in by_rank.items():
+            expected[(kinds[name], k, rank)] = (dur - transfer, transfer, rank == last)
+    rows = instance_table(db)
+    assert rows["matched"].all() and rows.height == len(expected) > 0
+    got = {(r["collective_type"], r["ordinal"], r["rank"]): (round(r["wait_us"] * 1000), round(r["transfer_us"] * 1000),
+                                                           r["arrived_last"]) for r in rows.iter_rows(named=True)}
+    assert got == expected
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gloo_job_power_log_is_unavailable_without_numbers(gloo_run, rank):
     _, run_dir = gloo_run

@@ -160,3 +160,25 @@ def test_report_without_power_says_unavailable(tmp_path: Path) -> None:
 def test_html_report_errors_name_the_fix(tmp_path: Path, report_db: Path) -> None:
     result = CliRunner().invoke(app, ["report", "--db", str(report_db), "--html", str(tmp_path / "no" / "dir" / "r.html")])
     assert result.exit_code == 1 and "cannot write the HTML report" in result.stderr
+
+
+@needs_chromium
+def test_html_report_shows_waiting_and_bus_bandwidth_across_ranks(tmp_path: Path) -> None:
+    """Three ranks, one AllReduce that rank 2 arrives last at (tests/test_cross_rank.py, worked by hand):
+    a heatmap of waiting (ranks 0 and 1 waited 7 and 4 us) and busbw against message size."""
+    from tests.test_cross_rank import late_rank_run, write_run
+
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces(write_run(tmp_path / "job", late_rank_run()), db, workers=0).ok
+    page = write_html_report(db, tmp_path / "cross.html")
+    dom, log, shot = chromium(page, tmp_path)
+    assert not script_errors(log), script_errors(log)
+    for div in ("waits", "busbw"):
+        assert f'id="{div}"' in dom
+    assert "Waiting for the last rank at collectives" in dom and "Bus bandwidth against message size" in dom
+    assert 'class="hm"' in dom  # plotly drew the heatmap's layer
+    assert "AllReduce (job)" in set(re.findall(r'class="legendtext"[^>]*>([^<]+)<', dom))
+    assert "run job: 3 of 3 communication kernels matched, 1 collective instances over 3 ranks" in dom
+    assert pixel_variance(shot) > 100.0
+    text = page.read_text()
+    assert re.search(r'"z":\[\[7\.0\],\[4\.0\],\[0\.0\]\]', text), "waits per rank 0, 1, 2 in step 1: 7, 4, 0 us"

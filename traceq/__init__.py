@@ -37,6 +37,10 @@ _LAZY = {
     "summary": "traceq.report.summary",
     "kernel_table": "traceq.report.kernels",
     "diff": "traceq.report.diff",
+    "collectives_table": "traceq.report.collectives",
+    "stragglers_table": "traceq.report.collectives",
+    "instance_table": "traceq.report.collectives",
+    "collective_scaling": "traceq.report.collectives",
 }
 
 __all__ = [

@@ -180,6 +180,17 @@ METRICS: tuple[Metric, ...] = (
            "nothing was queued, the CPU launched late"),
     Metric("idle_other_us", "us", "the rest of idle_us: work was launched but had not started (launch latency, a stream "
            "waiting on an event); idle_sync_us + idle_host_bound_us + idle_other_us = idle_us"),
+    Metric("comm_wait_us", "us", "the part of comm_us where every running communication kernel is still waiting for its "
+           "last peer (each matched kernel's first duration − transfer; README: Across ranks)"),
+    Metric("comm_transfer_us", "us", "the rest of comm_us: some kernel moves data (an instance's transfer = its shortest "
+           "duration over ranks; an unmatched kernel counts whole); comm_wait_us + comm_transfer_us = comm_us"),
+    Metric("exposed_comm_wait_us", "us", "exposed_comm_us spent waiting for a late peer"),
+    Metric("exposed_comm_transfer_us", "us", "exposed_comm_us moving data; exposed_comm_wait_us + exposed_comm_transfer_us "
+           "= exposed_comm_us"),
+    Metric("arrived_last_count", "count", "matched collectives (starting in the window) at which this rank arrived last: "
+           "its kernel was the shortest of the instance"),
+    Metric("arrived_last_share", "ratio", "arrived_last_count / the matched collectives this rank took part in"),
+    Metric("wait_caused_us", "us", "the waiting that the other ranks did at the collectives this rank arrived last at"),
     Metric("window_us", "us", "the step's device window: from the first device activity it launched to the first the next step "
            "launched (the last step: to the end of the activity the steps launched); windows tile the timeline"),
     Metric("overlap_ratio", "ratio", "overlapped_comm_us / comm_us (HTA's comp_comm_overlap_pctg / 100)"),
@@ -199,6 +210,9 @@ METRICS: tuple[Metric, ...] = (
 METRIC_NAMES = tuple(m.name for m in METRICS)
 # idle_us split by cause (sql/idle_breakdown.sql): computed when a report asks for one of them
 IDLE_PARTS = ("idle_sync_us", "idle_host_bound_us", "idle_other_us")
+# across ranks (sql/comm_instances.sql, sql/comm_split.sql): computed when a report asks for one of them
+CROSS_RANK = ("comm_wait_us", "comm_transfer_us", "exposed_comm_wait_us", "exposed_comm_transfer_us",
+              "arrived_last_count", "arrived_last_share", "wait_caused_us")
 # metrics over a step's CPU span (throughput, power): they have no whole-trace value
 PER_STEP_METRICS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
                     "tokens_per_j")

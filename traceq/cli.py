@@ -294,6 +294,94 @@ def kernels(
 
 
 @app.command()
+def collectives(
+    db: DbOption = Path(DEFAULT_DB),
+    by: Annotated[str, typer.Option(help="Grain: comma-separated run, collective_type, process_group, size_bucket, inter_node.")] = "run,collective_type,process_group,size_bucket",
+    instances: Annotated[bool, typer.Option("--instances", help="One row per communication kernel instead: its instance, rank, wait and transfer (every step).")] = False,
+    whole_trace: Annotated[bool, typer.Option("--whole-trace", help="Every collective of the trace, not only the selected steps'.")] = False,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    run: RunOption = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Collectives matched across the ranks of each run: per collective type, process group and
+    message size, the instances, their mean size, transfer time and per-rank wait, and the algorithm
+    and bus bandwidth (nccl-tests conventions). An instance's transfer is its shortest kernel over
+    the ranks (the last to arrive waited least); the rest of each rank's kernel is waiting. Kernels
+    that cannot be matched (a rank missing, no process group, point-to-point) are rows of their own
+    whose bandwidth comes from the kernel's whole duration: a lower bound.
+
+    Examples:
+
+      traceq collectives --run llama7b-256n
+
+      traceq collectives --by collective_type,size_bucket --format csv
+
+      traceq collectives --instances --run llama7b-256n --format json
+    """
+    from traceq.report.collectives import collectives_table, instance_table
+    from traceq.report.selection import StepSelection
+
+    try:
+        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        if instances:
+            table, notes = instance_table(db, runs=run), []
+        else:
+            table, notes = collectives_table(db, by=by, selection=selection, whole_trace=whole_trace, runs=run)
+    except TraceqError as exc:
+        _fail(exc)
+        return
+    if fmt is Format.table:
+        used = "every kernel" if instances or whole_trace else _steps_note(selection)
+        typer.echo(f"collectives by {'instance' if instances else by} ({used})", err=True)
+        for note in notes:
+            typer.echo(f"note: {note}", err=True)
+    _emit(table, fmt, drop_first=("algbw_gbps", "inter_node", "group_size", "ordinal", "seq", "reason", "device"))
+
+
+@app.command()
+def stragglers(
+    db: DbOption = Path(DEFAULT_DB),
+    by_step: Annotated[bool, typer.Option("--by-step", help="One row per rank and step, not per rank.")] = False,
+    whole_trace: Annotated[bool, typer.Option("--whole-trace", help="Every collective of the trace, not only the selected steps'.")] = False,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    run: RunOption = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Who arrives last at the collectives, how often, and how much waiting it causes the other ranks.
+
+    Per rank, over the selected steps: matched_count (collectives it took part in), arrived_last_count
+    and arrived_last_share (it arrived last: its kernel was the shortest of the instance),
+    wait_caused_us (the waiting the others did there) and its own waiting, wait_us. The ranks that
+    caused the most waiting come first.
+
+    Examples:
+
+      traceq stragglers --run llama7b-256n
+
+      traceq stragglers --by-step --steps 11:60 --format csv
+    """
+    from traceq.report.collectives import stragglers_table
+    from traceq.report.selection import StepSelection
+
+    try:
+        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        table, notes = stragglers_table(db, by_step=by_step, selection=selection, whole_trace=whole_trace, runs=run)
+    except TraceqError as exc:
+        _fail(exc)
+        return
+    if fmt is Format.table:
+        typer.echo(f"stragglers by run,rank{',step' if by_step else ''} "
+                   f"({'whole trace' if whole_trace else _steps_note(selection)})", err=True)
+        for note in notes:
+            typer.echo(f"note: {note}", err=True)
+    _emit(table, fmt, drop_first=("matched_count",))
+
+
+@app.command()
 def diff(
     a: Annotated[str, typer.Argument(help="Side A: RUN, or RUN,rank=N and/or RUN,steps=a:b.")],
     b: Annotated[str, typer.Argument(help="Side B, the same way.")],
@@ -607,19 +695,36 @@ def scaling(
     run: RunOption = None,
     fmt: FormatOption = Format.table,
     html: Annotated[Optional[Path], typer.Option(help="Also write the HTML report (scaling curves with the ideal line) to this file.")] = None,
+    metric: Annotated[Optional[str], typer.Option(help="A collective figure across runs instead of tokens/s: busbw_gbps, algbw_gbps, transfer_us or wait_us, per collective type.")] = None,
 ) -> None:
     """Scaling across runs: global tokens/s against world size, the ideal linear line from the
-    smallest run, efficiency, marginal tokens/s per added GPU, MFU and tokens per joule.
+    smallest run, efficiency, marginal tokens/s per added GPU, MFU and tokens per joule. With
+    --metric, a collective figure per collective type against world size and nodes instead
+    (see `traceq collectives`).
 
-    Example:
+    Examples:
 
       traceq scaling --db runs.duckdb --by model --html scaling.html
+
+      traceq scaling --metric busbw_gbps
+
+      traceq scaling --metric transfer_us --by model      # collective latency against nodes
     """
     from traceq.report.scaling import scaling_report
     from traceq.report.selection import StepSelection
 
     try:
         selection = StepSelection.parse(steps, skip_steps, drop_last)
+        if metric is not None:
+            from traceq.report.collectives import collective_scaling
+
+            frame, notes = collective_scaling(db, metric, by=by, selection=selection, runs=run)
+            if fmt is Format.table:
+                typer.echo(f"{metric} across {frame['run'].n_unique()} run(s) ({_steps_note(selection)})", err=True)
+                for note in notes:
+                    typer.echo(f"note: {note}", err=True)
+            _emit(frame, fmt)
+            return
         frame, notes, rows = scaling_report(db, by=by, selection=selection, runs=run)
         if html is not None:
             from traceq.report.html import write_html_report

@@ -12,10 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
 import polars as pl
 
 from traceq.catalog import BREAKDOWN_NOTE
 from traceq.errors import ConfigError, EmptySelection
+from traceq.report import crossrank
+from traceq.report.collectives import MATCHED, collectives_table
 from traceq.report.metrics import (
     breakdown_metrics,
     nothing_selected,
@@ -33,6 +36,7 @@ from traceq.report.notes import (
 from traceq.report.power import power_series, power_status, step_wall_times
 from traceq.report.scaling import SCALING_NOTES, per_run, scaling_from_runs
 from traceq.report.selection import StepSelection
+from traceq.store.frames import to_polars
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
 SUMMARY_COLUMNS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
@@ -49,6 +53,9 @@ class ReportData:
     power: pl.DataFrame
     windows: pl.DataFrame
     power_status: pl.DataFrame
+    waits: pl.DataFrame
+    bandwidth: pl.DataFrame
+    cross_rank_notes: list[str] = field(default_factory=list)
     scaling_by: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -74,13 +81,37 @@ def report_data(
         by_collective = coll.group_by("run", "collective_type").agg(pl.col("exposed_comm_by_collective_us").mean())
         scaling = scaling_from_runs(per_run(steps, scaling_by), scaling_by)
         chosen = steps["run"].unique().to_list()
+        with crossrank.matched(con):
+            waits, bandwidth, cross_notes = _cross_rank(con, selection, chosen)
         data = ReportData(
             steps=steps, by_collective=by_collective, scaling=scaling,
             power=power_series(con, chosen), windows=step_wall_times(con, chosen),
-            power_status=power_status(con).filter(pl.col("run").is_in(chosen)), scaling_by=list(scaling_by),
+            power_status=power_status(con).filter(pl.col("run").is_in(chosen)), waits=waits, bandwidth=bandwidth,
+            cross_rank_notes=cross_notes, scaling_by=list(scaling_by),
         )
     data.notes = [*steps_used(steps), *window_notes]
     return data
+
+
+def _cross_rank(
+    con: duckdb.DuckDBPyConnection, selection: StepSelection, runs: Sequence[str]
+) -> tuple[pl.DataFrame, pl.DataFrame, list[str]]:
+    """Waiting per (run, rank, step) of the runs with matched collectives, busbw per (run, collective
+    type, size bucket) of matched instances, and the matching notes."""
+    split = crossrank.split_rows(con, "selected_windows", selection)
+    traces = to_polars(con.sql("select trace_id, run from traces"))
+    split = split.join(traces, on="trace_id").filter(pl.col("run").is_in(list(runs)))
+    matched_runs = split.group_by("run").agg(pl.col("matched_count").sum()).filter(pl.col("matched_count") > 0)["run"]
+    waits = (
+        split.filter(pl.col("run").is_in(matched_runs.implode()))
+        .group_by("run", "rank", "step").agg((pl.col("comm_wait_ns").sum() / 1e3).alias("comm_wait_us"))
+    )
+    try:
+        table, _ = collectives_table(con, by=("run", "collective_type", "size_bucket"), selection=selection, runs=runs)
+        bandwidth = table.filter(pl.col("basis") == MATCHED)
+    except EmptySelection:
+        bandwidth = pl.DataFrame()
+    return waits, bandwidth, crossrank.matching_notes(con, runs)
 
 
 def write_html_report(
@@ -137,6 +168,16 @@ def render_html(data: ReportData) -> str:
     else:
         body = _notes(["no communication kernels in the selected steps"])
     sections.append(_section("Exposed communication by collective", body))
+
+    body = ""
+    if data.waits.height:
+        body += _figure(plots.wait_heatmap_figure(data.waits), "waits")
+    if data.bandwidth.height:
+        body += _figure(plots.busbw_figure(data.bandwidth), "busbw")
+    if not body:
+        body = _notes(["no collectives matched across ranks in the selected steps (it needs every rank of a "
+                       "process group in the run)"])
+    sections.append(_section("Across ranks: waiting and bus bandwidth", body + _notes(data.cross_rank_notes)))
 
     scaling = data.scaling
     body = ""

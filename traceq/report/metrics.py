@@ -18,6 +18,7 @@ import duckdb
 from traceq import query
 from traceq.catalog import (
     BREAKDOWNS,
+    CROSS_RANK,
     GROUP_COLUMNS,
     IDLE_PARTS,
     META_COLUMNS,
@@ -27,6 +28,7 @@ from traceq.catalog import (
     resolve_metric,
 )
 from traceq.errors import ConfigError, EmptySelection
+from traceq.report import crossrank
 from traceq.report.notes import metric_notes, step_window_notes
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import import_in_background, to_polars
@@ -50,6 +52,11 @@ _NS_COLUMNS = {
     "idle_host_bound_us": "idle_host_bound_ns",
     "idle_other_us": "idle_other_ns",
     "window_us": "window_ns",
+    "comm_wait_us": "comm_wait_ns",
+    "comm_transfer_us": "comm_transfer_ns",
+    "exposed_comm_wait_us": "exposed_comm_wait_ns",
+    "exposed_comm_transfer_us": "exposed_comm_transfer_ns",
+    "wait_caused_us": "wait_caused_ns",
 }
 _THROUGHPUT_COLUMNS = (
     "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j", "tokens_per_j",
@@ -71,11 +78,14 @@ def run_metadata_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
 def interval_breakdown(
     con: duckdb.DuckDBPyConnection, whole_trace: bool, selection: StepSelection = StepSelection(),
     idle_parts: bool = False,
+    cross_rank: bool = False,
 ) -> pl.DataFrame:
     """Interval metrics (ns) per window: per (trace, rank, device, step) of the selected steps, or per
     (trace, rank, device) over the whole timeline (step -1). Device activity (``activity`` gpu), or for
     traces without any, CPU-side gloo communication and operators (``activity`` cpu, device -1).
-    ``idle_parts``: with idle split by cause (``sql/idle_breakdown.sql``; null on CPU-only traces)."""
+    ``idle_parts``: with idle split by cause (``sql/idle_breakdown.sql``; null on CPU-only traces).
+    ``cross_rank``: with communication split into wait and transfer, and the straggler counts
+    (``sql/comm_split.sql``; :mod:`traceq.report.crossrank`)."""
     windows = "trace_windows" if whole_trace else "selected_windows"
     # run now (materialized): polars may still be importing meanwhile (metric_report)
     rows = query.run(con, "interval_breakdown", query_params(selection), bind={"windows": windows}).materialize()
@@ -86,7 +96,11 @@ def interval_breakdown(
         rows = rows.set_alias("r").join(
             parts, "r.trace_id = p.trace_id and r.rank = p.rank and r.device = p.device and r.step = p.step", "left"
         ).select("r.*, p.idle_sync_ns, p.idle_host_bound_ns, p.idle_other_ns")
-    return to_polars(rows)
+    frame = to_polars(rows)
+    if cross_rank:
+        frame = frame.join(crossrank.split_rows(con, windows, selection), on=["trace_id", "rank", "device", "step"],
+                           how="left")
+    return frame
 
 
 def step_metrics(
@@ -96,6 +110,7 @@ def step_metrics(
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
     idle_parts: bool = False,
+    cross_rank: bool = False,
 ) -> pl.DataFrame:
     """One row per (run, rank, device, step) of the selected steps with every metric, or with
     ``whole_trace`` one per (run, rank, device) over the whole timeline and every kernel (step -1).
@@ -106,7 +121,7 @@ def step_metrics(
     (:data:`~traceq.catalog.META_COLUMNS`).
     """
     require_side_tables(con)
-    frame = interval_breakdown(con, whole_trace, selection, idle_parts)
+    frame = interval_breakdown(con, whole_trace, selection, idle_parts, cross_rank)
     import polars as pl
 
     meta = run_metadata_frame(con)
@@ -126,6 +141,8 @@ def step_metrics(
     return frame.with_columns(
         *[(pl.col(ns) / 1000).round(3).alias(us) for us, ns in _NS_COLUMNS.items() if ns in frame.columns],
         (pl.col("step_time_ns") / 1e6).round(6).alias("step_time_ms"),
+        *([(pl.col("arrived_last_count") / pl.when(pl.col("matched_count") > 0).then(pl.col("matched_count")))
+           .alias("arrived_last_share")] if cross_rank else []),
     ).sort("run", "rank", "device", "step")
 
 
@@ -259,12 +276,14 @@ def step_report(
             grain = [*grain, BREAKDOWNS[names[0]][1]]
         else:
             rows = step_metrics(con, whole_trace=whole_trace, selection=selection, runs=runs,
-                                idle_parts=bool(set(names) & set(IDLE_PARTS)))
+                                idle_parts=bool(set(names) & set(IDLE_PARTS)), cross_rank=bool(set(names) & set(CROSS_RANK)))
         if rows.height == 0:
             raise EmptySelection(nothing_selected(con, selection, runs))
         notes: list[str] = []
         for name in names:
             notes += [n for n in metric_notes(con, rows, name, whole_trace) if n not in notes]
+        if set(names) & set(CROSS_RANK):
+            notes.extend(crossrank.matching_notes(con, runs))
         if not whole_trace:
             notes.extend(step_window_notes(con, rows, selection))
     table = aggregate(rows, names[0], grain)

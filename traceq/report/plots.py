@@ -97,6 +97,57 @@ def collective_figure(by_collective: pl.DataFrame) -> Any:
     return fig
 
 
+def wait_heatmap_figure(waits: pl.DataFrame, max_ranks: int = 512) -> Any:
+    """Heatmap of each rank's waiting at collectives (comm_wait_us), ranks x steps, one panel per run.
+
+    ``waits``: columns run, rank, step, comm_wait_us. Runs with more than ``max_ranks`` ranks show the
+    ``max_ranks`` that waited most in all.
+    """
+    go = _go()
+    from plotly.subplots import make_subplots
+
+    runs = sorted(waits["run"].unique().to_list())
+    fig = make_subplots(rows=len(runs), cols=1, subplot_titles=[f"run {r}" for r in runs], vertical_spacing=0.12)
+    for i, run in enumerate(runs, start=1):
+        part = waits.filter(pl.col("run") == run)
+        top = part.group_by("rank").agg(pl.col("comm_wait_us").sum()).sort("comm_wait_us", descending=True).head(max_ranks)
+        part = part.filter(pl.col("rank").is_in(top["rank"].implode()))
+        grid = part.pivot(on="step", index="rank", values="comm_wait_us", aggregate_function="sum").sort("rank")
+        steps = sorted((c for c in grid.columns if c != "rank"), key=int)
+        fig.add_trace(go.Heatmap(
+            x=steps, y=[str(r) for r in grid["rank"].to_list()], z=[list(r) for r in grid.select(steps).rows()],
+            coloraxis="coloraxis", hovertemplate="rank %{y}, step %{x}: %{z:,.1f} us waiting<extra>" + str(run) + "</extra>",
+        ), row=i, col=1)
+        fig.update_xaxes(title_text="step", type="category", row=i, col=1)
+        fig.update_yaxes(title_text="rank", type="category", row=i, col=1)
+    fig.update_layout(title="Waiting for the last rank at collectives (comm_wait_us per rank and step)",
+                      coloraxis={"colorscale": "Reds", "colorbar": {"title": "us"}},
+                      **{**_LAYOUT, "height": max(360, 300 * len(runs))})
+    return fig
+
+
+def busbw_figure(table: pl.DataFrame) -> Any:
+    """Bus bandwidth (GB/s) against message size (bytes, log), one line per (run, collective type).
+
+    ``table``: rows of :func:`traceq.report.collectives.collectives_table` by run, collective_type and
+    size_bucket (matched instances).
+    """
+    go = _go()
+    fig = go.Figure()
+    rows = table.filter(pl.col("busbw_gbps").is_not_null() & pl.col("size_bytes").is_not_null())
+    for (run, kind), part in rows.sort("run", "collective_type", "size_bytes").group_by(
+            "run", "collective_type", maintain_order=True):
+        fig.add_trace(go.Scatter(
+            name=f"{kind} ({run})", x=part["size_bytes"].to_list(), y=part["busbw_gbps"].to_list(),
+            mode="lines+markers", text=part["count"].to_list(),
+            hovertemplate="%{x:,.0f} bytes: %{y:,.1f} GB/s (%{text} instances)<extra></extra>",
+        ))
+    fig.update_layout(title="Bus bandwidth against message size (matched collectives, nccl-tests busbw)",
+                      xaxis_title="message size (bytes)", yaxis_title="busbw (GB/s)", showlegend=True, **_LAYOUT)
+    fig.update_xaxes(type="log")
+    return fig
+
+
 def scaling_figure(table: pl.DataFrame, group: list[str] | None = None) -> Any:
     """Global tokens/s against world size, measured and ideal (linear from the smallest run)."""
     go = _go()

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import re
 import stat
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 import duckdb
 
-from traceq.errors import WarehouseError
+from traceq import scratch
+from traceq.errors import ConfigError, WarehouseError
 from traceq.store.parquet import open_parquet
 from traceq.store.schema import (
     SCHEMA_VERSION,
@@ -20,6 +26,12 @@ from traceq.store.schema import (
 )
 
 DEFAULT_DB = "traceq.duckdb"
+# A report holds DuckDB to this much memory and spills the rest of its sorts, windows and joins to disk:
+# matching ten million collective kernels across 2048 ranks took 6.3 GB without a limit, 2.1 GB with
+# it (BENCHMARKS.md). The TRACEQ_MEMORY_LIMIT environment variable sets another (e.g. 8GB).
+REPORT_MEMORY_LIMIT = "2GB"
+_SIZE = re.compile(r"\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+_spill_ids = itertools.count()
 Warehouse = str | Path | duckdb.DuckDBPyConnection  # a path to open, or a connection already open
 
 
@@ -33,7 +45,9 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     """
     path = str(db)
     if path != ":memory:" and Path(path).is_dir():  # Parquet written by `traceq export` or a cluster ingest
-        return open_parquet(path, read_only=read_only)
+        con = open_parquet(path, read_only=read_only)
+        limit_memory(con, _spill_dir())
+        return con
     if path != ":memory:":
         _refuse_other_files(Path(path))
     if read_only and path != ":memory:" and not Path(path).exists():
@@ -61,7 +75,40 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
         _upgrade(path, wait_s)
         return connect(db, read_only=True, wait_s=wait_s)
     prepare_session(con)
+    if read_only:
+        limit_memory(con, None if path != ":memory:" else _spill_dir())
     return con
+
+
+def report_memory_limit() -> str:
+    """DuckDB's memory limit for reports: TRACEQ_MEMORY_LIMIT, else :data:`REPORT_MEMORY_LIMIT`."""
+    value = os.environ.get("TRACEQ_MEMORY_LIMIT", REPORT_MEMORY_LIMIT).strip()
+    if not _SIZE.fullmatch(value):
+        raise ConfigError(f"TRACEQ_MEMORY_LIMIT={value!r}: give a size such as 2GB or 512MB")
+    return value
+
+
+def limit_memory(con: duckdb.DuckDBPyConnection, spill_dir: str | None) -> None:
+    """Hold a report's connection to :func:`report_memory_limit`; what does not fit spills to
+    ``spill_dir`` (None: DuckDB's own, ``<warehouse>.tmp``, which it removes when the connection closes)."""
+    con.execute(f"set memory_limit = '{report_memory_limit()}'")
+    if spill_dir is not None:
+        con.execute("set temp_directory = '" + spill_dir.replace("'", "''") + "'")
+
+
+@cache
+def _spill_root() -> str:
+    """This process's scratch directory for what in-memory connections spill (removed when the process
+    ends; a killed one's by the next traceq command: :mod:`traceq.scratch`)."""
+    return _SPILL.setdefault("dir", scratch.scratch_dir(tempfile.gettempdir())).name
+
+
+_SPILL: dict[str, object] = {}
+
+
+def _spill_dir() -> str:
+    """A spill directory of its own for one in-memory connection (DuckDB makes it when it first spills)."""
+    return os.path.join(_spill_root(), f"duckdb-{next(_spill_ids)}")
 
 
 _DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file

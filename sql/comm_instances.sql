@@ -1,0 +1,186 @@
+-- inputs: gpu_activity, cpu_activity
+-- comm_instances: one row per communication kernel (a gloo span on CPU-only traces), matched across the
+-- ranks of its run into collective instances (README: Across ranks). A kernel's duration = waiting for
+-- the last peer + moving data; durations carry the result, not start times, so clock skew between ranks
+-- does not bias it.
+--   process group   the kernel's (pg_name, member ranks), else the one group of its trace's
+--                   distributedInfo.pg_config; group_size n = "Group size", else the members counted, else
+--                   pg_size. group_id identifies it (with its run).
+--   instance        with Seq on every kernel of the group: (group, Seq, k-th kernel of that Seq on the
+--                   rank); else (group, collective type, k-th kernel of that type on the rank) = ordinal
+--   matched         the instance holds a kernel of each of the group's n ranks; else `reason` says why:
+--                   no process group | no group size | point-to-point | the run holds k of the group's n
+--                   ranks | ranks saw different numbers of kernels | missing on some ranks
+--   transfer_ns     the shortest duration over the instance's ranks (the rank that arrived last waited least)
+--   wait_ns         dur_ns - transfer_ns: the first part of the kernel
+--   arrived_last    the kernel of the shortest duration (ties: the lowest rank) arrived last: the straggler
+--   wait_caused_ns  on the straggler's row, the wait of every other rank of the instance; else 0
+--   size_bytes      message bytes (AllGather: output elements, others input elements, x dtype bytes);
+--                   matched: the largest over the instance's kernels
+-- An unmatched kernel has wait_ns 0 and transfer_ns = dur_ns (its bandwidth is a lower bound).
+-- Process group arguments (long rank lists at scale) are resolved once per distinct value, and instances
+-- are aggregated, not windowed: 10M kernels stay within memory.
+with single_pg as (
+    select
+        trace_id,
+        json_extract_string(header, '$.distributedInfo.pg_config[0].pg_name') as pg_name,
+        json_extract_string(header, '$.distributedInfo.pg_config[0].pg_desc') as pg_desc,
+        json_extract(header, '$.distributedInfo.pg_config[0].ranks')::varchar as pg_ranks,
+        try_cast(json_extract_string(header, '$.distributedInfo.pg_config[0].pg_size') as bigint) as pg_size
+    from traces
+    where json_array_length(header, '$.distributedInfo.pg_config') = 1
+),
+
+kernels as (
+    select
+        a.trace_id, a.rank, coalesce(a.device, -1) as device, a.stream, a.start_ns, a.end_ns, a.dur_ns,
+        a.collective_type, a.pg_name, a.pg_desc, a.pg_ranks, a.group_size, a.seq,
+        case when a.collective_type = 'AllGather' then a.out_nelems else a.in_nelems end * dtype_bytes(a.dtype) as bytes
+    from gpu_activity as a
+    where a.class = 'comm'
+    union all
+    select
+        c.trace_id, c.rank, c.device, null, c.start_ns, c.end_ns, c.dur_ns, coalesce(c.collective_type, 'Other'),
+        null, null, null, null, null, null
+    from cpu_activity as c
+    where c.class = 'comm'
+),
+
+-- each distinct set of process group arguments of a trace, resolved once
+group_args as (
+    select distinct trace_id, pg_name, pg_desc, pg_ranks, group_size from kernels
+),
+
+resolved as (
+    select
+        a.*,
+        coalesce(a.pg_name, p.pg_name) as group_name,
+        case when a.pg_name is not null then a.pg_desc else p.pg_desc end as group_desc,
+        nullif(list_sort(try_cast(case when a.pg_name is not null then a.pg_ranks else p.pg_ranks end as bigint[])), [])
+            as members,
+        case when a.pg_name is not null then case when a.group_size > 0 then a.group_size end else p.pg_size end as size_arg
+    from group_args as a
+    left join single_pg as p on a.pg_name is null and p.trace_id = a.trace_id
+),
+
+groups as (
+    select
+        r.trace_id, r.pg_name, r.pg_desc, r.pg_ranks, r.group_size,
+        t.run,
+        hash(t.run, r.group_name, array_to_string(r.members, ',')) as group_id,
+        r.group_name as pg_name_resolved,
+        coalesce(r.group_desc || ' (' || r.group_name || ')', r.group_name, r.group_desc, 'unknown') as process_group,
+        coalesce(r.size_arg, len(r.members)) as n,
+        case
+            when r.group_name is null then 'no process group'
+            when coalesce(r.size_arg, len(r.members)) is null then 'no group size'
+        end as group_reason
+    from resolved as r
+    inner join traces as t using (trace_id)
+),
+
+candidates as (
+    select
+        k.trace_id, k.rank, k.device, k.stream, k.start_ns, k.end_ns, k.dur_ns, k.collective_type, k.seq,
+        k.bytes, g.group_id, g.n,
+        coalesce(g.group_reason, case when k.collective_type in ('Send', 'Recv', 'SendRecv') then 'point-to-point' end)
+            as reason0
+    from kernels as k
+    inner join groups as g
+        on g.trace_id = k.trace_id and g.pg_name is not distinct from k.pg_name
+        and g.pg_desc is not distinct from k.pg_desc and g.pg_ranks is not distinct from k.pg_ranks
+        and g.group_size is not distinct from k.group_size
+),
+
+group_facts as (
+    select group_id, count(distinct rank) as present, bool_and(seq is not null) as by_seq
+    from candidates
+    where reason0 is null
+    group by all
+),
+
+-- the k-th kernel of the rank in its group: by Seq, else by collective type
+ordered as (
+    select
+        c.* exclude (reason0),
+        f.present,
+        case when f.by_seq then c.seq else -1 end as key_seq,
+        case when f.by_seq then '' else c.collective_type end as key_type,
+        row_number() over (
+            partition by c.group_id, c.rank, key_seq, key_type
+            order by c.start_ns, c.end_ns, c.device, c.stream
+        ) as ordinal
+    from candidates as c
+    inner join group_facts as f using (group_id)
+    where c.reason0 is null
+),
+
+-- without Seq, every rank of the group must have seen as many kernels of a type
+type_counts as (
+    select group_id, key_type, count(*) < any_value(present) or min(n_rank) <> max(n_rank) as differ
+    from (select group_id, key_type, rank, count(*) as n_rank, any_value(present) as present
+          from ordered where key_type <> '' group by all)
+    group by all
+),
+
+instances as (
+    select
+        group_id, key_seq, key_type, ordinal,
+        count(*) as n_kernels,
+        min(dur_ns) as transfer_ns,
+        sum(dur_ns) as sum_dur_ns,
+        max(bytes) as max_bytes,
+        arg_min(rank, (dur_ns, rank)) as last_rank
+    from ordered
+    group by all
+),
+
+matched as (
+    select
+        o.*,
+        i.transfer_ns as instance_transfer_ns,
+        i.sum_dur_ns,
+        i.max_bytes,
+        i.last_rank,
+        case
+            when o.present <> o.n then format('the run holds {} of the group''s {} ranks', o.present, o.n)
+            when tc.differ then 'ranks saw different numbers of kernels'
+            when i.n_kernels <> o.n then 'missing on some ranks'
+        end as reason
+    from ordered as o
+    inner join instances as i using (group_id, key_seq, key_type, ordinal)
+    left join type_counts as tc on o.key_type <> '' and tc.group_id = o.group_id and tc.key_type = o.key_type
+),
+
+-- names and labels join the rows last: the sorts above carry integers
+labels as (
+    select distinct group_id, process_group from groups
+),
+
+final as (
+    select
+        trace_id, rank, device, stream, start_ns, end_ns, dur_ns, collective_type, group_id,
+        n as group_size, seq, ordinal,
+        reason is null as matched,
+        reason,
+        case when reason is null then hash(group_id, key_seq, key_type, ordinal) end as instance_id,
+        case when reason is null then dur_ns - instance_transfer_ns else 0 end as wait_ns,
+        case when reason is null then instance_transfer_ns else dur_ns end as transfer_ns,
+        reason is null and rank = last_rank as arrived_last,
+        case when reason is null and rank = last_rank then sum_dur_ns - n * instance_transfer_ns else 0 end
+            as wait_caused_ns,
+        case when reason is null then max_bytes else bytes end as size_bytes
+    from matched
+    union all by name
+    select
+        trace_id, rank, device, stream, start_ns, end_ns, dur_ns, collective_type, group_id,
+        n as group_size, seq, null as ordinal, false as matched, reason0 as reason, null as instance_id,
+        0 as wait_ns, dur_ns as transfer_ns, false as arrived_last, 0 as wait_caused_ns, bytes as size_bytes
+    from candidates
+    where reason0 is not null
+)
+
+select t.run, f.*, l.process_group
+from final as f
+inner join traces as t using (trace_id)
+inner join labels as l using (group_id)

@@ -1,0 +1,215 @@
+"""Collectives across ranks (README: Across ranks): ``traceq collectives`` (time, wait and bandwidth per
+collective type, process group and message size), ``traceq stragglers`` (who arrives last, how often,
+how much waiting it causes) and the per-instance rows behind them.
+
+Bandwidth follows nccl-tests: algbw = bytes / transfer time, busbw = algbw × 2(n−1)/n for AllReduce,
+(n−1)/n for AllGather, ReduceScatter and AllToAll, 1 for Broadcast, Reduce and point-to-point. An
+unmatched kernel's transfer is its whole duration, waiting included, so its bandwidth is a lower bound:
+such rows say so in ``basis``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from traceq import query
+from traceq.catalog import META_COLUMNS, columns
+from traceq.errors import EmptySelection
+from traceq.report import crossrank
+from traceq.report.metrics import nothing_selected, require_runs, run_metadata_frame
+from traceq.report.selection import StepSelection, query_params
+from traceq.store.frames import to_polars
+from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
+
+if TYPE_CHECKING:
+    import polars as pl
+
+GRAINS = ("run", "collective_type", "process_group", "size_bucket", "inter_node")
+DEFAULT_GRAIN = ("run", "collective_type", "process_group", "size_bucket")
+MATCHED = "matched"
+LOWER_BOUND = "kernel duration (lower bound)"
+COLLECTIVE_COLUMNS = ("collective_type", "process_group", "group_size", "inter_node", "size_bucket", "basis", "count",
+                      "size_bytes", "transfer_us", "wait_us", "algbw_gbps", "busbw_gbps")
+BANDWIDTH_NOTE = (
+    "size_bytes: mean message size (AllGather: output, others: input); transfer_us: mean transfer per instance; "
+    "wait_us: mean wait per rank and instance; algbw_gbps = total bytes / total transfer (GB/s, 1e9 bytes); "
+    "busbw_gbps = algbw × 2(n−1)/n AllReduce, (n−1)/n AllGather/ReduceScatter/AllToAll, 1 otherwise (nccl-tests)"
+)
+# `traceq scaling --metric`: collective figures across runs (the study's Figure 4: latency against nodes)
+SCALING_METRICS = ("busbw_gbps", "algbw_gbps", "transfer_us", "wait_us")
+STRAGGLER_COLUMNS = ("matched_count", "arrived_last_count", "arrived_last_share", "wait_caused_us", "wait_us")
+
+
+def size_label(lo: int | None) -> str:
+    """The size bucket [lo, 2 lo) as text: '1-2 MiB', '512 B-1 KiB'; 'unknown' without a size."""
+    if lo is None:
+        return "unknown"
+    return f"{_bytes(lo)}-{_bytes(2 * lo)}"
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            return f"{n} {unit}"
+        n //= 1024
+    return f"{n} PiB"
+
+
+def collectives_table(
+    db: Warehouse = DEFAULT_DB,
+    *,
+    by: str | Sequence[str] = DEFAULT_GRAIN,
+    selection: StepSelection = StepSelection(),
+    whole_trace: bool = False,
+    runs: Sequence[str] | None = None,
+) -> tuple[pl.DataFrame, list[str]]:
+    """Collective instances of the selected steps (or the whole trace) per group of ``by`` (of
+    :data:`GRAINS`), matched ones apart from unmatched ones (``basis``), and the notes to print beside.
+
+    Columns: the ``by`` columns (with process_group: group_size and inter_node too), ``basis``,
+    ``count`` (instances), ``size_bytes``, ``transfer_us``, ``wait_us``, ``algbw_gbps``, ``busbw_gbps``
+    (see :data:`BANDWIDTH_NOTE`). An instance counts in the step of the kernel that arrived last.
+    """
+    import polars as pl
+
+    grain = columns(by, GRAINS)
+    if "process_group" in grain:
+        grain += [c for c in ("group_size", "inter_node") if c not in grain]
+    windows = "trace_windows" if whole_trace else "selected_windows"
+    with opened(db) as con:
+        require_runs(con, runs)
+        with crossrank.matched(con) as table:
+            rows = to_polars(query.run(con, "collectives", query_params(selection),
+                                       bind={"windows": windows, "comm_instances": table}))
+            notes = crossrank.matching_notes(con, runs)
+        if runs:
+            rows = rows.filter(pl.col("run").is_in(list(runs)))
+        if rows.height == 0:
+            if not whole_trace:
+                raise EmptySelection(f"no communication kernel in the selected steps; {nothing_selected(con, selection, runs)}")
+            raise EmptySelection("no communication kernel in the warehouse's traces")
+    rows = rows.with_columns(
+        pl.col("size_bucket_bytes").map_elements(size_label, return_dtype=pl.Utf8).alias("size_bucket"),
+        pl.when(pl.col("matched")).then(pl.lit(MATCHED)).otherwise(pl.lit(LOWER_BOUND)).alias("basis"),
+    )
+    keys = [*grain, "basis"]
+    table = rows.group_by(keys).agg(
+        pl.col("count").sum(),
+        (pl.col("size_bytes").sum() / _positive(pl.col("sized").sum())).alias("size_bytes"),
+        (pl.col("transfer_ns").sum() / pl.col("count").sum() / 1e3).alias("transfer_us"),
+        pl.when(pl.col("matched").all()).then(pl.col("wait_ns").sum() / pl.col("rank_kernels").sum() / 1e3).alias("wait_us"),
+        (pl.col("size_bytes").sum() / _positive(pl.col("sized_transfer_ns").sum())).alias("algbw_gbps"),
+        (pl.col("bus_bytes").sum() / _positive(pl.col("sized_transfer_ns").sum())).alias("busbw_gbps"),
+        pl.col("size_bucket_bytes").min().alias("_bucket"),
+    )
+    table = table.sort([c if c != "size_bucket" else "_bucket" for c in keys], nulls_last=True).drop("_bucket")
+    return table.select(*keys, "count", "size_bytes", "transfer_us", "wait_us", "algbw_gbps", "busbw_gbps"), [
+        BANDWIDTH_NOTE, *notes]
+
+
+def collective_scaling(
+    db: Warehouse = DEFAULT_DB,
+    metric: str = "busbw_gbps",
+    *,
+    by: str | Sequence[str] = (),
+    selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+) -> tuple[pl.DataFrame, list[str]]:
+    """Collective figures across runs: one row per (``by`` metadata columns, collective type, basis, run),
+    with the run's world size and nodes, ordered by world size within each series. ``metric`` (one of
+    :data:`SCALING_METRICS`) comes first after the keys; the other figures follow."""
+    import polars as pl
+
+    from traceq.errors import ConfigError
+
+    if metric not in SCALING_METRICS:
+        raise ConfigError(f"one of {', '.join(SCALING_METRICS)} (or leave it out for tokens/s)", param="metric",
+                          value=metric)
+    group = columns(by, [c for c in META_COLUMNS if c not in ("world_size", "nodes")])
+    table, notes = collectives_table(db, by=("run", "collective_type"), selection=selection, runs=runs)
+    with opened(db) as con:
+        meta = run_metadata_frame(con).select("run", "world_size", "nodes", *group)
+    table = table.join(meta, on="run", how="left")
+    keys = [*group, "collective_type", "basis"]
+    figures = ["count", "size_bytes", *[m for m in ("transfer_us", "wait_us", "algbw_gbps", "busbw_gbps") if m != metric]]
+    order = [*keys, "world_size", "run"]
+    return table.sort(order, nulls_last=True).select(*keys, "run", "world_size", "nodes", metric, *figures), notes
+
+
+def _positive(expr: pl.Expr) -> pl.Expr:
+    """``expr`` where it is > 0, else null (a mean over nothing is unknown, not NaN)."""
+    import polars as pl
+
+    return pl.when(expr > 0).then(expr)
+
+
+def stragglers_table(
+    db: Warehouse = DEFAULT_DB,
+    *,
+    by_step: bool = False,
+    selection: StepSelection = StepSelection(),
+    whole_trace: bool = False,
+    runs: Sequence[str] | None = None,
+) -> tuple[pl.DataFrame, list[str]]:
+    """Per (run, rank), or per (run, rank, step) with ``by_step``: the matched collectives the rank took
+    part in (``matched_count``), how many it arrived last at and their share, the waiting that made the
+    others do (``wait_caused_us``) and its own waiting (``wait_us``: its kernels' first parts, summed),
+    over the selected steps; the ranks that caused the most waiting first. A kernel counts in the step
+    whose window holds its start."""
+    import polars as pl
+
+    windows = "trace_windows" if whole_trace else "selected_windows"
+    with opened(db) as con:
+        require_runs(con, runs)
+        with crossrank.matched(con) as table:
+            rows = to_polars(query.run(con, "stragglers", query_params(selection),
+                                       bind={"windows": windows, "comm_instances": table}))
+            notes = crossrank.matching_notes(con, runs)
+        traces = to_polars(con.sql("select trace_id, run from traces"))
+        rows = rows.join(traces, on="trace_id")
+        if runs:
+            rows = rows.filter(pl.col("run").is_in(list(runs)))
+        if rows.height == 0:
+            raise EmptySelection("no collective matched across ranks in the selected steps; "
+                                 + (notes[-1] if notes else nothing_selected(con, selection, runs)))
+    keys = ["run", "rank", *(["step"] if by_step else [])]
+    table = rows.group_by(keys).agg(
+        pl.col("matched_count").sum(), pl.col("arrived_last_count").sum(),
+        (pl.col("wait_caused_ns").sum() / 1e3).alias("wait_caused_us"), (pl.col("wait_ns").sum() / 1e3).alias("wait_us"),
+    ).with_columns((pl.col("arrived_last_count") / pl.col("matched_count")).alias("arrived_last_share"))
+    order = ["run", *(["step"] if by_step else []), "wait_caused_us", "rank"]
+    table = table.sort(order, descending=[False, *([False] if by_step else []), True, False])
+    notes.append("summed over the selected steps: wait_caused_us = the waiting the other ranks did at the collectives "
+                 "this rank arrived last at; wait_us = this rank's own waiting (kernel time, overlaps counted twice; "
+                 "traceq report --metric comm_wait_us gives the union)")
+    return table.select(*keys, *STRAGGLER_COLUMNS), notes
+
+
+def instance_table(db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = None) -> pl.DataFrame:
+    """One row per communication kernel: its run, instance (matched ones: 1, 2, ... in the order they
+    began, per run), collective type, process group, Seq or order, rank, start and duration, and its wait
+    and transfer (README: Across ranks)."""
+    import polars as pl
+
+    with opened(db) as con:
+        require_runs(con, runs)
+        with crossrank.matched(con) as table:
+            rows = to_polars(con.sql(
+                f"select run, instance_id, collective_type, process_group, group_size, seq, ordinal, rank, device, "
+                f"start_ns, dur_ns, wait_ns, transfer_ns, arrived_last, size_bytes, matched, reason from {table} "
+                f"order by run, rank, start_ns"
+            ))
+    if runs:
+        rows = rows.filter(pl.col("run").is_in(list(runs)))
+    first = rows.group_by("run", "instance_id").agg(pl.col("start_ns").min().alias("_first"))
+    rows = rows.join(first, on=["run", "instance_id"], how="left", nulls_equal=True).with_columns(
+        pl.when(pl.col("matched")).then(pl.struct("_first", "instance_id").rank("dense").over("run"))
+        .cast(pl.Int64).alias("instance"),
+    ).sort("run", "instance", "rank", "start_ns", nulls_last=True).drop("_first", "instance_id")
+    return rows.select("run", "instance", *[c for c in rows.columns if c not in ("run", "instance")]).with_columns(
+        (pl.col("start_ns") / 1e3).alias("start_us"),
+        (pl.col("dur_ns") / 1e3).alias("dur_us"),
+        (pl.col("wait_ns") / 1e3).alias("wait_us"),
+        (pl.col("transfer_ns") / 1e3).alias("transfer_us"),
+    ).drop("start_ns", "dur_ns", "wait_ns", "transfer_ns")

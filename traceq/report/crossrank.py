@@ -1,0 +1,95 @@
+"""Across ranks: collective kernels matched over the ranks of each run (``sql/comm_instances.sql``), the
+split of communication into waiting and transfer per window (``sql/comm_split.sql``), and the notes that
+say how much could be matched and why the rest could not (README: Across ranks).
+
+Matching runs once per report: :func:`matched` keeps its result in a temporary table for the block, and
+every query of the block reads it from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import duckdb
+
+from traceq import query
+from traceq.report.selection import StepSelection, query_params
+from traceq.store.frames import to_polars
+
+if TYPE_CHECKING:
+    import polars as pl
+
+INSTANCES_TABLE = "traceq_comm_instances"
+SPLIT_NOTE = (
+    "wait vs transfer: collectives are matched across the ranks of a run (by process group and Seq, else by "
+    "collective type and order); an instance's transfer = its shortest kernel, each rank's wait = its kernel's "
+    "first (duration − transfer); an unmatched kernel counts as transfer"
+)
+
+
+@contextmanager
+def matched(con: duckdb.DuckDBPyConnection) -> Iterator[str]:
+    """The matched collective kernels (``sql/comm_instances.sql``) as a temporary table on ``con`` for the
+    block; yields its name. Nested blocks share the outer block's table."""
+    held = con.execute(
+        "select count(*) from duckdb_tables() where temporary and table_name = ?", [INSTANCES_TABLE]
+    ).fetchall()[0][0]
+    if held:
+        yield INSTANCES_TABLE
+        return
+    statement = query.compose("comm_instances")
+    con.execute(f"create temp table {INSTANCES_TABLE} as {statement}", query.params_of(statement, query_params()))
+    try:
+        yield INSTANCES_TABLE
+    finally:
+        con.execute(f"drop table if exists {INSTANCES_TABLE}")
+
+
+def split_rows(con: duckdb.DuckDBPyConnection, windows: str, selection: StepSelection = StepSelection()) -> pl.DataFrame:
+    """``sql/comm_split.sql`` per window of ``windows`` (selected_windows or trace_windows)."""
+    with matched(con) as table:
+        rows = query.run(con, "comm_split", query_params(selection), bind={"windows": windows, "comm_instances": table})
+        return to_polars(rows)
+
+
+def matching_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> list[str]:
+    """One line per run: how many communication kernels were matched across how many ranks, and for the
+    rest, why not (and that their time counts as transfer)."""
+    with matched(con) as table:
+        summary = con.execute(
+            f"""
+            select c.run, count(*), count(*) filter (where c.matched), count(distinct c.instance_id),
+                   count(distinct c.rank) filter (where c.matched), any_value(r.ranks), any_value(r.world_size)
+            from {table} as c
+            inner join (
+                select run, count(distinct s.rank) filter (where s.rank >= 0) as ranks, max(t.world_size) as world_size
+                from traces as t left join steps as s using (trace_id) group by run
+            ) as r using (run)
+            where $runs is null or list_contains($runs, c.run)
+            group by c.run order by c.run
+            """,
+            {"runs": list(runs) if runs else None},
+        ).fetchall()
+        reasons = con.execute(
+            f"""
+            select run, reason, string_agg(distinct collective_type, ', ' order by collective_type), count(*)
+            from {table}
+            where not matched and ($runs is null or list_contains($runs, run))
+            group by all order by run, count(*) desc, reason
+            """,
+            {"runs": list(runs) if runs else None},
+        ).fetchall()
+    notes = [SPLIT_NOTE] if summary else []
+    for run, kernels, n_matched, instances, ranks, run_ranks, world_size in summary:
+        line = f"run {run}: {n_matched} of {kernels} communication kernels matched"
+        if n_matched:
+            line += f", {instances} collective instances over {ranks} ranks"
+        why = [f"{n} {reason} ({types})" for r, reason, types, n in reasons if r == run]
+        if why:
+            line += f"; unmatched (counted as transfer): {'; '.join(why)}"
+        if world_size and run_ranks is not None and run_ranks < world_size and not any("the run holds" in w for w in why):
+            line += f"; the run holds {run_ranks} of its {world_size} ranks"
+        notes.append(line)
+    return notes
