@@ -107,6 +107,23 @@ def test_one_late_rank_splits_comm_into_wait_and_transfer_as_worked_by_hand(tmp_
     assert rows["arrived_last"].to_list() == [False, False, True]
 
 
+def test_collective_args_on_the_launching_record_param_comms_op_match_the_same(tmp_path: Path) -> None:
+    """Most traces put the collective's arguments (Seq included) on the CPU op record_param_comms that
+    launched the kernel, not on the kernel: the same run written that way gives the same answer."""
+    builders = late_rank_run()
+    for r, b in builders.items():
+        for e in b.events:
+            if e["name"] == ALL_REDUCE:
+                args = {k: e["args"].pop(k) for k in list(e["args"]) if k in collective_args()}
+                op = b._span("cpu_op", "record_param_comms", 9 * US, 12 * US, None)  # around the launch at 10 us
+                op["args"].update(args, Seq=7)
+                b.events.append(op)
+    db = ingest(tmp_path, builders)
+    assert split_by_rank(db) == EXPECTED_SPLIT
+    rows = instance_table(db).sort("rank")
+    assert rows["seq"].to_list() == [7, 7, 7] and rows["wait_us"].to_list() == [7, 4, 0]
+
+
 def test_stragglers_name_the_late_rank_and_the_wait_it_caused(tmp_path: Path) -> None:
     table, notes = stragglers_table(ingest(tmp_path, late_rank_run()), selection=EVERY_STEP)
     assert table["rank"].to_list() == [2, 0, 1]  # the rank that caused the most waiting first
