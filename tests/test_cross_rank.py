@@ -383,3 +383,20 @@ def test_random_runs_agree_with_the_brute_force_matcher(tmp_path_factory: pytest
     want = {(w["rank"], w["device"]): {k: w[k] for k in keys} for w in comm_reference.whole_trace_metrics(files)}
     have = {(r["rank"], r["device"]): {k: r[k] for k in keys} for r in whole.iter_rows(named=True) if r["device"] >= 0}
     assert have == want
+
+
+def test_reports_hold_duckdb_to_the_memory_limit_and_say_so_for_a_bad_one(tmp_path: Path, monkeypatch) -> None:
+    db = ingest(tmp_path, late_rank_run())
+    with connect(db, read_only=True) as con:
+        assert con.execute("select current_setting('memory_limit')").fetchall()[0][0] == "1.8 GiB"  # 2GB
+    monkeypatch.setenv("TRACEQ_MEMORY_LIMIT", "512MB")
+    with connect(db, read_only=True) as con:
+        assert con.execute("select current_setting('memory_limit')").fetchall()[0][0] == "488.2 MiB"
+    out = tmp_path / "pq"
+    assert CliRunner().invoke(app, ["export", "--db", str(db), "--parquet", str(out)]).exit_code == 0
+    with connect(out, read_only=True) as con:  # an in-memory database spills to a traceq scratch directory
+        spill = con.execute("select current_setting('temp_directory')").fetchall()[0][0]
+        assert Path(spill).parent.name.startswith("traceq-") and (Path(spill).parent / "owner.lock").exists()
+    monkeypatch.setenv("TRACEQ_MEMORY_LIMIT", "lots")
+    result = CliRunner().invoke(app, ["stragglers", "--db", str(db)])
+    assert result.exit_code == 1 and "TRACEQ_MEMORY_LIMIT='lots': give a size such as 2GB or 512MB" in result.output

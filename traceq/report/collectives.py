@@ -79,7 +79,7 @@ def collectives_table(
     windows = "trace_windows" if whole_trace else "selected_windows"
     with opened(db) as con:
         require_runs(con, runs)
-        with crossrank.matched(con) as table:
+        with crossrank.matched(con, runs) as table:
             rows = to_polars(query.run(con, "collectives", query_params(selection),
                                        bind={"windows": windows, "comm_instances": table}))
             notes = crossrank.matching_notes(con, runs)
@@ -162,7 +162,7 @@ def stragglers_table(
     windows = "trace_windows" if whole_trace else "selected_windows"
     with opened(db) as con:
         require_runs(con, runs)
-        with crossrank.matched(con) as table:
+        with crossrank.matched(con, runs) as table:
             rows = to_polars(query.run(con, "stragglers", query_params(selection),
                                        bind={"windows": windows, "comm_instances": table}))
             notes = crossrank.matching_notes(con, runs)
@@ -194,7 +194,7 @@ def instance_table(db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = N
 
     with opened(db) as con:
         require_runs(con, runs)
-        with crossrank.matched(con) as table:
+        with crossrank.matched(con, runs) as table:
             rows = to_polars(con.sql(
                 f"select run, instance_id, collective_type, process_group, group_size, seq, ordinal, rank, device, "
                 f"start_ns, dur_ns, wait_ns, transfer_ns, arrived_last, size_bytes, matched, reason from {table} "

@@ -30,9 +30,10 @@ SPLIT_NOTE = (
 
 
 @contextmanager
-def matched(con: duckdb.DuckDBPyConnection) -> Iterator[str]:
-    """The matched collective kernels (``sql/comm_instances.sql``) as a temporary table on ``con`` for the
-    block; yields its name. Nested blocks share the outer block's table."""
+def matched(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> Iterator[str]:
+    """The matched collective kernels (``sql/comm_instances.sql``) of ``runs`` (None: every run) as a
+    temporary table on ``con`` for the block; yields its name. Nested blocks share the outer block's
+    table (and its runs)."""
     held = con.execute(
         "select count(*) from duckdb_tables() where temporary and table_name = ?", [INSTANCES_TABLE]
     ).fetchall()[0][0]
@@ -40,16 +41,21 @@ def matched(con: duckdb.DuckDBPyConnection) -> Iterator[str]:
         yield INSTANCES_TABLE
         return
     statement = query.compose("comm_instances")
-    con.execute(f"create temp table {INSTANCES_TABLE} as {statement}", query.params_of(statement, query_params()))
+    params = {**query_params(), "runs": list(runs) if runs else None}
+    con.execute(f"create temp table {INSTANCES_TABLE} as {statement}", query.params_of(statement, params))
     try:
         yield INSTANCES_TABLE
     finally:
         con.execute(f"drop table if exists {INSTANCES_TABLE}")
 
 
-def split_rows(con: duckdb.DuckDBPyConnection, windows: str, selection: StepSelection = StepSelection()) -> pl.DataFrame:
-    """``sql/comm_split.sql`` per window of ``windows`` (selected_windows or trace_windows)."""
-    with matched(con) as table:
+def split_rows(
+    con: duckdb.DuckDBPyConnection, windows: str, selection: StepSelection = StepSelection(),
+    runs: Sequence[str] | None = None,
+) -> pl.DataFrame:
+    """``sql/comm_split.sql`` per window of ``windows`` (selected_windows or trace_windows), collectives
+    matched within ``runs`` (None: every run)."""
+    with matched(con, runs) as table:
         rows = query.run(con, "comm_split", query_params(selection), bind={"windows": windows, "comm_instances": table})
         return to_polars(rows)
 
@@ -57,7 +63,7 @@ def split_rows(con: duckdb.DuckDBPyConnection, windows: str, selection: StepSele
 def matching_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> list[str]:
     """One line per run: how many communication kernels were matched across how many ranks, and for the
     rest, why not (and that their time counts as transfer)."""
-    with matched(con) as table:
+    with matched(con, runs) as table:
         summary = con.execute(
             f"""
             select c.run, count(*), count(*) filter (where c.matched), count(distinct c.instance_id),

@@ -97,7 +97,7 @@ def _side_rows(con: duckdb.DuckDBPyConnection, side: Side, skip_steps: int | Non
 
     require_runs(con, [side.run])
     selection = StepSelection.parse(side.steps, skip_steps, False)
-    steps = step_metrics(con, selection=selection, runs=[side.run], idle_parts=True)
+    steps = step_metrics(con, selection=selection, runs=[side.run], idle_parts=True, cross_rank=True)
     if side.rank is not None:
         steps = steps.filter(pl.col("rank") == side.rank)
     if steps.height == 0:

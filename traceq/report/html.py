@@ -81,7 +81,7 @@ def report_data(
         by_collective = coll.group_by("run", "collective_type").agg(pl.col("exposed_comm_by_collective_us").mean())
         scaling = scaling_from_runs(per_run(steps, scaling_by), scaling_by)
         chosen = steps["run"].unique().to_list()
-        with crossrank.matched(con):
+        with crossrank.matched(con, chosen):
             waits, bandwidth, cross_notes = _cross_rank(con, selection, chosen)
         data = ReportData(
             steps=steps, by_collective=by_collective, scaling=scaling,
@@ -98,7 +98,7 @@ def _cross_rank(
 ) -> tuple[pl.DataFrame, pl.DataFrame, list[str]]:
     """Waiting per (run, rank, step) of the runs with matched collectives, busbw per (run, collective
     type, size bucket) of matched instances, and the matching notes."""
-    split = crossrank.split_rows(con, "selected_windows", selection)
+    split = crossrank.split_rows(con, "selected_windows", selection, runs)
     traces = to_polars(con.sql("select trace_id, run from traces"))
     split = split.join(traces, on="trace_id").filter(pl.col("run").is_in(list(runs)))
     matched_runs = split.group_by("run").agg(pl.col("matched_count").sum()).filter(pl.col("matched_count") > 0)["run"]

@@ -79,13 +79,14 @@ def interval_breakdown(
     con: duckdb.DuckDBPyConnection, whole_trace: bool, selection: StepSelection = StepSelection(),
     idle_parts: bool = False,
     cross_rank: bool = False,
+    runs: Sequence[str] | None = None,
 ) -> pl.DataFrame:
     """Interval metrics (ns) per window: per (trace, rank, device, step) of the selected steps, or per
     (trace, rank, device) over the whole timeline (step -1). Device activity (``activity`` gpu), or for
     traces without any, CPU-side gloo communication and operators (``activity`` cpu, device -1).
     ``idle_parts``: with idle split by cause (``sql/idle_breakdown.sql``; null on CPU-only traces).
     ``cross_rank``: with communication split into wait and transfer, and the straggler counts
-    (``sql/comm_split.sql``; :mod:`traceq.report.crossrank`)."""
+    (``sql/comm_split.sql``; :mod:`traceq.report.crossrank`), collectives matched within ``runs``."""
     windows = "trace_windows" if whole_trace else "selected_windows"
     # run now (materialized): polars may still be importing meanwhile (metric_report)
     rows = query.run(con, "interval_breakdown", query_params(selection), bind={"windows": windows}).materialize()
@@ -98,7 +99,7 @@ def interval_breakdown(
         ).select("r.*, p.idle_sync_ns, p.idle_host_bound_ns, p.idle_other_ns")
     frame = to_polars(rows)
     if cross_rank:
-        frame = frame.join(crossrank.split_rows(con, windows, selection), on=["trace_id", "rank", "device", "step"],
+        frame = frame.join(crossrank.split_rows(con, windows, selection, runs), on=["trace_id", "rank", "device", "step"],
                            how="left")
     return frame
 
@@ -121,7 +122,7 @@ def step_metrics(
     (:data:`~traceq.catalog.META_COLUMNS`).
     """
     require_side_tables(con)
-    frame = interval_breakdown(con, whole_trace, selection, idle_parts, cross_rank)
+    frame = interval_breakdown(con, whole_trace, selection, idle_parts, cross_rank, runs)
     import polars as pl
 
     meta = run_metadata_frame(con)
