@@ -1,5 +1,6 @@
 -- inputs: gpu_activity, cpu_activity
--- comm_instances: one row per communication kernel (a gloo span on CPU-only traces), matched across the
+-- comm_instances: one row per communication kernel (a gloo span on CPU-only traces; step: the step that
+-- launched it, as in sql/device_activity.sql), matched across the
 -- ranks of its run into collective instances (README: Across ranks). A kernel's duration = waiting for
 -- the last peer + moving data; durations carry the result, not start times, so clock skew between ranks
 -- does not bias it.
@@ -38,7 +39,7 @@ chosen as (
 
 kernels as (
     select
-        a.trace_id, a.rank, coalesce(a.device, -1) as device, a.stream, a.start_ns, a.end_ns, a.dur_ns,
+        a.trace_id, a.rank, coalesce(a.device, -1) as device, a.stream, a.step, a.start_ns, a.end_ns, a.dur_ns,
         a.collective_type, a.pg_name, a.pg_desc, a.pg_ranks, a.group_size, a.seq,
         case when a.collective_type = 'AllGather' then a.out_nelems else a.in_nelems end * dtype_bytes(a.dtype) as bytes
     from gpu_activity as a
@@ -46,7 +47,7 @@ kernels as (
     where a.class = 'comm'
     union all
     select
-        c.trace_id, c.rank, c.device, null, c.start_ns, c.end_ns, c.dur_ns, coalesce(c.collective_type, 'Other'),
+        c.trace_id, c.rank, c.device, null, c.step, c.start_ns, c.end_ns, c.dur_ns, coalesce(c.collective_type, 'Other'),
         null, null, null, null, null, null
     from cpu_activity as c
     semi join chosen as h on h.trace_id = c.trace_id
@@ -88,7 +89,7 @@ groups as (
 
 candidates as (
     select
-        k.trace_id, k.rank, k.device, k.stream, k.start_ns, k.end_ns, k.dur_ns, k.collective_type, k.seq,
+        k.trace_id, k.rank, k.device, k.stream, k.step, k.start_ns, k.end_ns, k.dur_ns, k.collective_type, k.seq,
         k.bytes, g.group_id, g.n,
         coalesce(g.group_reason, case when k.collective_type in ('Send', 'Recv', 'SendRecv') then 'point-to-point' end)
             as reason0
@@ -166,7 +167,7 @@ labels as (
 
 final as (
     select
-        trace_id, rank, device, stream, start_ns, end_ns, dur_ns, collective_type, group_id,
+        trace_id, rank, device, stream, step, start_ns, end_ns, dur_ns, collective_type, group_id,
         n as group_size, seq, ordinal,
         reason is null as matched,
         reason,
@@ -180,7 +181,7 @@ final as (
     from matched
     union all by name
     select
-        trace_id, rank, device, stream, start_ns, end_ns, dur_ns, collective_type, group_id,
+        trace_id, rank, device, stream, step, start_ns, end_ns, dur_ns, collective_type, group_id,
         n as group_size, seq, null as ordinal, false as matched, reason0 as reason, null as instance_id,
         0 as wait_ns, dur_ns as transfer_ns, false as arrived_last, 0 as wait_caused_ns, bytes as size_bytes
     from candidates

@@ -12,6 +12,12 @@
 --   window_start_ns, window_ns          the window
 --   idle_ns                             window_ns − busy_ns (0 <= idle_ns <= window_ns)
 --   overlap_ratio                       overlapped_comm_ns / comm_ns
+--   comm_wait_ns                        |U(wait parts) − U(transfer parts)|: every running comm kernel is
+--                                       in its first wait_ns (device_activity.wait_ns: 0 unless bound to
+--                                       sql/split_activity.sql), waiting for its last peer
+--   comm_transfer_ns                    comm_ns − comm_wait_ns (where two kernels overlap, moving data wins)
+--   exposed_comm_wait_ns                comm_wait_ns − U(compute); exposed_comm_transfer_ns the rest of
+--                                       exposed_comm_ns
 -- Identity: compute_ns + exposed_comm_ns + exposed_memcpy_ns + idle_ns = window_ns.
 -- One sweep over each device's timeline: window edges are boundaries too, so no segment straddles one,
 -- and each segment is placed in the window that holds it (so per-step figures summed over steps a..b
@@ -24,7 +30,7 @@ with spans as (
 
 -- the activity that can reach a window
 activity as (
-    select a.trace_id, a.rank, a.device, a.start_ns, a.end_ns, a.class
+    select a.trace_id, a.rank, a.device, a.start_ns, a.end_ns, a.class, a.wait_ns
     from device_activity as a
     inner join spans as s on s.trace_id = a.trace_id and s.rank = a.rank and s.device = a.device
     where a.end_ns >= s.lo_ns and a.start_ns <= s.hi_ns
@@ -35,18 +41,24 @@ activity as (
 -- so that one running sum does the work of three (0.18 -> 0.155 s on the 500 MB trace): the packed sum
 -- is exact, and where it is read (the last boundary of each instant, below) every count is the number
 -- of open intervals, >= 0 and far below 2**21. Window edges enter with 0.
+-- A second running sum counts the comm kernels in their wait part: +1 at the start of one that waits,
+-- -1 where its wait ends.
 boundaries as (
     select trace_id, rank, device, start_ns as ts,
-           case when class = 'comm' then 1 when class = 'compute' then 2097152 when class in ('memcpy', 'memset') then 4398046511104 else 0 end::bigint as delta
+           case when class = 'comm' then 1 when class = 'compute' then 2097152 when class in ('memcpy', 'memset') then 4398046511104 else 0 end::bigint as delta,
+           (wait_ns > 0)::bigint as d_wait
     from activity
     union all
     select trace_id, rank, device, end_ns as ts,
-           -(case when class = 'comm' then 1 when class = 'compute' then 2097152 when class in ('memcpy', 'memset') then 4398046511104 else 0 end::bigint)
+           -(case when class = 'comm' then 1 when class = 'compute' then 2097152 when class in ('memcpy', 'memset') then 4398046511104 else 0 end::bigint),
+           0::bigint
     from activity
     union all
-    select trace_id, rank, device, start_ns, 0::bigint from windows
+    select trace_id, rank, device, start_ns + wait_ns, 0::bigint, -1::bigint from activity where wait_ns > 0
     union all
-    select trace_id, rank, device, end_ns, 0::bigint from windows
+    select trace_id, rank, device, start_ns, 0::bigint, 0::bigint from windows
+    union all
+    select trace_id, rank, device, end_ns, 0::bigint, 0::bigint from windows
 ),
 
 -- Boundaries at the same ts are not summed first: all but the last of them (in the window's order)
@@ -57,6 +69,7 @@ running as (
     select
         trace_id, rank, device, ts,
         (sum(delta) over w)::bigint as open_packed,
+        (sum(d_wait) over w)::bigint as n_wait,
         lead(ts) over w - ts as seg_ns
     from boundaries
     window w as (partition by trace_id, rank, device order by ts rows between unbounded preceding and current row)
@@ -64,7 +77,7 @@ running as (
 
 segments as (
     select
-        trace_id, rank, device, ts, seg_ns,
+        trace_id, rank, device, ts, seg_ns, n_wait,
         open_packed & 2097151 as n_comm,
         (open_packed >> 21) & 2097151 as n_compute,
         open_packed >> 42 as n_mem
@@ -91,7 +104,9 @@ sweep as (
         coalesce(sum(seg_ns) filter (where n_comm > 0 and n_compute > 0), 0)::bigint as overlapped_comm_ns,
         coalesce(sum(seg_ns) filter (where n_comm > 0 and n_compute = 0), 0)::bigint as exposed_comm_ns,
         coalesce(sum(seg_ns) filter (where n_mem > 0 and n_comm = 0 and n_compute = 0), 0)::bigint as exposed_memcpy_ns,
-        coalesce(sum(seg_ns) filter (where n_comm > 0 or n_compute > 0 or n_mem > 0), 0)::bigint as busy_ns
+        coalesce(sum(seg_ns) filter (where n_comm > 0 or n_compute > 0 or n_mem > 0), 0)::bigint as busy_ns,
+        coalesce(sum(seg_ns) filter (where n_comm > 0 and n_wait = n_comm), 0)::bigint as comm_wait_ns,
+        coalesce(sum(seg_ns) filter (where n_comm > 0 and n_wait = n_comm and n_compute = 0), 0)::bigint as exposed_comm_wait_ns
     from placed
     group by all
 ),
@@ -113,7 +128,11 @@ final as (
         w.start_ns as window_start_ns,
         w.end_ns - w.start_ns as window_ns,
         w.end_ns - w.start_ns - coalesce(s.busy_ns, 0) as idle_ns,
-        case when s.comm_ns > 0 then s.overlapped_comm_ns / s.comm_ns end as overlap_ratio
+        case when s.comm_ns > 0 then s.overlapped_comm_ns / s.comm_ns end as overlap_ratio,
+        coalesce(s.comm_wait_ns, 0) as comm_wait_ns,
+        coalesce(s.comm_ns - s.comm_wait_ns, 0) as comm_transfer_ns,
+        coalesce(s.exposed_comm_wait_ns, 0) as exposed_comm_wait_ns,
+        coalesce(s.exposed_comm_ns - s.exposed_comm_wait_ns, 0) as exposed_comm_transfer_ns
     from windows as w
     left join sweep as s using (trace_id, rank, device, step)
 )

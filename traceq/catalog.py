@@ -210,7 +210,7 @@ METRICS: tuple[Metric, ...] = (
 METRIC_NAMES = tuple(m.name for m in METRICS)
 # idle_us split by cause (sql/idle_breakdown.sql): computed when a report asks for one of them
 IDLE_PARTS = ("idle_sync_us", "idle_host_bound_us", "idle_other_us")
-# across ranks (sql/comm_instances.sql, sql/comm_split.sql): computed when a report asks for one of them
+# across ranks (sql/comm_instances.sql, sql/split_activity.sql): computed when a report asks for one of them
 CROSS_RANK = ("comm_wait_us", "comm_transfer_us", "exposed_comm_wait_us", "exposed_comm_transfer_us",
               "arrived_last_count", "arrived_last_share", "wait_caused_us")
 # metrics over a step's CPU span (throughput, power): they have no whole-trace value

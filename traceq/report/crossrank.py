@@ -1,6 +1,7 @@
 """Across ranks: collective kernels matched over the ranks of each run (``sql/comm_instances.sql``), the
-split of communication into waiting and transfer per window (``sql/comm_split.sql``), and the notes that
-say how much could be matched and why the rest could not (README: Across ranks).
+stragglers per window (``sql/stragglers.sql``; the wait/transfer split itself is part of
+``sql/interval_breakdown.sql`` over ``sql/split_activity.sql``), and the notes that say how much could
+be matched and why the rest could not (README: Across ranks).
 
 Matching runs once per report: :func:`matched` keeps its result in a temporary table for the block, and
 every query of the block reads it from there.
@@ -49,14 +50,14 @@ def matched(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -
         con.execute(f"drop table if exists {INSTANCES_TABLE}")
 
 
-def split_rows(
+def straggler_rows(
     con: duckdb.DuckDBPyConnection, windows: str, selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
 ) -> pl.DataFrame:
-    """``sql/comm_split.sql`` per window of ``windows`` (selected_windows or trace_windows), collectives
-    matched within ``runs`` (None: every run)."""
+    """``sql/stragglers.sql`` per window of ``windows`` (selected_windows or trace_windows) that holds a
+    matched kernel, collectives matched within ``runs`` (None: every run)."""
     with matched(con, runs) as table:
-        rows = query.run(con, "comm_split", query_params(selection), bind={"windows": windows, "comm_instances": table})
+        rows = query.run(con, "stragglers", query_params(selection), bind={"windows": windows, "comm_instances": table})
         return to_polars(rows)
 
 

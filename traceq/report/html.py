@@ -21,6 +21,7 @@ from traceq.report import crossrank
 from traceq.report.collectives import MATCHED, collectives_table
 from traceq.report.metrics import (
     breakdown_metrics,
+    interval_breakdown,
     nothing_selected,
     require_runs,
     step_metrics,
@@ -73,7 +74,7 @@ def report_data(
     with opened(db) as con:
         if steps is None:
             require_runs(con, runs)
-            steps = step_metrics(con, selection=selection, runs=runs)
+            steps = step_metrics(con, selection=selection, runs=runs, cross_rank=True)
         if steps.height == 0:
             raise EmptySelection(nothing_selected(con, selection, runs))
         window_notes = step_window_notes(con, steps, selection)
@@ -82,7 +83,7 @@ def report_data(
         scaling = scaling_from_runs(per_run(steps, scaling_by), scaling_by)
         chosen = steps["run"].unique().to_list()
         with crossrank.matched(con, chosen):
-            waits, bandwidth, cross_notes = _cross_rank(con, selection, chosen)
+            waits, bandwidth, cross_notes = _cross_rank(con, selection, chosen, steps)
         data = ReportData(
             steps=steps, by_collective=by_collective, scaling=scaling,
             power=power_series(con, chosen), windows=step_wall_times(con, chosen),
@@ -94,13 +95,17 @@ def report_data(
 
 
 def _cross_rank(
-    con: duckdb.DuckDBPyConnection, selection: StepSelection, runs: Sequence[str]
+    con: duckdb.DuckDBPyConnection, selection: StepSelection, runs: Sequence[str], steps: pl.DataFrame
 ) -> tuple[pl.DataFrame, pl.DataFrame, list[str]]:
     """Waiting per (run, rank, step) of the runs with matched collectives, busbw per (run, collective
-    type, size bucket) of matched instances, and the matching notes."""
-    split = crossrank.split_rows(con, "selected_windows", selection, runs)
-    traces = to_polars(con.sql("select trace_id, run from traces"))
-    split = split.join(traces, on="trace_id").filter(pl.col("run").is_in(list(runs)))
+    type, size bucket) of matched instances, and the matching notes. ``steps``: the report's step rows,
+    whose split is used where they have it."""
+    if "comm_wait_ns" in steps.columns:
+        split = steps.filter(pl.col("device").is_not_null())
+    else:
+        split = interval_breakdown(con, False, selection, cross_rank=True, runs=runs)
+        traces = to_polars(con.sql("select trace_id, run from traces"))
+        split = split.join(traces, on="trace_id").filter(pl.col("run").is_in(list(runs)))
     matched_runs = split.group_by("run").agg(pl.col("matched_count").sum()).filter(pl.col("matched_count") > 0)["run"]
     waits = (
         split.filter(pl.col("run").is_in(matched_runs.implode()))

@@ -10,6 +10,7 @@ then ranks (mean, min, max and the slowest rank), then runs (grouped by metadata
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -85,11 +86,14 @@ def interval_breakdown(
     (trace, rank, device) over the whole timeline (step -1). Device activity (``activity`` gpu), or for
     traces without any, CPU-side gloo communication and operators (``activity`` cpu, device -1).
     ``idle_parts``: with idle split by cause (``sql/idle_breakdown.sql``; null on CPU-only traces).
-    ``cross_rank``: with communication split into wait and transfer, and the straggler counts
-    (``sql/comm_split.sql``; :mod:`traceq.report.crossrank`), collectives matched within ``runs``."""
+    ``cross_rank``: with communication split into wait and transfer by collectives matched within
+    ``runs`` (``sql/split_activity.sql``), and the stragglers (``sql/stragglers.sql``; README: Across ranks)."""
     windows = "trace_windows" if whole_trace else "selected_windows"
-    # run now (materialized): polars may still be importing meanwhile (metric_report)
-    rows = query.run(con, "interval_breakdown", query_params(selection), bind={"windows": windows}).materialize()
+    with crossrank.matched(con, runs) if cross_rank else nullcontext(None) as table:
+        bind = {"windows": windows, **({"device_activity": "split_activity", "comm_instances": table} if table else {})}
+        # run now (materialized): polars may still be importing meanwhile (metric_report)
+        rows = query.run(con, "interval_breakdown", query_params(selection), bind=bind).materialize()
+        stragglers = crossrank.straggler_rows(con, windows, selection, runs) if table else None
     activity = con.sql("select trace_id, case when n_gpu_events > 0 then 'gpu' else 'cpu' end as activity from traces")
     rows = rows.join(activity, "trace_id")
     if idle_parts:
@@ -98,10 +102,17 @@ def interval_breakdown(
             parts, "r.trace_id = p.trace_id and r.rank = p.rank and r.device = p.device and r.step = p.step", "left"
         ).select("r.*, p.idle_sync_ns, p.idle_host_bound_ns, p.idle_other_ns")
     frame = to_polars(rows)
-    if cross_rank:
-        frame = frame.join(crossrank.split_rows(con, windows, selection, runs), on=["trace_id", "rank", "device", "step"],
-                           how="left")
-    return frame
+    if stragglers is None:  # without matching, nothing is known to be waiting
+        return frame.drop(*_SPLIT_NS)
+    import polars as pl
+
+    keys = ["trace_id", "rank", "device", "step"]
+    return frame.join(stragglers, on=keys, how="left").with_columns(
+        pl.col(c).fill_null(0) for c in ("matched_count", "arrived_last_count", "wait_caused_ns")
+    )
+
+
+_SPLIT_NS = ("comm_wait_ns", "comm_transfer_ns", "exposed_comm_wait_ns", "exposed_comm_transfer_ns")
 
 
 def step_metrics(
