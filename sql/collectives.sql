@@ -1,9 +1,10 @@
--- inputs: comm_instances, windows, run_metadata
+-- inputs: comm_instances, shared_windows, run_metadata
 -- collectives: the collective instances of the windows (sql/comm_instances.sql), summed per (run,
 -- collective_type, process_group, group_size, inter_node, size_bucket_bytes, matched): the finest grain
 -- that `traceq collectives` groups up from.
---   an instance        counts in the window (of its rank and device) that holds the start of the kernel that
---                      arrived last; an unmatched kernel is an instance of its own, in the window of its start
+--   an instance        counts in the window (of its rank and device, at a step every rank of the run has:
+--                      sql/shared_windows.sql) that holds the start of the kernel that arrived last; an
+--                      unmatched kernel is an instance of its own, in the window of its start
 --   inter_node         the group's ranks (those seen in the run) sit on more than one host (run.json host of
 --                      each rank), else on more than one node of gpus_per_node ranks; null when neither is known
 --   size_bucket_bytes  2^floor(log2(size_bytes)): the bucket [b, 2b); null when the size is unknown
@@ -14,7 +15,7 @@
 with placed as (
     select c.*, w.step
     from (select * from comm_instances where arrived_last or not matched) as c
-    asof inner join (select * from windows where end_ns > start_ns) as w
+    asof inner join (select * from shared_windows where end_ns > start_ns) as w
         on w.trace_id = c.trace_id and w.rank = c.rank and w.device = c.device and c.start_ns >= w.start_ns
     where c.start_ns < w.end_ns
 ),

@@ -10,8 +10,11 @@
 --   instance        with Seq on every kernel of the group: (group, Seq, k-th kernel of that Seq on the
 --                   rank); else (group, collective type, k-th kernel of that type on the rank) = ordinal
 --   matched         the instance holds a kernel of each of the group's n ranks; else `reason` says why:
---                   no process group | no group size | point-to-point | the run holds k of the group's n
---                   ranks | ranks saw different numbers of kernels | missing on some ranks
+--                   no process group | no group size | point-to-point | rank unknown (a file without
+--                   one) | ranks outside the group's member list hold it | ranks disagree on the group's
+--                   member list | the run holds k of the group's n ranks | k ranks hold a group of n
+--                   (groups of one name, without member lists) | ranks saw different numbers of kernels |
+--                   missing on some ranks | a kernel of the instance has zero length (its time is unknown)
 --   transfer_ns     the shortest duration over the instance's ranks (the rank that arrived last waited least)
 --   wait_ns         dur_ns - transfer_ns: the first part of the kernel
 --   arrived_last    the kernel of the shortest duration (ties: the lowest rank) arrived last: the straggler
@@ -64,26 +67,35 @@ resolved as (
         a.*,
         coalesce(a.pg_name, p.pg_name) as group_name,
         case when a.pg_name is not null then a.pg_desc else p.pg_desc end as group_desc,
-        nullif(list_sort(try_cast(case when a.pg_name is not null then a.pg_ranks else p.pg_ranks end as bigint[])), [])
-            as members,
+        try_cast(case when a.pg_name is not null then a.pg_ranks else p.pg_ranks end as bigint[]) as rank_list,
         case when a.pg_name is not null then case when a.group_size > 0 then a.group_size end else p.pg_size end as size_arg
     from group_args as a
     left join single_pg as p on a.pg_name is null and p.trace_id = a.trace_id
+),
+
+-- a rank list that is empty, or cut short ("[0, 1, ..., 29, ...]": a null in it), names no members
+listed as (
+    select
+        * exclude (rank_list),
+        case when len(rank_list) > 0 and len(list_filter(rank_list, lambda x: x is null)) = 0 then list_sort(rank_list) end
+            as members
+    from resolved
 ),
 
 groups as (
     select
         r.trace_id, r.pg_name, r.pg_desc, r.pg_ranks, r.group_size,
         t.run,
+        r.group_name,
+        r.members,
         hash(t.run, r.group_name, array_to_string(r.members, ',')) as group_id,
-        r.group_name as pg_name_resolved,
         coalesce(r.group_desc || ' (' || r.group_name || ')', r.group_name, r.group_desc, 'unknown') as process_group,
         coalesce(r.size_arg, len(r.members)) as n,
         case
             when r.group_name is null then 'no process group'
             when coalesce(r.size_arg, len(r.members)) is null then 'no group size'
         end as group_reason
-    from resolved as r
+    from listed as r
     inner join traces as t using (trace_id)
 ),
 
@@ -91,8 +103,11 @@ candidates as (
     select
         k.trace_id, k.rank, k.device, k.stream, k.step, k.start_ns, k.end_ns, k.dur_ns, k.collective_type, k.seq,
         k.bytes, g.group_id, g.n,
-        coalesce(g.group_reason, case when k.collective_type in ('Send', 'Recv', 'SendRecv') then 'point-to-point' end)
-            as reason0
+        coalesce(
+            g.group_reason,
+            case when k.collective_type in ('Send', 'Recv', 'SendRecv') then 'point-to-point' end,
+            case when k.rank < 0 then 'rank unknown' end
+        ) as reason0
     from kernels as k
     inner join groups as g
         on g.trace_id = k.trace_id and g.pg_name is not distinct from k.pg_name
@@ -100,10 +115,45 @@ candidates as (
         and g.group_size is not distinct from k.group_size
 ),
 
-group_facts as (
-    select group_id, count(distinct rank) as present, bool_and(seq is not null) as by_seq
+group_seq as (
+    select group_id, bool_and(seq is not null) as by_seq
     from candidates
     where reason0 is null
+    group by all
+),
+
+-- which ranks hold which group (ranks x groups: few rows), and what a group's ranks say of it
+group_ranks as (
+    select distinct group_id, rank from candidates where reason0 is null
+),
+
+group_defs as (
+    select distinct run, group_id, group_name, members from groups
+),
+
+-- a rank of a group's member list that holds a group of the same name with another member list
+disagreeing as (
+    select distinct d.group_id
+    from (select group_id, run, group_name, unnest(members) as member from group_defs) as d
+    inner join group_ranks as gr on gr.rank = d.member
+    inner join group_defs as o on o.group_id = gr.group_id
+    where o.run = d.run and o.group_name = d.group_name and o.group_id <> d.group_id
+),
+
+group_facts as (
+    select
+        r.group_id,
+        count(*) as present,
+        any_value(s.by_seq) as by_seq,
+        case
+            when bool_or(d.members is not null and not list_contains(d.members, r.rank))
+                then 'ranks outside the group''s member list hold it'
+            when any_value(x.group_id) is not null then 'ranks disagree on the group''s member list'
+        end as members_reason
+    from group_ranks as r
+    inner join group_seq as s using (group_id)
+    inner join group_defs as d using (group_id)
+    left join disagreeing as x using (group_id)
     group by all
 ),
 
@@ -112,6 +162,7 @@ ordered as (
     select
         c.* exclude (reason0),
         f.present,
+        f.members_reason,
         case when f.by_seq then c.seq else -1 end as key_seq,
         case when f.by_seq then '' else c.collective_type end as key_type,
         row_number() over (
@@ -151,9 +202,13 @@ matched as (
         i.max_bytes,
         i.last_rank,
         case
-            when o.present <> o.n then format('the run holds {} of the group''s {} ranks', o.present, o.n)
+            when o.members_reason is not null then o.members_reason
+            when o.present < o.n then format('the run holds {} of the group''s {} ranks', o.present, o.n)
+            when o.present > o.n then format('{} ranks hold a group of {}: groups of one name, without member lists',
+                                             o.present, o.n)
             when tc.differ then 'ranks saw different numbers of kernels'
             when i.n_kernels <> o.n then 'missing on some ranks'
+            when i.transfer_ns = 0 then 'a kernel of the instance has zero length'
         end as reason
     from ordered as o
     inner join instances as i using (group_id, key_seq, key_type, ordinal)
@@ -162,7 +217,7 @@ matched as (
 
 -- names and labels join the rows last: the sorts above carry integers
 labels as (
-    select distinct group_id, process_group from groups
+    select group_id, min(process_group) as process_group from groups group by all
 ),
 
 final as (

@@ -219,6 +219,91 @@ def test_a_group_the_run_holds_only_part_of_is_not_matched_and_says_why(tmp_path
                and "3 point-to-point (Send)" in n for n in notes)
 
 
+def _one_allreduce_per_rank(ranks_args: dict[int, dict], durations_us: dict[int, int] | None = None) -> dict[int, TraceBuilder]:
+    """One AllReduce per rank in step 1, ending at 50 us, lasting durations_us[r] (default 10 - r), with
+    the given args on each rank's kernel."""
+    out = {}
+    for r, args in ranks_args.items():
+        dur = (durations_us or {}).get(r, 10 - r)
+        t = TraceBuilder(rank=r)
+        t.step(1, 0, 100 * US)
+        t.kernel(ALL_REDUCE, (50 - dur) * US, 50 * US, stream=20, launch_ns=10 * US, **args)
+        out[r] = t
+    return out
+
+
+def _reasons(db: Path) -> dict[int, str | None]:
+    return dict(instance_table(db).select("rank", "reason").iter_rows())
+
+
+def test_a_group_whose_ranks_describe_it_differently_is_counted_once(tmp_path: Path) -> None:
+    args = {r: collective_args(ranks=(0, 1)) for r in (0, 1)}
+    args[1]["Process Group Description"] = "undefined"
+    db = ingest(tmp_path, _one_allreduce_per_rank(args))
+    rows = instance_table(db)
+    assert rows.height == 2 and rows["matched"].all() and rows["wait_us"].sort().to_list() == [0, 1]
+    table, _ = stragglers_table(db, selection=EVERY_STEP)
+    assert table["matched_count"].to_list() == [1, 1] and table["wait_caused_us"].to_list() == [1, 0]
+    assert collectives_table(db, selection=EVERY_STEP)[0].height == 1
+
+
+def test_ranks_that_cannot_be_the_group_are_not_matched(tmp_path: Path) -> None:
+    """Never guessed: files without a rank; ranks outside the member list; ranks that disagree on the
+    list; two groups of one name without member lists; a kernel of zero length."""
+    unknown = tmp_path / "unknown"
+    files = [b.write(unknown / f"part{r}.json") for r, b in _one_allreduce_per_rank(
+        {r: collective_args(ranks=(0, 1)) for r in (0, 1)}).items()]
+    for f in files:  # no rank anywhere: ingest gives them ranks -1 and -2 of their own
+        doc = json.loads(f.read_text())
+        doc.pop("distributedInfo")
+        f.write_text(json.dumps(doc))
+    db = tmp_path / "unknown.duckdb"
+    assert ingest_traces(files, db, workers=0).ok
+    assert set(_reasons(db).values()) == {"rank unknown"}
+
+    outside = {0: collective_args(ranks=(0, 1)), 2: collective_args(ranks=(0, 1))}
+    db = ingest(tmp_path, _one_allreduce_per_rank(outside), "outside", world_size=3)
+    assert set(_reasons(db).values()) == {"ranks outside the group's member list hold it"}
+
+    disagree = {0: collective_args(ranks=(0, 1)), 1: collective_args(ranks=(0, 1, 2))}
+    db = ingest(tmp_path, _one_allreduce_per_rank(disagree), "disagree", world_size=3)
+    assert set(_reasons(db).values()) == {"ranks disagree on the group's member list"}
+
+    nameless = {}
+    for r in range(4):  # TP groups {0, 1} and {2, 3}, both named "1", without member lists
+        nameless[r] = collective_args(ranks=(0, 1))
+        nameless[r].pop("Process Group Ranks")
+        nameless[r]["Process Group Name"] = "1"
+    db = ingest(tmp_path, _one_allreduce_per_rank(nameless, {r: 5 + r for r in range(4)}), "nameless")
+    assert set(_reasons(db).values()) == {"4 ranks hold a group of 2: groups of one name, without member lists"}
+
+    zero = {r: collective_args(ranks=(0, 1)) for r in (0, 1)}
+    db = ingest(tmp_path, _one_allreduce_per_rank(zero, {0: 10, 1: 0}), "zero")
+    assert set(_reasons(db).values()) == {"a kernel of the instance has zero length"}
+
+
+def test_a_rank_list_cut_short_names_no_members(tmp_path: Path) -> None:
+    """Kineto cuts long lists: "[0, 1, ...]". With a group size the group still matches; without one,
+    its size is unknown (not 3, counting the cut)."""
+    cut = {r: {**collective_args(ranks=(0, 1)), "Process Group Ranks": "[0, 1, ...]"} for r in (0, 1)}
+    db = ingest(tmp_path, _one_allreduce_per_rank(cut), "sized")
+    assert instance_table(db)["matched"].all()
+    for args in cut.values():
+        args.pop("Group size")
+    db = ingest(tmp_path, _one_allreduce_per_rank(cut), "unsized")
+    assert set(_reasons(db).values()) == {"no group size"}
+
+
+def test_cross_rank_tables_compare_ranks_over_the_steps_they_all_have(corpus_db: Path) -> None:
+    """In the merged 4-rank file the last step was cut on ranks 1-3 only, so step 11 is rank 0's alone:
+    stragglers leave it out and say so, and the waiting caused equals the waiting done."""
+    table, notes = stragglers_table(corpus_db, runs=["fused_traces"])
+    assert table["matched_count"].to_list() == [14] * 4
+    assert table["wait_caused_us"].sum() == pytest.approx(table["wait_us"].sum(), abs=1e-6)
+    assert ("run fused_traces: ranks are compared over the steps every rank has; left out: step 11 (1 of 4 ranks)"
+            in notes)
+
+
 def test_cli_reports_collectives_stragglers_and_split_metrics(tmp_path: Path) -> None:
     db = str(ingest(tmp_path, late_rank_run()))
     runner = CliRunner()
@@ -244,6 +329,10 @@ def test_cli_reports_collectives_stragglers_and_split_metrics(tmp_path: Path) ->
     assert [r["busbw_gbps"] for r in json.loads(out.stdout)] == [pytest.approx(4 / 3)]
     out = runner.invoke(app, ["scaling", "--db", db, "--metric", "busbw"])
     assert out.exit_code == 1 and "busbw_gbps" in out.output
+    out = runner.invoke(app, ["scaling", "--db", db, "--metric", "busbw_gbps", "--html", str(Path(db).with_suffix(".html"))])
+    assert out.exit_code == 1 and "--html" in out.output and not Path(db).with_suffix(".html").exists()
+    out = runner.invoke(app, ["stragglers", "--db", db, "--steps", "50:60"])
+    assert out.exit_code == 1 and "no step is selected" in out.output
 
 
 def test_collective_scaling_orders_runs_by_world_size(tmp_path: Path) -> None:

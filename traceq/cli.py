@@ -47,6 +47,7 @@ SkipStepsOption = Annotated[Optional[int], typer.Option("--skip-steps", help="Le
 DropLastOption = Annotated[bool, typer.Option("--drop-last/--no-drop-last", help="Always drop each rank's last step.")]
 RunOption = Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")]
 FormatOption = Annotated[Format, typer.Option("--format", help="Output format.")]
+WholeTraceOption = Annotated[bool, typer.Option("--whole-trace", help="Every collective of the trace, not only the selected steps'.")]
 
 
 def _fail(error: str | TraceqError) -> None:
@@ -179,7 +180,8 @@ def report(
 
     try:
         selection = StepSelection.parse(steps, skip_steps, drop_last)
-        result = step_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=run)
+        result = step_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=run,
+                             cross_rank=html is not None and not whole_trace)  # the page shows waiting too
         if html is not None:
             from traceq.report.html import write_html_report
 
@@ -298,7 +300,7 @@ def collectives(
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help="Grain: comma-separated run, collective_type, process_group, size_bucket, inter_node.")] = "run,collective_type,process_group,size_bucket",
     instances: Annotated[bool, typer.Option("--instances", help="One row per communication kernel instead: its instance, rank, wait and transfer (every step).")] = False,
-    whole_trace: Annotated[bool, typer.Option("--whole-trace", help="Every collective of the trace, not only the selected steps'.")] = False,
+    whole_trace: WholeTraceOption = False,
     steps: StepsOption = None,
     skip_steps: SkipStepsOption = None,
     drop_last: DropLastOption = False,
@@ -344,7 +346,7 @@ def collectives(
 def stragglers(
     db: DbOption = Path(DEFAULT_DB),
     by_step: Annotated[bool, typer.Option("--by-step", help="One row per rank and step, not per rank.")] = False,
-    whole_trace: Annotated[bool, typer.Option("--whole-trace", help="Every collective of the trace, not only the selected steps'.")] = False,
+    whole_trace: WholeTraceOption = False,
     steps: StepsOption = None,
     skip_steps: SkipStepsOption = None,
     drop_last: DropLastOption = False,
@@ -717,6 +719,10 @@ def scaling(
         selection = StepSelection.parse(steps, skip_steps, drop_last)
         if metric is not None:
             from traceq.report.collectives import collective_scaling
+
+            if html is not None:
+                raise ConfigError("draws the tokens/s scaling curves; with --metric, leave it out "
+                                  "(`traceq report --html` shows busbw against message size)", param="html", value=str(html))
 
             frame, notes = collective_scaling(db, metric, by=by, selection=selection, runs=run)
             if fmt is Format.table:

@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import duckdb
+
 from traceq import query
 from traceq.catalog import META_COLUMNS, columns
-from traceq.errors import EmptySelection
+from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
 from traceq.report.metrics import nothing_selected, require_runs, run_metadata_frame
 from traceq.report.selection import StepSelection, query_params
@@ -63,13 +65,16 @@ def collectives_table(
     selection: StepSelection = StepSelection(),
     whole_trace: bool = False,
     runs: Sequence[str] | None = None,
+    keep_bucket: bool = False,
 ) -> tuple[pl.DataFrame, list[str]]:
     """Collective instances of the selected steps (or the whole trace) per group of ``by`` (of
     :data:`GRAINS`), matched ones apart from unmatched ones (``basis``), and the notes to print beside.
 
     Columns: the ``by`` columns (with process_group: group_size and inter_node too), ``basis``,
     ``count`` (instances), ``size_bytes``, ``transfer_us``, ``wait_us``, ``algbw_gbps``, ``busbw_gbps``
-    (see :data:`BANDWIDTH_NOTE`). An instance counts in the step of the kernel that arrived last.
+    (see :data:`BANDWIDTH_NOTE`). An instance counts in the step of the kernel that arrived last, over
+    the steps every rank of its run has. ``keep_bucket``: also ``_bucket``, the size bucket's lower
+    bound in bytes (to order by).
     """
     import polars as pl
 
@@ -78,11 +83,8 @@ def collectives_table(
         grain += [c for c in ("group_size", "inter_node") if c not in grain]
     windows = "trace_windows" if whole_trace else "selected_windows"
     with opened(db) as con:
-        require_runs(con, runs)
-        with crossrank.matched(con, runs) as table:
-            rows = to_polars(query.run(con, "collectives", query_params(selection),
-                                       bind={"windows": windows, "comm_instances": table}))
-            notes = crossrank.matching_notes(con, runs)
+        rows, matching, shared = _shared_step_rows(con, "collectives", windows, selection, runs)
+        notes = [*matching, *shared]
         if runs:
             rows = rows.filter(pl.col("run").is_in(list(runs)))
         if rows.height == 0:
@@ -90,7 +92,7 @@ def collectives_table(
                 raise EmptySelection(f"no communication kernel in the selected steps; {nothing_selected(con, selection, runs)}")
             raise EmptySelection("no communication kernel in the warehouse's traces")
     rows = rows.with_columns(
-        pl.col("size_bucket_bytes").map_elements(size_label, return_dtype=pl.Utf8).alias("size_bucket"),
+        pl.col("size_bucket_bytes").map_elements(size_label, return_dtype=pl.Utf8).fill_null("unknown").alias("size_bucket"),
         pl.when(pl.col("matched")).then(pl.lit(MATCHED)).otherwise(pl.lit(LOWER_BOUND)).alias("basis"),
     )
     keys = [*grain, "basis"]
@@ -103,9 +105,9 @@ def collectives_table(
         (pl.col("bus_bytes").sum() / _positive(pl.col("sized_transfer_ns").sum())).alias("busbw_gbps"),
         pl.col("size_bucket_bytes").min().alias("_bucket"),
     )
-    table = table.sort([c if c != "size_bucket" else "_bucket" for c in keys], nulls_last=True).drop("_bucket")
-    return table.select(*keys, "count", "size_bytes", "transfer_us", "wait_us", "algbw_gbps", "busbw_gbps"), [
-        BANDWIDTH_NOTE, *notes]
+    table = table.sort([c if c != "size_bucket" else "_bucket" for c in keys], nulls_last=True)
+    figures = ("count", "size_bytes", "transfer_us", "wait_us", "algbw_gbps", "busbw_gbps")
+    return table.select(*keys, *figures, *(["_bucket"] if keep_bucket else [])), [BANDWIDTH_NOTE, *notes]
 
 
 def collective_scaling(
@@ -116,25 +118,35 @@ def collective_scaling(
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
-    """Collective figures across runs: one row per (``by`` metadata columns, collective type, basis, run),
-    with the run's world size and nodes, ordered by world size within each series. ``metric`` (one of
+    """Collective figures across runs: one row per (``by`` metadata columns, collective type, size bucket,
+    basis, run), with the run's world size and nodes, ordered by world size within each series (runs are
+    compared at the same message sizes). ``metric`` (one of
     :data:`SCALING_METRICS`) comes first after the keys; the other figures follow."""
-    import polars as pl
-
-    from traceq.errors import ConfigError
-
     if metric not in SCALING_METRICS:
         raise ConfigError(f"one of {', '.join(SCALING_METRICS)} (or leave it out for tokens/s)", param="metric",
                           value=metric)
     group = columns(by, [c for c in META_COLUMNS if c not in ("world_size", "nodes")])
-    table, notes = collectives_table(db, by=("run", "collective_type"), selection=selection, runs=runs)
+    table, notes = collectives_table(db, by=("run", "collective_type", "size_bucket"), selection=selection, runs=runs,
+                                     keep_bucket=True)
     with opened(db) as con:
         meta = run_metadata_frame(con).select("run", "world_size", "nodes", *group)
     table = table.join(meta, on="run", how="left")
-    keys = [*group, "collective_type", "basis"]
+    keys = [*group, "collective_type", "size_bucket", "basis"]
     figures = ["count", "size_bytes", *[m for m in ("transfer_us", "wait_us", "algbw_gbps", "busbw_gbps") if m != metric]]
-    order = [*keys, "world_size", "run"]
+    order = [*group, "collective_type", "_bucket", "basis", "world_size", "run"]
     return table.sort(order, nulls_last=True).select(*keys, "run", "world_size", "nodes", metric, *figures), notes
+
+
+def _shared_step_rows(
+    con: duckdb.DuckDBPyConnection, name: str, windows: str, selection: StepSelection, runs: Sequence[str] | None,
+) -> tuple[pl.DataFrame, list[str], list[str]]:
+    """``sql/<name>.sql`` over the steps every rank of a run has, collectives matched within ``runs``;
+    with the matching notes and the notes on steps left out."""
+    require_runs(con, runs)
+    with crossrank.matched(con, runs) as table:
+        rows = to_polars(query.run(con, name, {**query_params(selection), "shared_steps": True},
+                                   bind={"windows": windows, "comm_instances": table}))
+        return rows, crossrank.matching_notes(con, runs), crossrank.shared_steps_notes(con, windows, selection, runs)
 
 
 def _positive(expr: pl.Expr) -> pl.Expr:
@@ -161,18 +173,17 @@ def stragglers_table(
 
     windows = "trace_windows" if whole_trace else "selected_windows"
     with opened(db) as con:
-        require_runs(con, runs)
-        with crossrank.matched(con, runs) as table:
-            rows = to_polars(query.run(con, "stragglers", query_params(selection),
-                                       bind={"windows": windows, "comm_instances": table}))
-            notes = crossrank.matching_notes(con, runs)
+        rows, matching, shared = _shared_step_rows(con, "stragglers", windows, selection, runs)
+        notes = [*matching, *shared]
         traces = to_polars(con.sql("select trace_id, run from traces"))
         rows = rows.join(traces, on="trace_id")
         if runs:
             rows = rows.filter(pl.col("run").is_in(list(runs)))
         if rows.height == 0:
+            if not whole_trace and not query.run(con, windows, query_params(selection)).limit(1).fetchall():
+                raise EmptySelection(nothing_selected(con, selection, runs))
             raise EmptySelection("no collective matched across ranks in the selected steps; "
-                                 + (notes[-1] if notes else nothing_selected(con, selection, runs)))
+                                 + "; ".join(matching[1:] or ["no communication kernels"]))
     keys = ["run", "rank", *(["step"] if by_step else [])]
     table = rows.group_by(keys).agg(
         pl.col("matched_count").sum(), pl.col("arrived_last_count").sum(),

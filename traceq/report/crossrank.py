@@ -57,8 +57,32 @@ def straggler_rows(
     """``sql/stragglers.sql`` per window of ``windows`` (selected_windows or trace_windows) that holds a
     matched kernel, collectives matched within ``runs`` (None: every run)."""
     with matched(con, runs) as table:
-        rows = query.run(con, "stragglers", query_params(selection), bind={"windows": windows, "comm_instances": table})
+        params = {**query_params(selection), "shared_steps": False}
+        rows = query.run(con, "stragglers", params, bind={"windows": windows, "comm_instances": table})
         return to_polars(rows)
+
+
+def shared_steps_notes(
+    con: duckdb.DuckDBPyConnection, windows: str, selection: StepSelection, runs: Sequence[str] | None = None
+) -> list[str]:
+    """A line per run whose ranks do not all have the same steps in ``windows``: the cross-rank tables
+    leave the steps that only some ranks have out (``sql/shared_windows.sql``)."""
+    import polars as pl
+
+    held = to_polars(query.run(con, windows, query_params(selection)).select("trace_id, rank, step"))
+    held = held.join(to_polars(con.sql("select trace_id, run from traces")), on="trace_id")
+    if runs:
+        held = held.filter(pl.col("run").is_in(list(runs)))
+    ranks = held.group_by("run").agg(pl.col("rank").n_unique().alias("ranks"))
+    partial = (
+        held.group_by("run", "step").agg(pl.col("rank").n_unique().alias("n"))
+        .join(ranks, on="run").filter(pl.col("n") < pl.col("ranks")).sort("run", "step")
+    )
+    notes = []
+    for (run,), part in partial.group_by("run", maintain_order=True):
+        left = ", ".join(f"{s} ({n} of {r} ranks)" for s, n, r in part.select("step", "n", "ranks").iter_rows())
+        notes.append(f"run {run}: ranks are compared over the steps every rank has; left out: step {left}")
+    return notes
 
 
 def matching_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> list[str]:

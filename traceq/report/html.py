@@ -71,7 +71,7 @@ def report_data(
 ) -> ReportData:
     """Read the frames of the HTML report for the selected steps of ``runs`` (default: all); ``steps``:
     the step rows of :func:`~traceq.report.metrics.step_metrics` for them, where the caller has them."""
-    with opened(db) as con:
+    with opened(db) as con, crossrank.matched(con, runs):  # matched once for the page
         if steps is None:
             require_runs(con, runs)
             steps = step_metrics(con, selection=selection, runs=runs, cross_rank=True)
@@ -82,8 +82,7 @@ def report_data(
         by_collective = coll.group_by("run", "collective_type").agg(pl.col("exposed_comm_by_collective_us").mean())
         scaling = scaling_from_runs(per_run(steps, scaling_by), scaling_by)
         chosen = steps["run"].unique().to_list()
-        with crossrank.matched(con, chosen):
-            waits, bandwidth, cross_notes = _cross_rank(con, selection, chosen, steps)
+        waits, bandwidth, cross_notes = _cross_rank(con, selection, chosen, steps)
         data = ReportData(
             steps=steps, by_collective=by_collective, scaling=scaling,
             power=power_series(con, chosen), windows=step_wall_times(con, chosen),

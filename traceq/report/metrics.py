@@ -263,10 +263,12 @@ def step_report(
     whole_trace: bool = False,
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
+    cross_rank: bool = False,
 ) -> StepReport:
     """:func:`metric_report` with the step rows behind the table, for a caller that shows them again
     (the HTML report): every metric is computed once. ``metric``: one name, several as a list or a
-    comma-separated string (their columns side by side; a breakdown metric only alone)."""
+    comma-separated string (their columns side by side; a breakdown metric only alone). ``cross_rank``:
+    the rows carry the cross-rank figures (README: Across ranks) even where no metric asks for them."""
     given = metric.split(",") if isinstance(metric, str) else list(metric)
     names = list(dict.fromkeys(resolve_metric(m.strip()) for m in given if m.strip()))
     if not names:
@@ -281,14 +283,16 @@ def step_report(
         raise ConfigError("a breakdown (one row per collective type or process group) is reported alone",
                           param="metric", value=",".join(names))
     # polars (0.09 s to import) loads while DuckDB opens the warehouse and runs the interval query
-    with import_in_background("polars"), opened(db) as con:
+    cross_rank = cross_rank or bool(set(names) & set(CROSS_RANK))
+    with import_in_background("polars"), opened(db) as con, \
+            crossrank.matched(con, runs) if cross_rank and not breakdowns else nullcontext():  # matched once
         require_runs(con, runs)
         if breakdowns:
             rows = breakdown_metrics(con, names[0], whole_trace=whole_trace, selection=selection, runs=runs)
             grain = [*grain, BREAKDOWNS[names[0]][1]]
         else:
             rows = step_metrics(con, whole_trace=whole_trace, selection=selection, runs=runs,
-                                idle_parts=bool(set(names) & set(IDLE_PARTS)), cross_rank=bool(set(names) & set(CROSS_RANK)))
+                                idle_parts=bool(set(names) & set(IDLE_PARTS)), cross_rank=cross_rank)
         if rows.height == 0:
             raise EmptySelection(nothing_selected(con, selection, runs))
         notes: list[str] = []
