@@ -124,6 +124,16 @@ def test_collective_args_on_the_launching_record_param_comms_op_match_the_same(t
     assert rows["seq"].to_list() == [7, 7, 7] and rows["wait_us"].to_list() == [7, 4, 0]
 
 
+def test_the_matched_kernels_are_a_relation_of_their_own(tmp_path: Path) -> None:
+    import traceq
+
+    with traceq.connect(ingest(tmp_path, late_rank_run()), read_only=True) as con:
+        rows = traceq.relation(con, "comm_instances").order("rank").fetchall()
+        names = traceq.relation(con, "comm_instances").columns
+    waits = [dict(zip(names, r))["wait_ns"] for r in rows]
+    assert waits == [7 * US, 4 * US, 0]
+
+
 def test_stragglers_name_the_late_rank_and_the_wait_it_caused(tmp_path: Path) -> None:
     table, notes = stragglers_table(ingest(tmp_path, late_rank_run()), selection=EVERY_STEP)
     assert table["rank"].to_list() == [2, 0, 1]  # the rank that caused the most waiting first
@@ -142,7 +152,7 @@ def test_bus_bandwidth_follows_nccl_tests(tmp_path: Path) -> None:
     assert row["algbw_gbps"] == pytest.approx(1.0) and row["busbw_gbps"] == pytest.approx(4 / 3)
 
 
-# nccl-tests' doc/PERFORMANCE.md: busbw = algbw x factor
+# nccl-tests: busbw = algbw x factor (doc/PERFORMANCE.md; AllToAll: AlltoAllGetBw in src/alltoall.cu)
 NCCL_TESTS_FACTORS = {
     "AllReduce": {2: 1.0, 4: 1.5, 8: 1.75, 16: 1.875},
     "ReduceScatter": {2: 0.5, 4: 0.75, 8: 0.875, 16: 0.9375},

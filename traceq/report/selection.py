@@ -61,8 +61,12 @@ class StepSelection:
 
 def query_params(selection: StepSelection = StepSelection()) -> dict[str, object]:
     """Every parameter the report queries take: the step selection, the event categories, the default
-    step marker (for traces ingested before markers were stored) and the GPU peak table."""
+    step marker (for traces ingested before markers were stored), the GPU peak table, and the runs
+    whose collectives are matched across ranks (``runs``: every run) and whether the cross-rank tables
+    keep to the steps every rank has (``shared_steps``)."""
     return {
+        "runs": None,
+        "shared_steps": False,
         "skip_steps": selection.skip_steps,
         "step_min": selection.step_min,
         "step_max": selection.step_max,
