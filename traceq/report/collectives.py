@@ -31,8 +31,6 @@ GRAINS = ("run", "collective_type", "process_group", "size_bucket", "inter_node"
 DEFAULT_GRAIN = ("run", "collective_type", "process_group", "size_bucket")
 MATCHED = "matched"
 LOWER_BOUND = "kernel duration (lower bound)"
-COLLECTIVE_COLUMNS = ("collective_type", "process_group", "group_size", "inter_node", "size_bucket", "basis", "count",
-                      "size_bytes", "transfer_us", "wait_us", "algbw_gbps", "busbw_gbps")
 BANDWIDTH_NOTE = (
     "size_bytes: mean message size (AllGather: output, others: input); transfer_us: mean transfer per instance; "
     "wait_us: mean wait per rank and instance; algbw_gbps = total bytes / total transfer (GB/s, 1e9 bytes); "
@@ -43,10 +41,8 @@ SCALING_METRICS = ("busbw_gbps", "algbw_gbps", "transfer_us", "wait_us")
 STRAGGLER_COLUMNS = ("matched_count", "arrived_last_count", "arrived_last_share", "wait_caused_us", "wait_us")
 
 
-def size_label(lo: int | None) -> str:
-    """The size bucket [lo, 2 lo) as text: '1-2 MiB', '512 B-1 KiB'; 'unknown' without a size."""
-    if lo is None:
-        return "unknown"
+def size_label(lo: int) -> str:
+    """The size bucket [lo, 2 lo) as text: '1-2 MiB', '512 B-1 KiB'."""
     return f"{_bytes(lo)}-{_bytes(2 * lo)}"
 
 
@@ -92,6 +88,7 @@ def collectives_table(
                 raise EmptySelection(f"no communication kernel in the selected steps; {nothing_selected(con, selection, runs)}")
             raise EmptySelection("no communication kernel in the warehouse's traces")
     rows = rows.with_columns(
+        # a kernel without element counts or dtype has no size: its bucket is unknown
         pl.col("size_bucket_bytes").map_elements(size_label, return_dtype=pl.Utf8).fill_null("unknown").alias("size_bucket"),
         pl.when(pl.col("matched")).then(pl.lit(MATCHED)).otherwise(pl.lit(LOWER_BOUND)).alias("basis"),
     )
@@ -183,7 +180,7 @@ def stragglers_table(
             if not whole_trace and not query.run(con, windows, query_params(selection)).limit(1).fetchall():
                 raise EmptySelection(nothing_selected(con, selection, runs))
             raise EmptySelection("no collective matched across ranks in the selected steps; "
-                                 + "; ".join(matching[1:] or ["no communication kernels"]))
+                                 + "; ".join([n for n in matching if n != crossrank.SPLIT_NOTE] or ["no communication kernels"]))
     keys = ["run", "rank", *(["step"] if by_step else [])]
     table = rows.group_by(keys).agg(
         pl.col("matched_count").sum(), pl.col("arrived_last_count").sum(),

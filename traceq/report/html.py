@@ -21,7 +21,6 @@ from traceq.report import crossrank
 from traceq.report.collectives import MATCHED, collectives_table
 from traceq.report.metrics import (
     breakdown_metrics,
-    interval_breakdown,
     nothing_selected,
     require_runs,
     step_metrics,
@@ -37,7 +36,6 @@ from traceq.report.notes import (
 from traceq.report.power import power_series, power_status, step_wall_times
 from traceq.report.scaling import SCALING_NOTES, per_run, scaling_from_runs
 from traceq.report.selection import StepSelection
-from traceq.store.frames import to_polars
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
 SUMMARY_COLUMNS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
@@ -99,12 +97,9 @@ def _cross_rank(
     """Waiting per (run, rank, step) of the runs with matched collectives, busbw per (run, collective
     type, size bucket) of matched instances, and the matching notes. ``steps``: the report's step rows,
     whose split is used where they have it."""
-    if "comm_wait_ns" in steps.columns:
-        split = steps.filter(pl.col("device").is_not_null())
-    else:
-        split = interval_breakdown(con, False, selection, cross_rank=True, runs=runs)
-        traces = to_polars(con.sql("select trace_id, run from traces"))
-        split = split.join(traces, on="trace_id").filter(pl.col("run").is_in(list(runs)))
+    if "comm_wait_ns" not in steps.columns:  # rows of a report that did not split communication
+        steps = step_metrics(con, selection=selection, runs=runs, cross_rank=True)
+    split = steps.filter(pl.col("device").is_not_null())
     matched_runs = split.group_by("run").agg(pl.col("matched_count").sum()).filter(pl.col("matched_count") > 0)["run"]
     waits = (
         split.filter(pl.col("run").is_in(matched_runs.implode()))
