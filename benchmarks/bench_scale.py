@@ -26,6 +26,8 @@ Sections (each prints a table; all figures also go to ``benchmarks/out/bench_sca
   trace's collectives, three ranks delayed), then ``traceq stragglers``, ``traceq collectives`` and
   ``traceq report --metric exposed_comm_wait,exposed_comm_transfer``.
 - ``parquet``: ``traceq export --parquet`` of the 64-rank warehouse, and the report run on it.
+- ``perfetto``: ``traceq export --perfetto`` of the 64-rank warehouse (every rank, and ``--ranks 0-7``)
+  and of the synthetic 2048-rank run: seconds, file size, peak memory.
 - ``dask``: ``traceq ingest-cluster`` of the 64 ranks on a local two-worker Dask cluster (skipped
   when dask is not installed).
 
@@ -511,6 +513,33 @@ def bench_parquet(repeats: int, tmp: Path) -> dict:
     }
 
 
+def bench_perfetto(repeats: int, tmp: Path) -> dict:
+    """``traceq export --perfetto`` of the 64-rank warehouse (every rank, then ranks 0-7), and of the
+    2048-rank x 50-step run of :func:`synthesize_run` (memory against the size of the run)."""
+    db = tmp / "ranks.duckdb"
+    if not db.exists():
+        bench_ranks(1, tmp)
+    synthetic = tmp / "perfetto2048.duckdb"
+    _rm(synthetic)
+    synthesize_run(synthetic, ranks=2048, steps=50, run="synthetic2048")
+    out = {}
+    for name, source, extra in (("all_ranks", db, []), ("ranks_0_7", db, ["--ranks", "0-7"]),
+                                ("synthetic2048", synthetic, [])):
+        trace = tmp / f"{name}.pftrace"
+        cmd = [TRACEQ, "export", "--perfetto", str(trace), "--db", str(source), "--overwrite", *extra]
+        got = repeated(lambda i, c=cmd: (c, lambda: None), repeats)
+        out[f"{name}_s"] = round(got["seconds"], 2)
+        out[f"{name}_cpu_s"] = round(got["cpu_s"], 2)
+        out[f"{name}_mb"] = round(trace.stat().st_size / 1e6, 1)
+        out[f"{name}_peak_rss_mb"] = round(got["peak_rss_mb"])
+        out[f"{name}_line"] = got["stdout"].strip()[-160:]
+        _rm(trace)
+    out["gpu_events"] = _rows(db)["gpu_events"]
+    out["synthetic2048_gpu_events"] = _rows(synthetic)["gpu_events"]
+    _rm(synthetic)
+    return out
+
+
 def bench_dask(tmp: Path, ranks: int = 64) -> dict:
     try:
         import distributed  # noqa: F401
@@ -542,7 +571,7 @@ def _print_table(title: str, rows: list[dict] | dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sections = ["memory", "speed", "ranks", "report2048", "collectives", "parquet", "dask"]
+    sections = ["memory", "speed", "ranks", "report2048", "collectives", "parquet", "perfetto", "dask"]
     ap.add_argument("--only", nargs="*", choices=sections, default=sections)
     ap.add_argument("--sizes", nargs="*", type=int, default=[100, 500, 1500], help="memory sweep, MB of JSON")
     ap.add_argument("--repeats", type=int, default=2)
@@ -570,6 +599,9 @@ def main(argv: list[str] | None = None) -> int:
         if "parquet" in args.only:
             results["parquet"] = bench_parquet(args.repeats, tmp)
             _print_table("parquet: export of the 64-rank warehouse, report on it", results["parquet"])
+        if "perfetto" in args.only:
+            results["perfetto"] = bench_perfetto(args.repeats, tmp)
+            _print_table("perfetto: export --perfetto of the 64-rank warehouse", results["perfetto"])
         if "dask" in args.only:
             results["dask"] = bench_dask(tmp)
             _print_table("dask: ingest-cluster of the 64 ranks, local 2-worker cluster", results["dask"])
