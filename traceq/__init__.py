@@ -41,6 +41,10 @@ _LAZY = {
     "stragglers_table": "traceq.report.collectives",
     "instance_table": "traceq.report.collectives",
     "collective_scaling": "traceq.report.collectives",
+    "export_perfetto": "traceq.report.timeline",
+    "perfetto_report": "traceq.report.perfettosql",
+    "warehouse_sql": "traceq.report.adhoc",
+    "trace_sql": "traceq.report.adhoc",
 }
 
 __all__ = [

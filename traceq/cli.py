@@ -50,6 +50,15 @@ FormatOption = Annotated[Format, typer.Option("--format", help="Output format.")
 WholeTraceOption = Annotated[bool, typer.Option("--whole-trace", help="Every collective of the trace, not only the selected steps'.")]
 
 
+class Engine(str, Enum):
+    duckdb = "duckdb"
+    perfetto = "perfetto"
+
+
+EngineOption = Annotated[Engine, typer.Option("--engine", help="duckdb: the warehouse (--db); perfetto: trace files, through Perfetto's trace processor.")]
+TraceProcessorOption = Annotated[Optional[Path], typer.Option("--trace-processor", help="Perfetto's trace_processor_shell binary (default: $TRACEQ_TRACE_PROCESSOR, else the perfetto package's download).")]
+
+
 def _fail(error: str | TraceqError) -> None:
     message = error.cli_message() if isinstance(error, ConfigError) else str(error)
     typer.echo(f"error: {message}", err=True)
@@ -154,6 +163,10 @@ def report(
     run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     html: Annotated[Optional[Path], typer.Option(help="Also write a self-contained HTML report (plots, tables) of the selected runs and steps to this file.")] = None,
+    traces: Annotated[Optional[list[str]], typer.Argument(help="With --engine perfetto: trace files, globs or directories, read directly (no warehouse).", show_default=False)] = None,
+    engine: EngineOption = Engine.duckdb,
+    trace_processor: TraceProcessorOption = None,
+    rank: Annotated[Optional[int], typer.Option(help="With --engine perfetto: the rank of traces that name none.")] = None,
 ) -> None:
     """Aggregate a metric across steps, ranks and runs.
 
@@ -173,6 +186,14 @@ def report(
       traceq report --metric overlap_ratio --by run --whole-trace --format json
 
       traceq report --metric tokens_per_s --by world_size,tp --html report.html
+
+      traceq report --engine perfetto --metric exposed_comm --by run,rank,step runs/rank*.json.gz
+
+    --engine perfetto computes the interval metrics (comm, compute, overlapped, exposed, idle, ...)
+    with Perfetto's trace processor from the trace files themselves, independently of the DuckDB
+    engine; it finds the binary from --trace-processor, then $TRACEQ_TRACE_PROCESSOR, then the
+    perfetto package's download. There --run NAME names the files' run (default: each file's
+    directory) and --rank N the rank of files that name none.
     """
     from traceq.catalog import BREAKDOWNS
     from traceq.report.metrics import step_report
@@ -180,8 +201,11 @@ def report(
 
     try:
         selection = StepSelection.parse(steps, skip_steps, drop_last)
-        result = step_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=run,
-                             cross_rank=html is not None and not whole_trace)  # the page shows waiting too
+        if engine is Engine.perfetto or traces:
+            result = _perfetto_report(traces, engine, metric, by, whole_trace, selection, run, rank, html, trace_processor)
+        else:
+            result = step_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=run,
+                                 cross_rank=html is not None and not whole_trace)  # the page shows waiting too
         if html is not None:
             from traceq.report.html import write_html_report
 
@@ -193,12 +217,79 @@ def report(
         return
     if fmt is Format.table:
         used = "whole trace, every kernel" if whole_trace else _steps_note(selection)
-        typer.echo(f"{result.metric} by {by} ({used})", err=True)
+        engine_note = "; Perfetto engine" if engine is Engine.perfetto else ""
+        typer.echo(f"{result.metric} by {by} ({used}{engine_note})", err=True)
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
     _emit(result.table, fmt)
     if html is not None:
         typer.echo(f"wrote {html}", err=True)
+
+
+def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: str, whole_trace: bool,
+                     selection: Any, run: list[str] | None, rank: int | None, html: Path | None,
+                     trace_processor: Path | None) -> Any:
+    """``report --engine perfetto``: the checks of its options, then the report."""
+    from traceq.report.perfettosql import perfetto_report, trace_processor_binary
+
+    if engine is not Engine.perfetto:
+        raise ConfigError("trace files are read by --engine perfetto; for the DuckDB engine ingest them first "
+                          "(traceq ingest TRACES), then report on the warehouse", param="traces", value=" ".join(traces or ()))
+    if not traces:
+        raise ConfigError("give the trace files to read (the Perfetto engine reads no warehouse)", param="engine", value="perfetto")
+    if html is not None:
+        raise ConfigError("the HTML report reads the warehouse: use --engine duckdb", param="html", value=str(html))
+    if run and len(run) > 1:
+        raise ConfigError("with --engine perfetto, --run names the traces' run (once)", param="run", value=",".join(run))
+    return perfetto_report(traces, metric, by=by, whole_trace=whole_trace, selection=selection,
+                           run=run[0] if run else None, rank=rank, binary=trace_processor_binary(trace_processor))
+
+
+@app.command()
+def sql(
+    words: Annotated[list[str], typer.Argument(metavar="[TRACE] QUERY", help="The query; with --engine perfetto, the trace file before it.", show_default=False)],
+    db: DbOption = Path(DEFAULT_DB),
+    engine: EngineOption = Engine.duckdb,
+    trace_processor: TraceProcessorOption = None,
+    rank: Annotated[Optional[int], typer.Option(help="With --engine perfetto: the rank of a trace that names none.")] = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Run your own query over traceq's classification, step windows and metrics.
+
+    --engine duckdb (the default): DuckDB SQL on the warehouse, read-only. Besides its tables
+    (gpu_events, host_events, steps, traces, ...) the query may name traceq's relations:
+    gpu_activity (every device event, classified), device_activity, device_windows,
+    selected_steps, selected_windows, trace_windows, interval_breakdown (the metrics of the
+    selected steps' windows, in ns), comm_instances.
+
+    --engine perfetto: PerfettoSQL on one trace file, loaded in Perfetto's trace processor with
+    traceq's modules: traceq_device_events, traceq_steps, traceq_step_attribution,
+    traceq_device_windows, traceq_windows, traceq_interval_breakdown, next to Perfetto's own
+    tables (slice, thread, args, ...) and standard library.
+
+    Examples:
+
+      traceq sql "select class, count(*), sum(dur_ns) from gpu_activity group by class"
+
+      traceq sql --engine perfetto runs/rank0.json.gz "select scope, step, exposed_comm_ns from traceq_interval_breakdown"
+    """
+    from traceq.report.adhoc import trace_sql, warehouse_sql
+    from traceq.report.perfettosql import trace_processor_binary
+
+    try:
+        if engine is Engine.perfetto:
+            if len(words) != 2:
+                raise ConfigError("give one trace file, then the query", param="words", value=" ".join(words))
+            frame = trace_sql(words[1], Path(words[0]), rank=rank, binary=trace_processor_binary(trace_processor))
+        else:
+            if len(words) != 1:
+                raise ConfigError("give the query alone (the DuckDB engine reads the warehouse, --db); "
+                                  "to query a trace file use --engine perfetto", param="words", value=" ".join(words))
+            frame = warehouse_sql(words[0], db)
+    except TraceqError as exc:
+        _fail(exc)
+        return
+    _emit(frame, fmt)
 
 
 @app.command()
@@ -790,30 +881,68 @@ def check(
 
 @app.command()
 def export(
-    parquet: Annotated[Path, typer.Option("--parquet", help="Output directory (hive-style run=/rank= folders).")],
+    parquet: Annotated[Optional[Path], typer.Option("--parquet", help="Output directory (hive-style run=/rank= folders) for the whole warehouse as Parquet.")] = None,
+    perfetto: Annotated[Optional[Path], typer.Option("--perfetto", help="Output trace file (.pftrace) of the selected runs, ranks and steps, for ui.perfetto.dev.")] = None,
     db: DbOption = Path(DEFAULT_DB),
-    overwrite: Annotated[bool, typer.Option(help="Replace an earlier export in the directory.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace an earlier export in the directory, or the trace file.")] = False,
+    run: RunOption = None,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    ranks: Annotated[Optional[str], typer.Option("--ranks", help="--perfetto: only these ranks, e.g. 0-7 or 0,2,5 (default: every rank).")] = None,
 ) -> None:
-    """Write the warehouse as Parquet, partitioned by run and rank.
+    """Write the warehouse as Parquet (partitioned by run and rank), or runs as an annotated
+    Perfetto trace: give exactly one of --parquet DIR and --perfetto FILE.
 
-    Reports run on the directory directly (--db DIR); polars, DuckDB or Spark read it without
-    traceq, e.g. polars.scan_parquet("DIR/gpu_events/**/*.parquet").
+    Parquet: reports run on the directory directly (--db DIR); polars, DuckDB or Spark read it
+    without traceq, e.g. polars.scan_parquet("DIR/gpu_events/**/*.parquet").
 
-    Example:
+    Perfetto: one process per run and rank, all ranks of a run on one clock (the clock-skew
+    estimate of `traceq check`), each GPU stream with its kernels named and classified, the steps,
+    and per-step counters (exposed comm, overlapped comm, idle, waiting vs transfer, power). Open the
+    file in https://ui.perfetto.dev. --run, --steps, --skip-steps, --drop-last and --ranks choose
+    what it holds (the same steps as `traceq report`).
+
+    Examples:
 
       traceq export --parquet runs_parquet --db runs.duckdb
 
       traceq report --metric exposed_comm --db runs_parquet
+
+      traceq export --perfetto run.pftrace --run job1 --steps 11:14 --ranks 0-7
     """
-    from traceq.store.export import export_parquet
+    if (parquet is None) == (perfetto is None):
+        _fail("give one of --parquet DIR (the warehouse as Parquet) and --perfetto FILE (a trace for ui.perfetto.dev)")
+    if parquet is not None:
+        chosen = [o for o, given in (("--run", run is not None), ("--steps", steps is not None),
+                                     ("--skip-steps", skip_steps is not None), ("--drop-last", drop_last),
+                                     ("--ranks", ranks is not None)) if given]
+        if chosen:
+            _fail(f"{', '.join(chosen)}: only with --perfetto (they choose what the trace holds); --parquet writes the whole warehouse")
+        from traceq.store.export import export_parquet
+
+        try:
+            written = export_parquet(db, parquet, overwrite=overwrite)
+        except TraceqError as exc:
+            _fail(exc)
+            return
+        tables = ", ".join(f"{name} {n:,}" for name, n in written.items() if n)
+        typer.echo(f"exported {db} -> {parquet} (rows: {tables})")
+        return
+    from traceq.report.selection import StepSelection
+    from traceq.report.timeline import export_perfetto
 
     try:
-        written = export_parquet(db, parquet, overwrite=overwrite)
+        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        done = export_perfetto(db, perfetto, runs=run, selection=selection, ranks=ranks, overwrite=overwrite)
     except TraceqError as exc:
         _fail(exc)
         return
-    tables = ", ".join(f"{name} {n:,}" for name, n in written.items() if n)
-    typer.echo(f"exported {db} -> {parquet} (rows: {tables})")
+    for note in done.notes:
+        typer.echo(f"note: {note}", err=True)
+    typer.echo(f"wrote {perfetto}: {done.size_bytes / 1e6:,.1f} MB, {len(done.runs)} run(s), {done.processes} rank(s), "
+               f"{done.slices:,} GPU events, {done.counter_values:,} counter values in {done.seconds:.1f} s; "
+               "open it in https://ui.perfetto.dev")
 
 
 @app.command("ingest-cluster")

@@ -300,21 +300,29 @@ def check_rank(rank: int | None) -> None:
         raise ConfigError(f"a rank is from 0 to {MAX_RANK}", param="rank", value=rank)
 
 
-def _rank_of(
-    path: Path, fields: dict[str, Any], option_rank: int | None, counts: _Counts, notes: list[str]
-) -> tuple[int | None, str]:
-    """The file's rank and where it came from (README: trace identity). A distributedInfo.rank that is no rank is
-    passed over with a line in ``notes``, never silently."""
+def rank_of_file(path: Path, fields: dict[str, Any], option_rank: int | None) -> tuple[int | None, str]:
+    """The rank a file names and where it comes from: distributedInfo.rank, else ``option_rank``, else
+    rank<N> in its file name; (None, 'unknown') when none does (README: trace identity)."""
     dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
     rank = to_int(dist.get("rank"))
     if rank is not None and 0 <= rank <= MAX_RANK:
         return rank, "distributedInfo"
     if option_rank is not None:
-        file_rank, source = option_rank, "option"
-    else:
-        m = _RANK_IN_NAME.search(path.name)
-        file_rank, source = (int(m.group(1)), "file name") if m and int(m.group(1)) <= MAX_RANK else (None, "unknown")
+        return option_rank, "option"
+    m = _RANK_IN_NAME.search(path.name)
+    return (int(m.group(1)), "file name") if m and int(m.group(1)) <= MAX_RANK else (None, "unknown")
+
+
+def _rank_of(
+    path: Path, fields: dict[str, Any], option_rank: int | None, counts: _Counts, notes: list[str]
+) -> tuple[int | None, str]:
+    """The file's rank and where it came from (:func:`rank_of_file`; 'event args' when its events name
+    ranks). A distributedInfo.rank that is no rank is passed over with a line in ``notes``, never silently."""
+    file_rank, source = rank_of_file(path, fields, option_rank)
+    if source == "distributedInfo":
+        return file_rank, source
     source = "event args" if counts.rows_with_rank else source
+    dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
     if dist.get("rank") is not None:
         instead = {"option": "the rank given is used", "file name": "the rank in the file name is used",
                    "event args": "the ranks in the event args are used"}.get(source, "the file gets a rank of its own")

@@ -302,13 +302,20 @@ def step_report(
             notes.extend(crossrank.matching_notes(con, runs))
         if not whole_trace:
             notes.extend(step_window_notes(con, rows, selection))
+    return StepReport(tuple(names), rows, side_by_side(rows, names, grain), notes)
+
+
+def side_by_side(rows: pl.DataFrame, names: Sequence[str], grain: Sequence[str]) -> pl.DataFrame:
+    """``rows`` aggregated to ``grain`` (:func:`aggregate`) for each metric of ``names``, their columns
+    side by side."""
     table = aggregate(rows, names[0], grain)
-    for name in names[1:]:  # each metric's own columns, side by side
+    for name in names[1:]:
         more = aggregate(rows, name, grain)
-        keys = [c for c in grain if c in more.columns]
+        # per-rank rows keep their run even where the grain has none: a rank number is no key alone
+        keys = [c for c in dict.fromkeys(("run", "rank", *grain)) if c in table.columns and c in more.columns]
         own = [c for c in more.columns if c.startswith(name) and c not in table.columns]
         table = table.join(more.select(*keys, *own), on=keys, how="left", nulls_equal=True)
-    return StepReport(tuple(names), rows, table, notes)
+    return table
 
 
 def selected_step_rows(
@@ -373,7 +380,7 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
     by = list(dict.fromkeys(by))
     if "step" in by:
         keep = [*by, metric] + (["step_time_ms"] if metric != "step_time_ms" else [])
-        return rows.select(keep).sort(by)
+        return rows.select(keep).sort(by, maintain_order=True)
     value = pl.col(metric)
     others = [c for c in by if c not in ("run", "rank")]
     per_rank = rows.group_by(["run", "rank", *others]).agg(
@@ -384,8 +391,8 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
         value.quantile(0.9, "linear").alias(f"{metric}_p90"),
         pl.col("step_time_ms").mean().alias("step_time_ms_mean"),
     )
-    if "rank" in by:
-        return per_rank.sort(by)
+    if "rank" in by:  # runs apart within a rank: group_by's order is not the same every time
+        return per_rank.sort(list(dict.fromkeys([*by, "run"])))
     per_run = (
         # ties go to the lowest rank, so the answer does not change between runs
         per_rank.sort(["step_time_ms_mean", "rank"], descending=[True, False], nulls_last=True)

@@ -1,0 +1,61 @@
+"""Queries of the user's own over traceq's classification, windows and metrics (``traceq sql``), on
+either engine: DuckDB over the warehouse, or PerfettoSQL over a trace (README: Two engines)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import duckdb
+
+from traceq.errors import ConfigError
+from traceq.report.selection import StepSelection, relation
+from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
+
+if TYPE_CHECKING:
+    import polars as pl
+
+# the relations of sql/ a query may name besides the warehouse's tables (with the report's default
+# step selection); those it names are computed once, as temporary tables
+RELATIONS = (
+    "gpu_classified", "gpu_activity", "device_activity", "device_windows", "selected_steps",
+    "selected_windows", "trace_windows", "interval_breakdown", "comm_instances",
+)
+BINDINGS = {"interval_breakdown": {"windows": "selected_windows"}}  # the selected steps' windows
+
+
+def warehouse_sql(sql: str, db: Warehouse = DEFAULT_DB, selection: StepSelection = StepSelection()) -> pl.DataFrame:
+    """The rows of ``sql`` (DuckDB) on the warehouse, where the names of :data:`RELATIONS` are traceq's
+    relations; ConfigError with DuckDB's message when the query fails."""
+    from traceq.store.frames import to_polars
+
+    with opened(db) as con:
+        for name in RELATIONS:
+            if re.search(rf"\b{name}\b", sql, re.IGNORECASE):
+                _rows = relation(con, name, selection, BINDINGS.get(name))  # noqa: F841 (read below)
+                con.execute(f'create or replace temp table "{name}" as select * from _rows')
+        try:
+            result = con.sql(sql)
+            if result is None:  # a statement without rows (the warehouse is opened read-only)
+                raise ConfigError(f"not a query (it returns no rows): {sql[:80]!r}; give a SELECT")
+            return to_polars(result)
+        except duckdb.Error as exc:
+            raise ConfigError(f"DuckDB refused the query: {str(exc).strip().splitlines()[0]}") from None
+
+
+def trace_sql(sql: str, trace: Path, *, rank: int | None = None, binary: Path | None = None) -> pl.DataFrame:
+    """The rows of ``sql`` (PerfettoSQL) on ``trace`` loaded in a trace processor, with traceq's
+    modules loaded (tables traceq_device_events, traceq_steps, traceq_device_windows,
+    traceq_interval_breakdown, ...); EngineError with the trace processor's message when it fails."""
+    from traceq.ingest.loader import check_rank, rank_of_file
+    from traceq.ingest.reader import read_trace
+    from traceq.report.perfettosql import open_trace
+
+    check_rank(rank)
+    header, chunks = read_trace(trace)
+    chunks.close()
+    file_rank, _ = rank_of_file(trace, header.leading, rank)
+    with open_trace(trace, binary, -1 if file_rank is None else file_rank) as loaded:
+        loaded.load("interval_breakdown")
+        return loaded.query(sql)

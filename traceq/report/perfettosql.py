@@ -1,0 +1,431 @@
+"""The Perfetto engine: traceq's classification, step windows and interval metrics in PerfettoSQL
+(``sql/perfetto/``, the package ``traceq`` of PerfettoSQL modules), run by Perfetto's trace processor on
+trace files directly, with no warehouse (README: Two engines).
+
+Perfetto computes every figure itself, from its own import of the JSON: the classification rules,
+event categories and step marker go in as tables, never written twice. What it does not do the same
+way as the DuckDB engine is said in notes: slices its importer moved or dropped, and times it read
+through 64-bit floats (where a trace's timestamps carry more digits than a double holds).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from importlib.resources import as_file, files
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from traceq.catalog import StepMarker, event_categories
+from traceq.errors import ConfigError, EmptySelection, TraceqError
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from traceq.report.metrics import StepReport
+    from traceq.report.selection import StepSelection
+
+ENV_VAR = "TRACEQ_TRACE_PROCESSOR"
+GET_IT = (
+    f"pass --trace-processor PATH or set {ENV_VAR} to a trace_processor_shell binary "
+    "(from https://get.perfetto.dev/trace_processor, or built from Perfetto's source)"
+)
+# The metrics this engine computes (the interval metrics of the README's Metrics table), by the
+# column of traceq_interval_breakdown each is read from.
+METRICS = {
+    "comm_kernel_us": "comm_kernel_ns",
+    "compute_kernel_us": "compute_kernel_ns",
+    "comm_us": "comm_ns",
+    "compute_us": "compute_ns",
+    "overlapped_comm_us": "overlapped_comm_ns",
+    "exposed_comm_us": "exposed_comm_ns",
+    "exposed_memcpy_us": "exposed_memcpy_ns",
+    "idle_us": "idle_ns",
+    "window_us": "window_ns",
+}
+OTHER_METRICS = ("overlap_ratio", "step_time_ms")
+GRAIN = ("run", "rank", "device", "step")
+NS_COLUMNS = ("comm_kernel_ns", "compute_kernel_ns", "comm_ns", "compute_ns", "overlapped_comm_ns",
+              "exposed_comm_ns", "exposed_memcpy_ns", "busy_ns", "idle_ns", "window_ns")
+# Device roles: the slice counts Perfetto's import gives, checked against the trace's event counts
+DEVICE_ROLES = ("kernel", "memcpy", "memset")
+# A double holds a time in us to the ns below 2**42 us (ULP 2**-10 us, under half a ns after x1000).
+EXACT_US = 2**42
+
+
+class EngineError(TraceqError):
+    """The trace processor cannot be found, started, or fails on a trace; the message says what to do."""
+
+
+def trace_processor_binary(option: Path | None = None) -> Path | None:
+    """The trace processor to run: ``option`` (--trace-processor), else ``$TRACEQ_TRACE_PROCESSOR``,
+    else None (the perfetto package's own download). EngineError when the one named is not an
+    executable file."""
+    for path, source in ((option, "--trace-processor"), (os.environ.get(ENV_VAR) or None, ENV_VAR)):
+        if path is None:
+            continue
+        path = Path(path).expanduser()
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise EngineError(f"{source} {path}: not an executable file; {GET_IT}")
+        return path
+    return None
+
+
+def posix_pattern(pattern: str, what: str) -> tuple[str, bool]:
+    """(pattern, case-insensitive) for Perfetto's regexp, which has no inline flags: a leading (?i)
+    becomes a match on the lower-cased name, with the pattern's letters lowered (not those of an
+    escape like \\D). ConfigError naming ``what`` for any other inline flag."""
+    ci = pattern.startswith("(?i)")
+    body = pattern[4:] if ci else pattern
+    if re.search(r"\(\?[a-zA-Z]", body):
+        raise ConfigError(f"{what} {pattern!r}: the Perfetto engine's regular expressions take no inline "
+                          "flags other than a leading (?i); use --engine duckdb for it")
+    if ci:
+        body = re.sub(r"\\.|[A-Z]", lambda m: m.group(0) if len(m.group(0)) == 2 else m.group(0).lower(), body)
+    return body, ci
+
+
+def _literal(value: object) -> str:
+    """A value as a PerfettoSQL literal (the trace processor takes no query parameters)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(int(value))
+    text = str(value)
+    if "\x00" in text:
+        raise ConfigError(f"{text!r}: a NUL character cannot go into a Perfetto query")
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _table(name: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """``create perfetto table name`` holding ``rows`` (the engine's inputs)."""
+    if not rows:
+        cols = ", ".join(f"null as {c}" for c in columns)
+        return f"create perfetto table {name} as select {cols} where 0"
+    values = ",\n".join("(" + ", ".join(_literal(v) for v in row) + ")" for row in rows)
+    cols = ", ".join(f"column{i + 1} as {c}" for i, c in enumerate(columns))
+    return f"create perfetto table {name} as select {cols} from (values\n{values})"
+
+
+def input_tables(file_rank: int, marker: StepMarker = StepMarker()) -> list[str]:
+    """The statements that give the PerfettoSQL modules their inputs: the kernel rules
+    (``sql/kernel_rules.csv``), the event categories and launch patterns
+    (``sql/event_categories.csv``), the step marker and the file's rank."""
+    from traceq.store.schema import builtin_rules
+
+    categories = event_categories()
+    rules = []
+    for position, (priority, pattern, cls, category, collective) in enumerate(builtin_rules()):
+        posix, ci = posix_pattern(pattern, "kernel rule")
+        rules.append((priority, posix, ci, cls, category, collective, True, position))
+    launches = [(cat, *posix_pattern(p, "launch pattern")) for cat, p in sorted(categories.launch_patterns.items())]
+    marker_pattern, marker_ci = posix_pattern(marker.pattern, "step marker")
+    if marker_ci:
+        raise ConfigError(f"step marker {marker.pattern!r}: the Perfetto engine matches step markers "
+                          "case-sensitively; spell the name's case out")
+    return [
+        _table("traceq_kernel_rules", ("priority", "pattern", "ci", "class", "category", "collective", "builtin", "position"), rules),
+        _table("traceq_categories", ("cat", "role"),
+               [(cat, role) for role, cats in categories.by_role.items() for cat in cats]),
+        _table("traceq_launch_patterns", ("cat", "pattern", "ci"), launches),
+        _table("traceq_params", ("file_rank", "step_marker"), [(file_rank, marker_pattern)]),
+    ]
+
+
+@contextmanager
+def _modules_dir() -> Iterator[Path]:
+    with as_file(files("traceq.sql").joinpath("perfetto")) as path:
+        yield Path(path)
+
+
+@dataclass
+class PerfettoTrace:
+    """One trace loaded in a trace processor, with traceq's modules loaded on demand."""
+
+    path: Path
+    processor: Any
+
+    def query(self, sql: str) -> pl.DataFrame:
+        """The rows of ``sql`` (PerfettoSQL) as a polars DataFrame; EngineError naming the trace."""
+        import polars as pl
+
+        try:
+            result = self.processor.query(sql)
+        except Exception as exc:  # the package raises its own exception type for query errors
+            raise EngineError(f"{self.path}: the trace processor refused a query: {_first_line(exc)}") from None
+        if not result.column_names:
+            return pl.DataFrame()
+        return pl.DataFrame(
+            {name: list(result.cells[i::len(result.column_names)]) for i, name in enumerate(result.column_names)},
+            strict=False,
+        )
+
+    def execute(self, sql: str) -> None:
+        self.query(sql)
+
+    def load(self, module: str) -> None:
+        """``include perfetto module traceq.<module>`` (and the modules it includes)."""
+        self.execute(f"include perfetto module traceq.{module}")
+
+
+@contextmanager
+def open_trace(path: Path, binary: Path | None, file_rank: int, marker: StepMarker = StepMarker()) -> Iterator[PerfettoTrace]:
+    """``path`` loaded in a trace processor (``binary``, else the perfetto package's download), with
+    traceq's inputs in place and its modules ready to include (``trace.load('interval_breakdown')``)."""
+    try:
+        from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+        from perfetto.trace_processor.api import SqlPackage
+    except ImportError:
+        raise EngineError('the Perfetto engine needs the perfetto package: pip install "traceq[perfetto]"') from None
+    statements = input_tables(file_rank, marker)
+    if not path.is_file():
+        raise EngineError(f"{path}: no such file")
+    with ExitStack() as stack:
+        modules = stack.enter_context(_modules_dir())
+        config = TraceProcessorConfig(
+            bin_path=str(binary) if binary else None,
+            add_sql_packages=[SqlPackage(str(modules), "traceq")],
+            load_timeout=60,
+        )
+        try:
+            processor = TraceProcessor(trace=str(path), config=config)
+        except subprocess.CalledProcessError as exc:  # the package's download (curl) failed
+            raise EngineError(f"no trace processor: the perfetto package could not download one ({Path(str(exc.cmd[0])).name} "
+                              f"exit status {exc.returncode}); {GET_IT}") from None
+        except Exception as exc:
+            where = f"the trace processor {binary}" if binary else "the perfetto package's trace processor"
+            raise EngineError(f"{path}: {where} did not load it ({_first_line(exc)})") from None
+        stack.callback(processor.close)
+        trace = PerfettoTrace(path, processor)
+        for statement in statements:
+            trace.execute(statement)
+        yield trace
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+# ---------------------------------------------------------------------------------------------
+# one file
+
+
+@dataclass
+class TraceResult:
+    """What the Perfetto engine computed for one file: its steps, the interval metrics of every
+    window (scope 'step' and 'trace'), and the notes on how Perfetto read it."""
+
+    path: Path
+    run: str
+    steps: pl.DataFrame
+    windows: pl.DataFrame
+    notes: list[str] = field(default_factory=list)
+    slice_counts: dict[str, int] = field(default_factory=dict)
+
+
+def analyse_trace(path: Path, run: str, file_rank: int, binary: Path | None,
+                  marker: StepMarker = StepMarker()) -> TraceResult:
+    """Load ``path`` in a trace processor and compute its steps and interval metrics in PerfettoSQL."""
+    import polars as pl
+
+    from traceq.ingest.census import count_device_events
+
+    # the trace's own event counts are read meanwhile (the trace processor is another process)
+    with ThreadPoolExecutor(max_workers=1) as census:
+        events = census.submit(count_device_events, path)
+        with open_trace(path, binary, file_rank, marker) as trace:
+            trace.load("interval_breakdown")
+            steps = trace.query("select rank, step, start_ns, end_ns, step_time_ns, launches_without_gpu_work, source "
+                                "from traceq_steps order by rank, step")
+            windows = trace.query("select * from traceq_interval_breakdown order by scope, rank, device, step")
+            counts = trace.query("select role, count(*) as n from traceq_events where role in ('kernel', 'memcpy', 'memset') group by role")
+            stats = trace.query("select name, sum(value) as value from stats where value > 0 "
+                                "and (severity in ('error', 'data_loss') or name like 'slice_%') group by name")
+            fractional = trace.query("select max(abs(start_ns)) as top_ns, "
+                                     "max(start_ns % 1000 <> 0 or dur_ns % 1000 <> 0) as fraction from traceq_device_events")
+        slice_counts = {role: int(n) for role, n in counts.iter_rows()}
+        notes = _import_notes(path, slice_counts, events.result(), dict(stats.iter_rows()), fractional)
+    typed = {c: pl.Int64 for c in ("rank", "step", "start_ns", "end_ns", "step_time_ns", "launches_without_gpu_work")}
+    steps = steps.cast(typed) if steps.height else pl.DataFrame(schema={**typed, "source": pl.String})
+    wtyped = {"rank": pl.Int64, "device": pl.Int64, "step": pl.Int64, "window_start_ns": pl.Int64, **dict.fromkeys(NS_COLUMNS, pl.Int64)}
+    windows = windows.cast(wtyped) if windows.height else pl.DataFrame(schema={"scope": pl.String, **wtyped})
+    return TraceResult(path, run, steps, windows, notes, slice_counts)
+
+
+def _import_notes(path: Path, sliced: dict[str, int], events: dict[str, int], stats: dict[str, int],
+                  fractional: pl.DataFrame) -> list[str]:
+    """What Perfetto's import of ``path`` changed, in words: device events it did not keep (the
+    trace's event counts against its slice counts), overlapping slices it moved onto overflow tracks
+    (kept: traceq reads slices wherever they are), times it read through doubles."""
+    notes = []
+    differ = [role for role in DEVICE_ROLES if events.get(role, 0) != sliced.get(role, 0)]
+    if differ:
+        detail = ", ".join(f"{sliced.get(r, 0)} {r} events where traceq reads {events.get(r, 0)}" for r in differ)
+        notes.append(f"{path}: Perfetto's importer read {detail} (traceq reads those whose ts and dur are numbers, "
+                     "dur >= 0): the engines' figures differ by the events the other did not read")
+    spilled = stats.get("slice_spill_overlapping_complete_event", 0)
+    if spilled:
+        notes.append(f"{path}: {spilled} slice(s) overlap others on their track; Perfetto's importer moved them onto "
+                     "overflow tracks, and traceq counts them there (nothing lost)")
+    for name, value in stats.items():
+        if name != "slice_spill_overlapping_complete_event" and value:
+            notes.append(f"{path}: Perfetto's importer reports {name} = {value}")
+    top_ns, fraction = fractional.row(0) if fractional.height else (None, None)
+    if top_ns is not None and fraction and top_ns / 1000 >= EXACT_US:
+        notes.append(f"{path}: its times have more digits than a 64-bit float holds (up to {top_ns / 1e9:,.0f} s with "
+                     f"ns fractions); Perfetto reads them as floats, so its times and figures can be off by up to "
+                     f"{time_error_ns(top_ns)} ns per interval edge (--engine duckdb reads them exactly)")
+    return notes
+
+
+def time_error_ns(top_ns: int) -> int:
+    """The most a time of magnitude ``top_ns`` can move when read as a double in us and scaled to
+    ns: half an ULP of the us value, scaled, plus half an ULP of the product, plus the rounding to an
+    integer, rounded up."""
+    return math.ceil(math.ulp(top_ns / 1000) * 1000 / 2 + math.ulp(float(top_ns)) / 2 + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# a report over files
+
+
+def analyse_files(
+    inputs: Sequence[str | Path], *, run: str | None = None, rank: int | None = None,
+    binary: Path | None = None, marker: StepMarker = StepMarker(), workers: int | None = None,
+) -> list[TraceResult]:
+    """Every trace of ``inputs`` (files, globs, directories) through the Perfetto engine, several at
+    once (one trace processor each). Ranks as the DuckDB engine gives them: distributedInfo, else
+    the events' args.rank, else ``rank``, else the file name, else -1, -2, ... within the run."""
+    from traceq.ingest.inputs import expand_inputs, run_name_of
+    from traceq.ingest.loader import check_rank, rank_of_file
+    from traceq.ingest.reader import read_trace
+
+    check_rank(rank)
+    paths = expand_inputs(inputs)
+    if not paths:
+        raise ConfigError("no trace files found", param="inputs", value=" ".join(map(str, inputs)))
+    jobs = []
+    unknown: dict[str, int] = {}
+    for path in paths:
+        run_name = run_name_of(path, run)
+        header, chunks = read_trace(path)
+        chunks.close()
+        file_rank, _ = rank_of_file(path, header.leading, rank)
+        if file_rank is None:
+            unknown[run_name] = file_rank = unknown.get(run_name, 0) - 1
+        jobs.append((path, run_name, file_rank))
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # the work runs in the trace processors
+        return list(pool.map(lambda job: analyse_trace(*job, binary=binary, marker=marker), jobs))
+
+
+def step_rows(results: Sequence[TraceResult], *, whole_trace: bool, selection: StepSelection) -> pl.DataFrame:
+    """One row per (run, rank, device, step) of the selected steps' windows (or per device over the
+    whole trace, step -1), shaped like :func:`traceq.report.metrics.step_metrics`'s interval columns;
+    the steps are selected by ``sql/selected_steps.sql`` over the steps Perfetto found."""
+    import polars as pl
+
+    frames = []
+    for trace_id, result in enumerate(results, start=1):
+        windows = result.windows.filter(pl.col("scope") == ("trace" if whole_trace else "step")).drop("scope")
+        steps = result.steps.select("rank", "step", "step_time_ns")
+        if not whole_trace:
+            chosen = selected_steps(result.steps, selection)
+            windows = windows.join(chosen, on=["rank", "step"], how="semi")
+        frame = windows.join(steps, on=["rank", "step"], how="left") if not whole_trace else \
+            windows.with_columns(pl.lit(None, pl.Int64).alias("step_time_ns"))
+        frames.append(frame.with_columns(pl.lit(result.run).alias("run"), pl.lit(trace_id).alias("trace_id")))
+    rows = pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
+    if rows.height == 0:
+        return rows
+    return rows.with_columns(
+        *[(pl.col(ns) / 1000).round(3).alias(us) for us, ns in METRICS.items()],
+        (pl.when(pl.col("comm_ns") > 0).then(pl.col("overlapped_comm_ns") / pl.col("comm_ns"))).alias("overlap_ratio"),
+        (pl.col("step_time_ns") / 1e6).round(6).alias("step_time_ms"),
+    ).sort("run", "rank", "device", "step")
+
+
+def selected_steps(steps: pl.DataFrame, selection: StepSelection) -> pl.DataFrame:
+    """(rank, step) of the steps ``selection`` keeps, by ``sql/selected_steps.sql`` itself (run in an
+    in-memory DuckDB over Perfetto's steps: one definition of the selection for both engines). The
+    run metadata is not read here: the warm-up skip is ``--skip-steps``, else 0."""
+    import duckdb
+
+    from traceq import query
+    from traceq.report.selection import query_params
+
+    con = duckdb.connect()
+    try:
+        frame = steps.with_columns(trace_id=1)
+        con.register("steps", frame.to_arrow())
+        con.execute("create table traces as select 1 as trace_id, 'run' as run")
+        con.execute("create table runs as select 'run' as run, null::json as metadata")
+        return query.run(con, "selected_steps", query_params(selection)).select("rank, step").pl()
+    finally:
+        con.close()
+
+
+def steps_used(rows: pl.DataFrame) -> list[str]:
+    """One line per run: the steps its rows cover (the DuckDB engine's "steps used" note)."""
+    import polars as pl
+
+    per_run = rows.group_by("run").agg(
+        pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"),
+        pl.struct("rank", "step").n_unique().alias("n"), pl.col("rank").n_unique().alias("ranks"),
+    ).sort("run")
+    parts = [f"run {run}: steps {lo}..{hi}, {n} rank-steps over {ranks} rank(s)" for run, lo, hi, n, ranks in per_run.iter_rows()]
+    return [f"steps used: {'; '.join(parts)}"] if parts else []
+
+
+def perfetto_report(
+    inputs: Sequence[str | Path], metric: str | Sequence[str] = "exposed_comm_us", *,
+    by: str | Sequence[str] = ("run", "rank"), whole_trace: bool = False, selection: StepSelection | None = None,
+    run: str | None = None, rank: int | None = None, binary: Path | None = None,
+) -> StepReport:
+    """:func:`traceq.report.metrics.step_report` computed by the Perfetto engine from trace files.
+
+    Only the interval metrics (``METRICS``, overlap_ratio, step_time_ms) and the grain run, rank,
+    device, step: throughput, power and the cross-rank split need the warehouse (``--engine duckdb``).
+    """
+    from traceq.catalog import columns, resolve_metric
+    from traceq.report.metrics import StepReport, side_by_side
+    from traceq.report.selection import StepSelection
+
+    selection = selection or StepSelection()
+    given = metric.split(",") if isinstance(metric, str) else list(metric)
+    names = list(dict.fromkeys(resolve_metric(m.strip()) for m in given if m.strip()))
+    if not names:
+        raise ConfigError("give a metric name (traceq metrics lists them)", param="metric", value=metric)
+    for name in names:
+        if name not in METRICS and name not in OTHER_METRICS:
+            raise ConfigError(
+                f"the Perfetto engine computes {', '.join([*METRICS, *OTHER_METRICS])}; "
+                "for the others use --engine duckdb (the warehouse)", param="metric", value=name)
+        if whole_trace and name == "step_time_ms":
+            raise ConfigError("measured per step: it has no whole-trace value", param="metric", value=name)
+    grain = columns(by, GRAIN)
+    results = analyse_files(inputs, run=run, rank=rank, binary=binary)
+    rows = step_rows(results, whole_trace=whole_trace, selection=selection)
+    notes = [n for r in results for n in r.notes]
+    cpu_only = [str(r.path) for r in results if not sum(r.slice_counts.values())]
+    if cpu_only:
+        notes.append(f"no device activity in {', '.join(cpu_only)}: the Perfetto engine reports GPU traces "
+                     "(--engine duckdb reports CPU-only ones too)")
+    if rows.height == 0:
+        raise EmptySelection(f"no step is selected ({selection.describe()}) in {len(results)} trace(s)"
+                             + ("" if not cpu_only else "; none has device activity"))
+    if not whole_trace:
+        notes.extend(steps_used(rows))
+        if selection.skip_steps is None:
+            notes.append("trace files carry no run metadata: no warm-up step is skipped unless --skip-steps")
+    table = side_by_side(rows, names, grain)
+    return StepReport(tuple(names), rows, table, notes)
