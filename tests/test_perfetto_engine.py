@@ -22,6 +22,7 @@ from tests.conftest import ROOT, corpus_path, skip_or_fail
 from tests.test_step_windows import EXPECTED, NCCL, US, lagging_trace
 from tests.tracegen import TraceBuilder
 from traceq import query
+from traceq.catalog import StepMarker
 from traceq.cli import app
 from traceq.errors import ConfigError, EmptySelection
 from traceq.ingest import ingest_traces
@@ -275,6 +276,28 @@ def test_the_report_equals_the_duckdb_engines_report(tmp_path: Path, binary: Pat
             assert duck.table.height == duck.rows.select("run", "rank").n_unique() == 5
     whole = perfetto_report(files, "comm", by="run,rank", whole_trace=True, binary=binary)
     assert whole.table.equals(step_report(db, "comm", by="run,rank", whole_trace=True).table)
+
+
+def test_a_step_marker_names_the_steps_as_at_ingest(tmp_path: Path, binary: Path) -> None:
+    t = lagging_trace()
+    for e in t.events:
+        if e["name"].startswith("ProfilerStep#"):
+            e["name"] = "train_step"  # no number: steps 1, 2, 3 in time order
+    path = t.write(tmp_path / "job" / "rank0.json")
+    marker = StepMarker.parse("^train_step")
+    mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, marker=marker)
+    assert mine.table["step"].to_list() == [1, 2, 3]
+    assert mine.table["exposed_comm_us"].to_list() == [EXPECTED[s]["exposed_comm"] for s in (1, 2, 3)]
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([path], db, workers=0, step_marker="^train_step").ok
+    assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step").table)
+
+
+def test_two_files_of_one_rank_are_refused_as_at_ingest(tmp_path: Path, binary: Path) -> None:
+    for name in ("a.json", "b.json"):
+        lagging_trace().write(tmp_path / "job" / name)  # both say distributedInfo.rank 0
+    with pytest.raises(ConfigError, match="b.json and .*a.json are both rank 0 of run job"):
+        perfetto_report([tmp_path / "job"], "exposed_comm", binary=binary)
 
 
 def test_a_cpu_only_trace_is_said_to_be_outside_the_perfetto_engine(binary: Path) -> None:

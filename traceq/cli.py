@@ -167,6 +167,7 @@ def report(
     engine: EngineOption = Engine.duckdb,
     trace_processor: TraceProcessorOption = None,
     rank: Annotated[Optional[int], typer.Option(help="With --engine perfetto: the rank of traces that name none.")] = None,
+    step_marker: Annotated[Optional[str], typer.Option(help="With --engine perfetto: a regular expression on the names of the step spans (as traceq ingest --step-marker).")] = None,
 ) -> None:
     """Aggregate a metric across steps, ranks and runs.
 
@@ -202,7 +203,11 @@ def report(
     try:
         selection = StepSelection.parse(steps, skip_steps, drop_last)
         if engine is Engine.perfetto or traces:
-            result = _perfetto_report(traces, engine, metric, by, whole_trace, selection, run, rank, html, trace_processor)
+            result = _perfetto_report(traces, engine, metric, by, whole_trace, selection, run, rank, html, trace_processor,
+                                      step_marker)
+        elif step_marker is not None:
+            raise ConfigError("the warehouse keeps the marker each file was ingested with; ingest again with "
+                              "--step-marker, or read the traces with --engine perfetto", param="step_marker", value=step_marker)
         else:
             result = step_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=run,
                                  cross_rank=html is not None and not whole_trace)  # the page shows waiting too
@@ -228,8 +233,9 @@ def report(
 
 def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: str, whole_trace: bool,
                      selection: Any, run: list[str] | None, rank: int | None, html: Path | None,
-                     trace_processor: Path | None) -> Any:
+                     trace_processor: Path | None, step_marker: str | None) -> Any:
     """``report --engine perfetto``: the checks of its options, then the report."""
+    from traceq.catalog import StepMarker
     from traceq.report.perfettosql import perfetto_report, trace_processor_binary
 
     if engine is not Engine.perfetto:
@@ -242,7 +248,8 @@ def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: 
     if run and len(run) > 1:
         raise ConfigError("with --engine perfetto, --run names the traces' run (once)", param="run", value=",".join(run))
     return perfetto_report(traces, metric, by=by, whole_trace=whole_trace, selection=selection,
-                           run=run[0] if run else None, rank=rank, binary=trace_processor_binary(trace_processor))
+                           run=run[0] if run else None, rank=rank, binary=trace_processor_binary(trace_processor),
+                           marker=StepMarker.parse(step_marker))
 
 
 @app.command()

@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # imported where used: a report imports it while DuckDB runs 
     import polars as pl
 
 
-_NS_COLUMNS = {
+NS_COLUMN_OF = {  # metric (us) -> its column in ns
     "comm_kernel_us": "comm_kernel_ns",
     "compute_kernel_us": "compute_kernel_ns",
     "comm_us": "comm_ns",
@@ -151,7 +151,7 @@ def step_metrics(
     if runs:
         frame = frame.filter(pl.col("run").is_in(list(runs)))
     return frame.with_columns(
-        *[(pl.col(ns) / 1000).round(3).alias(us) for us, ns in _NS_COLUMNS.items() if ns in frame.columns],
+        *[(pl.col(ns) / 1000).round(3).alias(us) for us, ns in NS_COLUMN_OF.items() if ns in frame.columns],
         (pl.col("step_time_ns") / 1e6).round(6).alias("step_time_ms"),
         *([(pl.col("arrived_last_count") / pl.when(pl.col("matched_count") > 0).then(pl.col("matched_count")))
            .alias("arrived_last_share")] if cross_rank else []),

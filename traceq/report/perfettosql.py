@@ -36,19 +36,10 @@ GET_IT = (
     f"pass --trace-processor PATH or set {ENV_VAR} to a trace_processor_shell binary "
     "(from https://get.perfetto.dev/trace_processor, or built from Perfetto's source)"
 )
-# The metrics this engine computes (the interval metrics of the README's Metrics table), by the
-# column of traceq_interval_breakdown each is read from.
-METRICS = {
-    "comm_kernel_us": "comm_kernel_ns",
-    "compute_kernel_us": "compute_kernel_ns",
-    "comm_us": "comm_ns",
-    "compute_us": "compute_ns",
-    "overlapped_comm_us": "overlapped_comm_ns",
-    "exposed_comm_us": "exposed_comm_ns",
-    "exposed_memcpy_us": "exposed_memcpy_ns",
-    "idle_us": "idle_ns",
-    "window_us": "window_ns",
-}
+# The metrics this engine computes (the interval metrics of the README's Metrics table; each is read
+# from its ns column of traceq_interval_breakdown)
+METRICS = ("comm_kernel_us", "compute_kernel_us", "comm_us", "compute_us", "overlapped_comm_us", "exposed_comm_us",
+           "exposed_memcpy_us", "idle_us", "window_us")
 OTHER_METRICS = ("overlap_ratio", "step_time_ms")
 GRAIN = ("run", "rank", "device", "step")
 NS_COLUMNS = ("comm_kernel_ns", "compute_kernel_ns", "comm_ns", "compute_ns", "overlapped_comm_ns",
@@ -315,13 +306,19 @@ def analyse_files(
         raise ConfigError("no trace files found", param="inputs", value=" ".join(map(str, inputs)))
     jobs = []
     unknown: dict[str, int] = {}
+    holders: dict[tuple[str, int], Path] = {}
     for path in paths:
         run_name = run_name_of(path, run)
         header, chunks = read_trace(path)
         chunks.close()
-        file_rank, _ = rank_of_file(path, header.leading, rank)
+        file_rank, source = rank_of_file(path, header.leading, rank)
         if file_rank is None:
             unknown[run_name] = file_rank = unknown.get(run_name, 0) - 1
+        elif (run_name, file_rank) in holders:  # as ingest refuses it: two files would mix in one rank
+            raise ConfigError(f"{path} and {holders[run_name, file_rank]} are both rank {file_rank} of run {run_name} "
+                              f"(from {'--rank' if source == 'option' else source}); give each run its own --run, "
+                              "or report them one at a time")
+        holders[run_name, file_rank] = path
         jobs.append((path, run_name, file_rank))
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:  # the work runs in the trace processors
@@ -347,8 +344,10 @@ def step_rows(results: Sequence[TraceResult], *, whole_trace: bool, selection: S
     rows = pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
     if rows.height == 0:
         return rows
+    from traceq.report.metrics import NS_COLUMN_OF
+
     return rows.with_columns(
-        *[(pl.col(ns) / 1000).round(3).alias(us) for us, ns in METRICS.items()],
+        *[(pl.col(NS_COLUMN_OF[us]) / 1000).round(3).alias(us) for us in METRICS],
         (pl.when(pl.col("comm_ns") > 0).then(pl.col("overlapped_comm_ns") / pl.col("comm_ns"))).alias("overlap_ratio"),
         (pl.col("step_time_ns") / 1e6).round(6).alias("step_time_ms"),
     ).sort("run", "rank", "device", "step")
@@ -389,12 +388,13 @@ def steps_used(rows: pl.DataFrame) -> list[str]:
 def perfetto_report(
     inputs: Sequence[str | Path], metric: str | Sequence[str] = "exposed_comm_us", *,
     by: str | Sequence[str] = ("run", "rank"), whole_trace: bool = False, selection: StepSelection | None = None,
-    run: str | None = None, rank: int | None = None, binary: Path | None = None,
+    run: str | None = None, rank: int | None = None, binary: Path | None = None, marker: StepMarker = StepMarker(),
 ) -> StepReport:
     """:func:`traceq.report.metrics.step_report` computed by the Perfetto engine from trace files.
 
     Only the interval metrics (``METRICS``, overlap_ratio, step_time_ms) and the grain run, rank,
     device, step: throughput, power and the cross-rank split need the warehouse (``--engine duckdb``).
+    ``marker``: the step marker (``traceq ingest --step-marker``; ProfilerStep#N by default).
     """
     from traceq.catalog import columns, resolve_metric
     from traceq.report.metrics import StepReport, side_by_side
@@ -413,7 +413,7 @@ def perfetto_report(
         if whole_trace and name == "step_time_ms":
             raise ConfigError("measured per step: it has no whole-trace value", param="metric", value=name)
     grain = columns(by, GRAIN)
-    results = analyse_files(inputs, run=run, rank=rank, binary=binary)
+    results = analyse_files(inputs, run=run, rank=rank, binary=binary, marker=marker)
     rows = step_rows(results, whole_trace=whole_trace, selection=selection)
     notes = [n for r in results for n in r.notes]
     cpu_only = [str(r.path) for r in results if not sum(r.slice_counts.values())]
