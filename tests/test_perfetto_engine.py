@@ -35,7 +35,8 @@ from traceq.report.perfettosql import (
     analyse_trace,
     open_trace,
     perfetto_report,
-    posix_pattern,
+    first_group_only,
+    perfetto_pattern,
     time_error_ns,
     trace_processor_binary,
 )
@@ -86,12 +87,31 @@ def test_a_missing_binary_is_one_line_that_says_how_to_get_one(tmp_path: Path, m
     assert len(lines) == 1 and "get.perfetto.dev/trace_processor" in lines[0], result.output
 
 
-def test_case_insensitive_rules_become_matches_on_the_lower_cased_name() -> None:
-    assert posix_pattern("(?i)gemm|Cijk_", "rule") == ("gemm|cijk_", True)
-    assert posix_pattern(r"(?i)^\D+Norm", "rule") == (r"^\D+norm", True)  # an escape keeps its case
-    assert posix_pattern("^ncclDevKernel_Generic", "rule") == ("^ncclDevKernel_Generic", False)
-    with pytest.raises(ConfigError, match="no inline flags other than a leading"):
-        posix_pattern("gemm(?i)x", "kernel rule")
+def test_patterns_are_translated_for_perfettos_regular_expressions() -> None:
+    assert perfetto_pattern("(?i)gemm|Cijk_", "rule") == ("gemm|cijk_", True)
+    assert perfetto_pattern(r"(?i)^\D+Norm", "rule") == (r"^\D+norm", True)  # an escape keeps its case
+    assert perfetto_pattern("^ncclDevKernel_Generic", "rule") == ("^ncclDevKernel_Generic", False)
+    for bad, words in (("gemm(?i)x", "inline flags"), (r"(?<=Step#)\d+", "look-behind"),
+                       (r"(?P<n>\d+)", "named groups"), (r"^ProfilerStep#(\d{,3})$", "lower bound")):
+        with pytest.raises(ConfigError, match=words):
+            perfetto_pattern(bad, "step marker")
+    # the step number is group 1: later groups stop capturing (Perfetto's regexp_extract takes one)
+    assert first_group_only(r"^(Profiler)Step#(\d+)$") == r"^(Profiler)Step#(?:\d+)$"
+    assert first_group_only(r"^\(x\)[(]a(?:b)(\d+)(c)") == r"^\(x\)[(]a(?:b)(\d+)(?:c)"
+
+
+def test_step_markers_with_case_and_groups_number_steps_as_at_ingest(tmp_path: Path, binary: Path) -> None:
+    t = lagging_trace()
+    for e in t.events:
+        if e["name"].startswith("ProfilerStep#"):
+            e["name"] = e["name"].replace("ProfilerStep#", "Train Step ")
+    path = t.write(tmp_path / "job" / "rank0.json")
+    db = tmp_path / "w.duckdb"
+    for marker in (r"(?i)^train step (\d+)$", r"^(Train) Step (\d+)$", r"^Train Step \d+$"):
+        mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, marker=StepMarker.parse(marker))
+        assert ingest_traces([path], db, workers=0, step_marker=marker, force=True).ok
+        assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step").table), marker
+        assert mine.table["exposed_comm_us"].to_list() == [60.0, 0.0, 40.0], marker
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,6 +150,25 @@ def test_kernels_that_overlap_on_one_stream_are_all_counted(tmp_path: Path, bina
                        window_ns=100, idle_ns=0)
     assert result.slice_counts == {"kernel": 3}
     assert any("1 slice(s) overlap others on their track" in n and "nothing lost" in n for n in result.notes), result.notes
+
+
+def test_a_step_that_launched_nothing_keeps_its_row_as_on_duckdb(tmp_path: Path, binary: Path) -> None:
+    """Steps 1 [0,100), 2 [100,400) (launches nothing), 3 [400,500) us: step_time 100, 300, 100 us, a mean of
+    166.667 us; step 2 has no device window, so its interval metrics are empty, not 0."""
+    t = TraceBuilder(rank=0)
+    for n, (lo, hi) in enumerate(((0, 100), (100, 400), (400, 500)), start=1):
+        t.step(n, lo * US, hi * US)
+    t.kernel("ampere_sgemm_128x64_nn", 10 * US, 60 * US, launch_ns=5 * US)
+    t.kernel("ampere_sgemm_128x64_nn", 410 * US, 460 * US, launch_ns=405 * US)
+    path = t.write(tmp_path / "job" / "rank0.json")
+    mine = perfetto_report([path], "compute,step_time", by="run,rank,step", binary=binary)
+    assert mine.table["step_time_ms"].to_list() == [0.1, 0.3, 0.1]
+    assert mine.table["compute_us"].to_list() == [50.0, None, 50.0]
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([path], db, workers=0).ok
+    for by in ("run,rank,step", "run"):
+        assert perfetto_report([path], "compute,step_time", by=by, binary=binary).table.equals(
+            step_report(db, "compute,step_time", by=by).table), by
 
 
 def test_events_perfetto_reads_and_traceq_does_not_are_reported(tmp_path: Path, binary: Path) -> None:
@@ -268,8 +307,10 @@ def test_the_report_equals_the_duckdb_engines_report(tmp_path: Path, binary: Pat
     db = tmp_path / "w.duckdb"
     assert ingest_traces(files, db, workers=0).ok
     metrics = "exposed_comm,overlapped_comm,idle,compute_kernel,exposed_memcpy,overlap_ratio,step_time"
-    for by in ("run,rank,step", "run,rank", "run", "rank"):
+    for by in ("run,rank,step", "run,rank", "run", "rank", "step", "run,step"):
         duck = step_report(db, metrics, by=by)
+        # several metrics side by side: as many rows as one metric alone (no rank paired with another's)
+        assert duck.table.height == step_report(db, "idle", by=by).table.height, by
         mine = perfetto_report(files, metrics, by=by, binary=binary, selection=StepSelection())
         assert mine.table.equals(duck.table.select(mine.table.columns)), by
         if by == "rank":  # one row per (run, rank): two runs' rank 0 are not joined to each other
@@ -293,16 +334,40 @@ def test_a_step_marker_names_the_steps_as_at_ingest(tmp_path: Path, binary: Path
     assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step").table)
 
 
-def test_two_files_of_one_rank_are_refused_as_at_ingest(tmp_path: Path, binary: Path) -> None:
+def test_two_files_holding_one_step_of_a_rank_are_refused_as_at_ingest(tmp_path: Path, binary: Path) -> None:
     for name in ("a.json", "b.json"):
-        lagging_trace().write(tmp_path / "job" / name)  # both say distributedInfo.rank 0
-    with pytest.raises(ConfigError, match="b.json and .*a.json are both rank 0 of run job"):
+        lagging_trace().write(tmp_path / "job" / name)  # both say distributedInfo.rank 0, steps 1..3
+    with pytest.raises(ConfigError, match="b.json: .*a.json holds step 1 of rank 0 of run job too"):
         perfetto_report([tmp_path / "job"], "exposed_comm", binary=binary)
+    # profiling cycles: one rank, other steps in each file
+    later = lagging_trace()
+    for e in later.events:
+        if e["name"].startswith("ProfilerStep#"):
+            e["name"] = "ProfilerStep#1" + e["name"][-1]
+    later.write(tmp_path / "job" / "b.json")
+    mine = perfetto_report([tmp_path / "job"], "exposed_comm", by="run,rank,step", binary=binary)
+    assert mine.table["step"].to_list() == [1, 2, 3, 11, 12, 13]
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([tmp_path / "job"], db, workers=0).ok
+    assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step").table)
+
+
+def test_notes_say_what_a_trace_lacks_and_what_exists(tmp_path: Path, binary: Path) -> None:
+    t = lagging_trace()
+    t.rank = None  # no distributedInfo, no rank in the file name
+    t.events = [e for e in t.events if not e["name"].startswith("ProfilerStep#")]
+    path = t.write(tmp_path / "job" / "trace.json")
+    notes = perfetto_report([path], "exposed_comm", binary=binary).notes
+    assert any("trace.json names no rank" in n and "reported as rank -1 of run job" in n for n in notes), notes
+    assert any("rank -1 has no step marker: reported over its whole trace" in n for n in notes), notes
+    with pytest.raises(EmptySelection, match=r"run job2: steps 1\.\.3 \(3 per rank\)"):
+        perfetto_report([lagging_trace().write(tmp_path / "job2" / "rank0.json")], "exposed_comm",
+                        selection=StepSelection(step_min=50, step_max=60), binary=binary)
 
 
 def test_a_cpu_only_trace_is_said_to_be_outside_the_perfetto_engine(binary: Path) -> None:
     trace = corpus_path("hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
-    with pytest.raises(EmptySelection, match="none has device activity"):
+    with pytest.raises(EmptySelection, match="no trace has device activity"):
         perfetto_report([trace], "exposed_comm", binary=binary)
 
 
@@ -346,7 +411,13 @@ def test_sql_runs_your_own_query_on_either_engine(tmp_path: Path, binary: Path, 
         (["sql", "--db", str(db), "selec 1"], "DuckDB refused the query"),
         (["sql", "--db", str(db), str(path), "select 1"], "to query a trace file use --engine perfetto"),
         (["sql", "--engine", "perfetto", "select 1"], "give one trace file, then the query"),
-        (["sql", "--engine", "perfetto", str(path), "selec 1"], "the trace processor refused a query"),
+        (["sql", "--engine", "perfetto", str(path), "selec 1"], "refused a query: syntax error near 'selec'"),
+        (["sql", "--engine", "perfetto", str(path), "select * from nonexistent"], "refused a query: no such table: nonexistent"),
+        (["sql", "--engine", "perfetto", str(path), "select 1 as x, 2 as x"], "two columns named x"),
+        (["sql", "--engine", "perfetto", str(path), "create perfetto table t as select 1 as a"], "not a query"),
+        (["sql", "--engine", "perfetto", str(tmp_path), "select 1"], "not a trace file"),
+        (["sql", "--db", str(db), "select * from steps as s join traces as t on t.trace_id = s.trace_id"],
+         "two columns named trace_id"),
     ):
         result = runner.invoke(app, args)
         assert result.exit_code == 1 and message in result.output, (args, result.output)

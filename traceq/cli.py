@@ -222,8 +222,9 @@ def report(
         return
     if fmt is Format.table:
         used = "whole trace, every kernel" if whole_trace else _steps_note(selection)
-        engine_note = "; Perfetto engine" if engine is Engine.perfetto else ""
-        typer.echo(f"{result.metric} by {by} ({used}{engine_note})", err=True)
+        if engine is Engine.perfetto:  # trace files carry no run metadata
+            used = used.replace("the run's warmup_steps, 0 if unset", "none unless --skip-steps") + "; Perfetto engine"
+        typer.echo(f"{result.metric} by {by} ({used})", err=True)
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
     _emit(result.table, fmt)
@@ -259,6 +260,7 @@ def sql(
     engine: EngineOption = Engine.duckdb,
     trace_processor: TraceProcessorOption = None,
     rank: Annotated[Optional[int], typer.Option(help="With --engine perfetto: the rank of a trace that names none.")] = None,
+    step_marker: Annotated[Optional[str], typer.Option(help="With --engine perfetto: a regular expression on the names of the step spans (as traceq ingest --step-marker).")] = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Run your own query over traceq's classification, step windows and metrics.
@@ -280,15 +282,20 @@ def sql(
 
       traceq sql --engine perfetto runs/rank0.json.gz "select scope, step, exposed_comm_ns from traceq_interval_breakdown"
     """
+    from traceq.catalog import StepMarker
     from traceq.report.adhoc import trace_sql, warehouse_sql
     from traceq.report.perfettosql import trace_processor_binary
 
+    notes: list[str] = []
     try:
         if engine is Engine.perfetto:
             if len(words) != 2:
                 raise ConfigError("give one trace file, then the query", param="words", value=" ".join(words))
-            frame = trace_sql(words[1], Path(words[0]), rank=rank, binary=trace_processor_binary(trace_processor))
+            frame, notes = trace_sql(words[1], Path(words[0]), rank=rank, binary=trace_processor_binary(trace_processor),
+                                     marker=StepMarker.parse(step_marker))
         else:
+            if step_marker is not None:
+                raise ConfigError("the warehouse keeps the marker each file was ingested with", param="step_marker", value=step_marker)
             if len(words) != 1:
                 raise ConfigError("give the query alone (the DuckDB engine reads the warehouse, --db); "
                                   "to query a trace file use --engine perfetto", param="words", value=" ".join(words))
@@ -296,6 +303,8 @@ def sql(
     except TraceqError as exc:
         _fail(exc)
         return
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
     _emit(frame, fmt)
 
 

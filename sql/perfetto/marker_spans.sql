@@ -10,11 +10,13 @@ include perfetto module traceq.events;
 -- The pattern is matched on the distinct names, not on every slice. Tables that a join reads are
 -- tables of their own here (_traceq_*), not common table expressions: SQLite may run a CTE again for
 -- every row of the other side (1.0 s against 0.01 on a 35 MB trace).
+-- marker_ci: the marker started with (?i) (matched on the lower-cased name); marker_has_group: it has a
+-- group, the step number (the only capturing one: later groups were made non-capturing)
 create perfetto table _traceq_marker_names as
-select n.name, regexp_extract(n.name, p.step_marker) as captured
+select n.name, iif(p.marker_has_group, regexp_extract(iif(p.marker_ci, lower(n.name), n.name), p.step_marker), null) as captured
 from (select distinct name from traceq_events where coalesce(role, '') not in ('kernel', 'memcpy', 'memset')) as n
 cross join traceq_params as p
-where n.name regexp p.step_marker;
+where iif(p.marker_ci, lower(n.name) regexp p.step_marker, n.name regexp p.step_marker);
 
 create perfetto table traceq_marker_spans as
 with matched as (
@@ -30,6 +32,7 @@ with matched as (
     left join thread as th using (utid)
     left join process as pr using (upid)
     where coalesce(e.role, '') not in ('kernel', 'memcpy', 'memset')
+        and e.dur_ns > 0  -- a thread-scoped instant event comes as a zero-length slice: no step
 ),
 
 -- an integer, or null (SQLite's cast would read 'abc' as 0)

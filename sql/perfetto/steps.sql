@@ -46,13 +46,17 @@ with spans as (
 ),
 
 -- the rank's timeline: its events other than plain CPU operators (those without collective args that
--- are no step marker), as the DuckDB engine's warehouse keeps them for GPU traces
+-- are no step marker), as the DuckDB engine's warehouse keeps them for GPU traces, and other than
+-- zero-length CPU slices (thread-scoped instant events, "[memory]" say, come as those)
 timelines as (
     select rank, min(start_ns) as start_ns, max(end_ns) as end_ns
     from traceq_events
-    where coalesce(role, '') <> 'operator'
-        or extract_arg(arg_set_id, 'args.Collective name') is not null
-        or name in (select name from _traceq_marker_names)
+    where (dur_ns > 0 or role in ('kernel', 'memcpy', 'memset'))
+        and (
+            coalesce(role, '') <> 'operator'
+            or extract_arg(arg_set_id, 'args.Collective name') is not null
+            or name in (select name from _traceq_marker_names)
+        )
     group by rank
 ),
 

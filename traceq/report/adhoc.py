@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from traceq.catalog import StepMarker
 from traceq.errors import ConfigError
 from traceq.report.selection import StepSelection, relation
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -39,23 +40,35 @@ def warehouse_sql(sql: str, db: Warehouse = DEFAULT_DB, selection: StepSelection
             result = con.sql(sql)
             if result is None:  # a statement without rows (the warehouse is opened read-only)
                 raise ConfigError(f"not a query (it returns no rows): {sql[:80]!r}; give a SELECT")
+            twice = sorted({c for c in result.columns if result.columns.count(c) > 1})
+            if twice:
+                raise ConfigError(f"the query gives two columns named {', '.join(twice)}; name them apart (AS)")
             return to_polars(result)
         except duckdb.Error as exc:
             raise ConfigError(f"DuckDB refused the query: {str(exc).strip().splitlines()[0]}") from None
 
 
-def trace_sql(sql: str, trace: Path, *, rank: int | None = None, binary: Path | None = None) -> pl.DataFrame:
-    """The rows of ``sql`` (PerfettoSQL) on ``trace`` loaded in a trace processor, with traceq's
-    modules loaded (tables traceq_device_events, traceq_steps, traceq_device_windows,
-    traceq_interval_breakdown, ...); EngineError with the trace processor's message when it fails."""
+def trace_sql(
+    sql: str, trace: Path, *, rank: int | None = None, binary: Path | None = None, marker: StepMarker = StepMarker(),
+) -> tuple[pl.DataFrame, list[str]]:
+    """(the rows of ``sql`` (PerfettoSQL) on ``trace`` loaded in a trace processor with traceq's modules
+    loaded: traceq_device_events, traceq_steps, traceq_device_windows, traceq_interval_breakdown, ...;
+    the notes on how Perfetto's import differs from traceq's reader). EngineError with the trace
+    processor's message when the query fails, ConfigError for a statement that gives no rows."""
     from traceq.ingest.loader import check_rank, rank_of_file
     from traceq.ingest.reader import read_trace
-    from traceq.report.perfettosql import open_trace
+    from traceq.report.perfettosql import counting_events, import_notes, open_trace
 
     check_rank(rank)
+    if not trace.is_file():
+        raise ConfigError(f"{trace}: not a trace file; give one trace file, then the query")
     header, chunks = read_trace(trace)
     chunks.close()
     file_rank, _ = rank_of_file(trace, header.leading, rank)
-    with open_trace(trace, binary, -1 if file_rank is None else file_rank) as loaded:
+    with counting_events(trace) as events, open_trace(trace, binary, -1 if file_rank is None else file_rank, marker) as loaded:
         loaded.load("interval_breakdown")
-        return loaded.query(sql)
+        rows = loaded.query(sql)
+        if not rows.columns:
+            raise ConfigError(f"not a query (it returns no rows): {sql[:80]!r}; give a SELECT")
+        _, notes = import_notes(loaded, events.result())
+    return rows, notes

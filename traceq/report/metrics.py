@@ -308,6 +308,9 @@ def step_report(
 def side_by_side(rows: pl.DataFrame, names: Sequence[str], grain: Sequence[str]) -> pl.DataFrame:
     """``rows`` aggregated to ``grain`` (:func:`aggregate`) for each metric of ``names``, their columns
     side by side."""
+    if "step" in grain:  # the step rows themselves, nothing aggregated: their metric columns side by side
+        keep = list(dict.fromkeys([*grain, *names, "step_time_ms"]))
+        return rows.select(keep).sort(list(dict.fromkeys(grain)), maintain_order=True)
     table = aggregate(rows, names[0], grain)
     for name in names[1:]:
         more = aggregate(rows, name, grain)

@@ -15,7 +15,7 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from importlib.resources import as_file, files
@@ -61,25 +61,59 @@ def trace_processor_binary(option: Path | None = None) -> Path | None:
     for path, source in ((option, "--trace-processor"), (os.environ.get(ENV_VAR) or None, ENV_VAR)):
         if path is None:
             continue
-        path = Path(path).expanduser()
+        path = Path(path).expanduser().absolute()  # a bare name is a file here, never one found on PATH
         if not path.is_file() or not os.access(path, os.X_OK):
             raise EngineError(f"{source} {path}: not an executable file; {GET_IT}")
         return path
     return None
 
 
-def posix_pattern(pattern: str, what: str) -> tuple[str, bool]:
+# what Perfetto's regular expressions (C++ std::regex, ECMAScript) lack of Python's and DuckDB's (RE2):
+# an unknown construct aborts the trace processor, so they are refused before they reach it
+_UNSUPPORTED = (
+    (re.compile(r"\(\?P?<"), "named groups and look-behind"),
+    (re.compile(r"\(\?[a-zA-Z]"), "inline flags other than a leading (?i)"),
+    (re.compile(r"\{,"), "a repetition {,n} without its lower bound"),
+)
+
+
+def perfetto_pattern(pattern: str, what: str) -> tuple[str, bool]:
     """(pattern, case-insensitive) for Perfetto's regexp, which has no inline flags: a leading (?i)
     becomes a match on the lower-cased name, with the pattern's letters lowered (not those of an
-    escape like \\D). ConfigError naming ``what`` for any other inline flag."""
+    escape like \\D). ConfigError naming ``what`` for a construct Perfetto's regular expressions lack."""
     ci = pattern.startswith("(?i)")
     body = pattern[4:] if ci else pattern
-    if re.search(r"\(\?[a-zA-Z]", body):
-        raise ConfigError(f"{what} {pattern!r}: the Perfetto engine's regular expressions take no inline "
-                          "flags other than a leading (?i); use --engine duckdb for it")
+    for construct, words in _UNSUPPORTED:
+        if construct.search(body):
+            raise ConfigError(f"{what} {pattern!r}: Perfetto's regular expressions (ECMAScript) have no {words}; "
+                              "use --engine duckdb for it")
     if ci:
         body = re.sub(r"\\.|[A-Z]", lambda m: m.group(0) if len(m.group(0)) == 2 else m.group(0).lower(), body)
     return body, ci
+
+
+def first_group_only(pattern: str) -> str:
+    """``pattern`` with every capturing group after the first made non-capturing: the step number is
+    group 1 (as DuckDB's regexp_extract(name, marker, 1) reads it), and Perfetto's regexp_extract
+    refuses a pattern of several groups."""
+    out, groups, i, in_class = [], 0, 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(" and not pattern.startswith("?", i + 1):
+            groups += 1
+            if groups > 1:
+                c = "(?:"
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _literal(value: object) -> str:
@@ -115,19 +149,18 @@ def input_tables(file_rank: int, marker: StepMarker = StepMarker()) -> list[str]
     categories = event_categories()
     rules = []
     for position, (priority, pattern, cls, category, collective) in enumerate(builtin_rules()):
-        posix, ci = posix_pattern(pattern, "kernel rule")
-        rules.append((priority, posix, ci, cls, category, collective, True, position))
-    launches = [(cat, *posix_pattern(p, "launch pattern")) for cat, p in sorted(categories.launch_patterns.items())]
-    marker_pattern, marker_ci = posix_pattern(marker.pattern, "step marker")
-    if marker_ci:
-        raise ConfigError(f"step marker {marker.pattern!r}: the Perfetto engine matches step markers "
-                          "case-sensitively; spell the name's case out")
+        translated, ci = perfetto_pattern(pattern, "kernel rule")
+        rules.append((priority, translated, ci, cls, category, collective, True, position))
+    launches = [(cat, *perfetto_pattern(p, "launch pattern")) for cat, p in sorted(categories.launch_patterns.items())]
+    marker_pattern, marker_ci = perfetto_pattern(first_group_only(marker.pattern), "step marker")
+    has_group = re.compile(marker.pattern).groups > 0
     return [
         _table("traceq_kernel_rules", ("priority", "pattern", "ci", "class", "category", "collective", "builtin", "position"), rules),
         _table("traceq_categories", ("cat", "role"),
                [(cat, role) for role, cats in categories.by_role.items() for cat in cats]),
         _table("traceq_launch_patterns", ("cat", "pattern", "ci"), launches),
-        _table("traceq_params", ("file_rank", "step_marker"), [(file_rank, marker_pattern)]),
+        _table("traceq_params", ("file_rank", "step_marker", "marker_ci", "marker_has_group"),
+               [(file_rank, marker_pattern, marker_ci, has_group)]),
     ]
 
 
@@ -151,9 +184,12 @@ class PerfettoTrace:
         try:
             result = self.processor.query(sql)
         except Exception as exc:  # the package raises its own exception type for query errors
-            raise EngineError(f"{self.path}: the trace processor refused a query: {_first_line(exc)}") from None
+            raise EngineError(f"{self.path}: the trace processor refused a query: {_message(exc)}") from None
         if not result.column_names:
             return pl.DataFrame()
+        twice = sorted({c for c in result.column_names if result.column_names.count(c) > 1})
+        if twice:
+            raise EngineError(f"{self.path}: the query gives two columns named {', '.join(twice)}; name them apart (AS)")
         return pl.DataFrame(
             {name: list(result.cells[i::len(result.column_names)]) for i, name in enumerate(result.column_names)},
             strict=False,
@@ -193,7 +229,7 @@ def open_trace(path: Path, binary: Path | None, file_rank: int, marker: StepMark
                               f"exit status {exc.returncode}); {GET_IT}") from None
         except Exception as exc:
             where = f"the trace processor {binary}" if binary else "the perfetto package's trace processor"
-            raise EngineError(f"{path}: {where} did not load it ({_first_line(exc)})") from None
+            raise EngineError(f"{path}: {where} did not load it ({_message(exc)})") from None
         stack.callback(processor.close)
         trace = PerfettoTrace(path, processor)
         for statement in statements:
@@ -201,9 +237,12 @@ def open_trace(path: Path, binary: Path | None, file_rank: int, marker: StepMark
         yield trace
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
+def _message(exc: BaseException) -> str:
+    """What went wrong, in one line: the trace processor's errors come as a traceback of the SQL
+    (lines 'Traceback ...', 'File ...', the statement, a caret) ending in the message itself."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    meant = [line for line in lines if not line.startswith(("Traceback", "File ")) and set(line) - set("^~ ")]
+    return (meant[-1] if meant else type(exc).__name__)[:300]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,28 +267,39 @@ def analyse_trace(path: Path, run: str, file_rank: int, binary: Path | None,
     """Load ``path`` in a trace processor and compute its steps and interval metrics in PerfettoSQL."""
     import polars as pl
 
-    from traceq.ingest.census import count_device_events
-
-    # the trace's own event counts are read meanwhile (the trace processor is another process)
-    with ThreadPoolExecutor(max_workers=1) as census:
-        events = census.submit(count_device_events, path)
-        with open_trace(path, binary, file_rank, marker) as trace:
-            trace.load("interval_breakdown")
-            steps = trace.query("select rank, step, start_ns, end_ns, step_time_ns, launches_without_gpu_work, source "
-                                "from traceq_steps order by rank, step")
-            windows = trace.query("select * from traceq_interval_breakdown order by scope, rank, device, step")
-            counts = trace.query("select role, count(*) as n from traceq_events where role in ('kernel', 'memcpy', 'memset') group by role")
-            stats = trace.query("select name, sum(value) as value from stats where value > 0 "
-                                "and (severity in ('error', 'data_loss') or name like 'slice_%') group by name")
-            fractional = trace.query("select max(abs(start_ns)) as top_ns, "
-                                     "max(start_ns % 1000 <> 0 or dur_ns % 1000 <> 0) as fraction from traceq_device_events")
-        slice_counts = {role: int(n) for role, n in counts.iter_rows()}
-        notes = _import_notes(path, slice_counts, events.result(), dict(stats.iter_rows()), fractional)
+    with counting_events(path) as events, open_trace(path, binary, file_rank, marker) as trace:
+        trace.load("interval_breakdown")
+        steps = trace.query("select rank, step, start_ns, end_ns, step_time_ns, launches_without_gpu_work, source "
+                            "from traceq_steps order by rank, step")
+        windows = trace.query("select * from traceq_interval_breakdown order by scope, rank, device, step")
+        slice_counts, notes = import_notes(trace, events.result())
     typed = {c: pl.Int64 for c in ("rank", "step", "start_ns", "end_ns", "step_time_ns", "launches_without_gpu_work")}
     steps = steps.cast(typed) if steps.height else pl.DataFrame(schema={**typed, "source": pl.String})
     wtyped = {"rank": pl.Int64, "device": pl.Int64, "step": pl.Int64, "window_start_ns": pl.Int64, **dict.fromkeys(NS_COLUMNS, pl.Int64)}
     windows = windows.cast(wtyped) if windows.height else pl.DataFrame(schema={"scope": pl.String, **wtyped})
     return TraceResult(path, run, steps, windows, notes, slice_counts)
+
+
+@contextmanager
+def counting_events(path: Path) -> Iterator[Future[dict[str, int]]]:
+    """The trace's own count of its device events (:func:`traceq.ingest.census.count_device_events`),
+    read in a thread meanwhile (the trace processor is another process)."""
+    from traceq.ingest.census import count_device_events
+
+    with ThreadPoolExecutor(max_workers=1) as census:
+        yield census.submit(count_device_events, path)
+
+
+def import_notes(trace: PerfettoTrace, events: dict[str, int]) -> tuple[dict[str, int], list[str]]:
+    """(device slices by role, the notes on how Perfetto's import of the loaded ``trace`` differs from the
+    trace's own ``events`` and from traceq's reader)."""
+    counts = trace.query("select role, count(*) as n from traceq_events where role in ('kernel', 'memcpy', 'memset') group by role")
+    stats = trace.query("select name, sum(value) as value from stats where value > 0 "
+                        "and (severity in ('error', 'data_loss') or name like 'slice_%') group by name")
+    fractional = trace.query("select max(abs(start_ns)) as top_ns, "
+                             "max(start_ns % 1000 <> 0 or dur_ns % 1000 <> 0) as fraction from traceq_device_events")
+    sliced = {role: int(n) for role, n in counts.iter_rows()}
+    return sliced, _import_notes(trace.path, sliced, events, dict(stats.iter_rows()), fractional)
 
 
 def _import_notes(path: Path, sliced: dict[str, int], events: dict[str, int], stats: dict[str, int],
@@ -306,23 +356,39 @@ def analyse_files(
         raise ConfigError("no trace files found", param="inputs", value=" ".join(map(str, inputs)))
     jobs = []
     unknown: dict[str, int] = {}
-    holders: dict[tuple[str, int], Path] = {}
     for path in paths:
         run_name = run_name_of(path, run)
         header, chunks = read_trace(path)
         chunks.close()
-        file_rank, source = rank_of_file(path, header.leading, rank)
-        if file_rank is None:
+        file_rank, _ = rank_of_file(path, header.leading, rank)
+        named = file_rank is not None
+        if not named:
             unknown[run_name] = file_rank = unknown.get(run_name, 0) - 1
-        elif (run_name, file_rank) in holders:  # as ingest refuses it: two files would mix in one rank
-            raise ConfigError(f"{path} and {holders[run_name, file_rank]} are both rank {file_rank} of run {run_name} "
-                              f"(from {'--rank' if source == 'option' else source}); give each run its own --run, "
-                              "or report them one at a time")
-        holders[run_name, file_rank] = path
-        jobs.append((path, run_name, file_rank))
+        jobs.append((path, run_name, file_rank, named))
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:  # the work runs in the trace processors
-        return list(pool.map(lambda job: analyse_trace(*job, binary=binary, marker=marker), jobs))
+        results = list(pool.map(lambda job: analyse_trace(*job[:3], binary=binary, marker=marker), jobs))
+    for (path, run_name, file_rank, named), result in zip(jobs, results):
+        if not named and (result.steps["rank"] == file_rank).any():
+            result.notes.append(f"{path} names no rank (no distributedInfo, event args or rank<N> in its name): "
+                                f"reported as rank {file_rank} of run {run_name}; set one with --rank N")
+    _refuse_shared_steps(results)
+    return results
+
+
+def _refuse_shared_steps(results: Sequence[TraceResult]) -> None:
+    """ConfigError when two files hold a step of the same rank of one run, as ingest refuses them (the
+    same trace twice, or two jobs in one run); files of one rank with other steps (profiling cycles)
+    are fine."""
+    held: dict[tuple[str, int, int], Path] = {}
+    for result in results:
+        for rank, step in result.steps.select("rank", "step").iter_rows():
+            other = held.setdefault((result.run, rank, step), result.path)
+            if other != result.path:
+                what = "the whole timeline (no steps)" if step == -1 else f"step {step}"
+                raise ConfigError(f"{result.path}: {other} holds {what} of rank {rank} of run {result.run} too; the same "
+                                  "trace twice, or traces of two jobs in one run? Give each run its own --run "
+                                  "(or a file its rank with --rank N)")
 
 
 def step_rows(results: Sequence[TraceResult], *, whole_trace: bool, selection: StepSelection) -> pl.DataFrame:
@@ -333,13 +399,14 @@ def step_rows(results: Sequence[TraceResult], *, whole_trace: bool, selection: S
 
     frames = []
     for trace_id, result in enumerate(results, start=1):
+        if not sum(result.slice_counts.values()):
+            continue  # no device activity: outside this engine (perfetto_report says so)
         windows = result.windows.filter(pl.col("scope") == ("trace" if whole_trace else "step")).drop("scope")
-        steps = result.steps.select("rank", "step", "step_time_ns")
-        if not whole_trace:
-            chosen = selected_steps(result.steps, selection)
-            windows = windows.join(chosen, on=["rank", "step"], how="semi")
-        frame = windows.join(steps, on=["rank", "step"], how="left") if not whole_trace else \
-            windows.with_columns(pl.lit(None, pl.Int64).alias("step_time_ns"))
+        if whole_trace:
+            frame = windows.with_columns(pl.lit(None, pl.Int64).alias("step_time_ns"))
+        else:  # a selected step that launched nothing keeps its row (null interval metrics), as on DuckDB
+            steps = result.steps.join(selected_steps(result.steps, selection), on=["rank", "step"], how="semi")
+            frame = steps.select("rank", "step", "step_time_ns").join(windows, on=["rank", "step"], how="left")
         frames.append(frame.with_columns(pl.lit(result.run).alias("run"), pl.lit(trace_id).alias("trace_id")))
     rows = pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
     if rows.height == 0:
@@ -385,6 +452,18 @@ def steps_used(rows: pl.DataFrame) -> list[str]:
     return [f"steps used: {'; '.join(parts)}"] if parts else []
 
 
+def _steps_held(results: Sequence[TraceResult]) -> str:
+    """The steps each run has, in words (what an empty selection leaves to choose from)."""
+    import polars as pl
+
+    steps = pl.concat([r.steps.with_columns(run=pl.lit(r.run)) for r in results if r.steps.height])
+    per_rank = steps.filter(pl.col("source") == "marker").group_by("run", "rank").agg(
+        pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"), pl.len().alias("n"))
+    per_run = per_rank.group_by("run").agg(pl.col("lo").min(), pl.col("hi").max(), pl.col("n").max()).sort("run")
+    parts = [f"run {run}: steps {lo}..{hi} ({n} per rank)" for run, lo, hi, n in per_run.iter_rows()]
+    return ", ".join(parts) or "no run has step markers"
+
+
 def perfetto_report(
     inputs: Sequence[str | Path], metric: str | Sequence[str] = "exposed_comm_us", *,
     by: str | Sequence[str] = ("run", "rank"), whole_trace: bool = False, selection: StepSelection | None = None,
@@ -396,6 +475,8 @@ def perfetto_report(
     device, step: throughput, power and the cross-rank split need the warehouse (``--engine duckdb``).
     ``marker``: the step marker (``traceq ingest --step-marker``; ProfilerStep#N by default).
     """
+    import polars as pl
+
     from traceq.catalog import columns, resolve_metric
     from traceq.report.metrics import StepReport, side_by_side
     from traceq.report.selection import StepSelection
@@ -420,9 +501,13 @@ def perfetto_report(
     if cpu_only:
         notes.append(f"no device activity in {', '.join(cpu_only)}: the Perfetto engine reports GPU traces "
                      "(--engine duckdb reports CPU-only ones too)")
+    for result in results:
+        for (rank,) in result.steps.filter(pl.col("source") == "whole_trace").select("rank").iter_rows():
+            notes.append(f"run {result.run}: rank {rank} has no step marker: reported over its whole trace as one "
+                         "window (step -1); name its steps with --step-marker REGEX")
     if rows.height == 0:
-        raise EmptySelection(f"no step is selected ({selection.describe()}) in {len(results)} trace(s)"
-                             + ("" if not cpu_only else "; none has device activity"))
+        raise EmptySelection(f"no step is selected ({selection.describe()}); " + (
+            "no trace has device activity" if len(cpu_only) == len(results) else _steps_held(results)))
     if not whole_trace:
         notes.extend(steps_used(rows))
         if selection.skip_steps is None:
