@@ -1,4 +1,4 @@
--- inputs: gpu_activity, wall_offsets
+-- inputs: gpu_activity, cpu_activity, wall_offsets
 -- clock_skew: one row per (run, rank) of a run with more than one known rank, other than the run's
 -- reference rank (its lowest known rank), that shares a collective with the reference rank.
 -- Columns: run, rank, path (the rank's trace; the first by name when it has several), ref_rank,
@@ -7,7 +7,8 @@
 -- A collective ends at (nearly) the same instant on every rank, so the skew is the median difference
 -- of the end times of the same collective. Collectives are matched across ranks by (process group,
 -- collective type, Seq) where every kernel of that group/type has Seq, else by order of occurrence.
--- Times are wall clock (sql/wall_offsets.sql).
+-- Times are wall clock (sql/wall_offsets.sql). Communication kernels, or gloo spans on CPU-only traces,
+-- of the runs $runs (null: every run).
 with comm as (
     select
         a.trace_id,
@@ -21,6 +22,13 @@ with comm as (
         a.collective_type
     from gpu_activity as a
     where a.class = 'comm' and a.rank >= 0
+        and a.trace_id in (select trace_id from traces where $runs is null or list_contains($runs, run))
+    union all
+    -- the gloo spans of CPU-only traces (sql/cpu_activity.sql): a collective ends together there too
+    select c.trace_id, c.rank, c.device, null, c.start_ns, c.end_ns, null, '', c.collective_type
+    from cpu_activity as c
+    where c.class = 'comm' and c.rank >= 0
+        and c.trace_id in (select trace_id from traces where $runs is null or list_contains($runs, run))
 ),
 
 seqs as (
@@ -39,7 +47,8 @@ kernels as (
         c.collective_type,
         c.end_ns + o.offset_ns as end_wall_ns,
         s.seq,
-        row_number() over (partition by t.run, c.rank, c.pg, c.collective_type order by c.start_ns) as occurrence
+        -- in wall-clock order: a rank's trace files (profiling cycles) each have a clock of their own
+        row_number() over (partition by t.run, c.rank, c.pg, c.collective_type order by c.start_ns + o.offset_ns) as occurrence
     from comm as c
     inner join traces as t using (trace_id)
     inner join wall_offsets as o using (trace_id)

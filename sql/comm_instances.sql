@@ -1,4 +1,4 @@
--- inputs: gpu_activity, cpu_activity
+-- inputs: gpu_activity, cpu_activity, wall_offsets
 -- comm_instances: one row per communication kernel (a gloo span on CPU-only traces; step: the step that
 -- launched it, as in sql/device_activity.sql), matched across the
 -- ranks of its run into collective instances (README: Across ranks). A kernel's duration = waiting for
@@ -165,12 +165,14 @@ ordered as (
         f.members_reason,
         case when f.by_seq then c.seq else -1 end as key_seq,
         case when f.by_seq then '' else c.collective_type end as key_type,
+        -- in wall-clock order: a rank's trace files (profiling cycles) each have a clock of their own
         row_number() over (
             partition by c.group_id, c.rank, key_seq, key_type
-            order by c.start_ns, c.end_ns, c.device, c.stream
+            order by c.start_ns + o.offset_ns, c.end_ns, c.device, c.stream
         ) as ordinal
     from candidates as c
     inner join group_facts as f using (group_id)
+    inner join wall_offsets as o using (trace_id)
     where c.reason0 is null
 ),
 

@@ -301,6 +301,61 @@ def test_two_traces_of_one_rank_share_its_process_and_counters_drop_to_0_between
     assert decoded.process_names().count(process) == 1
 
 
+def test_profiling_cycles_with_clocks_of_their_own_are_paired_in_wall_clock_order(tmp_path: Path) -> None:
+    """Two ranks, two profiling cycles each, every file on a clock of its own (baseTimeNanoseconds + relative
+    ts, as the collectors write them), no Seq; rank 1's clock runs 300 us ahead. Cycle a: 3 steps from
+    wall 1 ms; cycle b: 4 steps from wall 10 ms (rank 0's file b starts its ts at 0, rank 1's at 5.3 ms
+    on a base 5 ms later). In trace time rank 1's cycles interleave with rank 0's; in wall time they do
+    not, so the k-th all-reduce of each rank is the same collective, and the skew is 300 us."""
+    base = 1_700_000_000_000_000_000
+
+    def cycle(rank: int, rel: int, first: int, n: int) -> TraceBuilder:
+        t = TraceBuilder(rank=rank)
+        for i in range(n):
+            lo = rel + i * 100 * US
+            t.step(first + i, lo, lo + 100 * US)
+            t.kernel(GEMM, lo + 10 * US, lo + 30 * US, launch_ns=lo + 5 * US)
+            t.kernel(ALL_REDUCE, lo + (40 + 2 * rank) * US, lo + 60 * US, stream=20, launch_ns=lo + 35 * US,
+                     **{"Collective name": "allreduce", "Process Group Name": "0", "Group size": 2})
+        return t
+
+    job = tmp_path / "job"
+    cycle(0, 1 * MS, 1, 3).write(job / "rank0.a.json", baseTimeNanoseconds=base)
+    cycle(0, 0, 11, 4).write(job / "rank0.b.json", baseTimeNanoseconds=base + 10 * MS)
+    cycle(1, 1 * MS + 300 * US, 1, 3).write(job / "rank1.a.json", baseTimeNanoseconds=base)
+    cycle(1, 5 * MS + 300 * US, 11, 4).write(job / "rank1.b.json", baseTimeNanoseconds=base + 5 * MS)
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([job], db, workers=0).ok
+    with connect(db, read_only=True) as con:
+        skew = relation(con, "clock_skew").select("rank, skew_ns, n_matched").fetchall()
+        waits = relation(con, "comm_instances").order("rank, ordinal").select("rank, wait_ns").fetchall()
+    assert skew == [(1, 300 * US, 7)]
+    # every instance pairs rank 0's kernel (20 us) with rank 1's (18 us, arriving last): 2 us of waiting
+    assert [w for r, w in waits if r == 0] == [2 * US] * 7 and [w for r, w in waits if r == 1] == [0] * 7
+
+
+def test_gloo_collectives_give_cpu_only_ranks_their_clock_offset(tmp_path: Path) -> None:
+    """CPU-only ranks (gloo): each step's all-reduce span ends at the same instant on both ranks, rank 1's
+    clock runs 500 us ahead, rank 0 arrives late (waits less): skew 500 us from 3 collectives."""
+    for rank in (0, 1):
+        t = TraceBuilder(rank=rank)
+        shift = 500 * US * rank
+        for n in (1, 2, 3):
+            lo = n * MS + shift
+            t.step(n, lo, lo + MS)
+            t.events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 100, "tid": 1,
+                             "ts": (lo + 10 * US) / US, "dur": 50.0})
+            t.events.append({"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 100, "tid": 2,
+                             "ts": (lo + (100 + 50 * (1 - rank)) * US) / US, "dur": (200 - 50 * (1 - rank)) * 1.0})
+        t.write(tmp_path / "gloo" / f"rank{rank}.json")
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([tmp_path / "gloo"], db, workers=0).ok
+    with connect(db, read_only=True) as con:
+        assert relation(con, "clock_skew").select("rank, skew_ns, n_matched").fetchall() == [(1, 500 * US, 3)]
+    summary = export_perfetto(db, tmp_path / "gloo.pftrace")
+    assert [(c.rank, c.status, c.offset_ns) for c in summary.clocks] == [(0, "reference", 0), (1, "estimated", -500 * US)]
+
+
 def test_runs_ranks_and_steps_limit_what_is_written(handmade: Path, tmp_path: Path) -> None:
     out = tmp_path / "one.pftrace"
     summary = export_perfetto(handmade, out, runs=["skewed"], ranks="1", selection=StepSelection(step_min=2, step_max=2))
@@ -320,6 +375,10 @@ def test_parse_ranks_reads_ranges_and_lists() -> None:
         with pytest.raises(ConfigError) as exc:
             parse_ranks(bad)
         assert exc.value.param == "ranks"
+    assert len(parse_ranks("0-1048575")) == 1 << 20
+    for huge in ("0-30000000", "0-1048575,2000000"):  # refused before a list of that size is built
+        with pytest.raises(ConfigError, match="no run has that many"):
+            parse_ranks(huge)
 
 
 def test_bad_input_is_refused_with_what_exists(handmade: Path, tmp_path: Path) -> None:

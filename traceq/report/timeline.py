@@ -22,7 +22,9 @@ trace's metadata (``cr-traceq``).
 
 **Bounded.** The step selection and ``ranks`` choose what is written. The events are read in one query
 ordered by process, device, stream and time, fetched a batch at a time, and written as they come, a
-batch of packets at a time: memory holds a batch and the per-step rows, not the run.
+batch of packets at a time: Python holds a batch and the per-step rows, not the run; DuckDB sorts the
+events first (within the report memory limit, spilling past it), and the per-step report behind the
+counters covers every rank of the selected runs (the wait split needs them all).
 """
 
 from __future__ import annotations
@@ -134,6 +136,9 @@ class TimelineSummary:
     notes: tuple[str, ...]
 
 
+MAX_RANKS = 1 << 20  # more than any run's (2048 in the study), far fewer than a list can hold
+
+
 def parse_ranks(ranks: str | Sequence[int] | None) -> tuple[int, ...] | None:
     """Ranks from CLI text ("0-7", "0,2,5", "0-3,8") or a sequence; None: every rank."""
     if ranks is None:
@@ -149,7 +154,12 @@ def parse_ranks(ranks: str | Sequence[int] | None) -> tuple[int, ...] | None:
         hi = int(m.group(2)) if m.group(2) is not None else lo
         if hi < lo:
             raise ConfigError(f"the range {part.strip()} ends before it starts", param="ranks", value=ranks)
+        if hi - lo >= MAX_RANKS:
+            raise ConfigError(f"the range {part.strip()} holds over {MAX_RANKS:,} ranks; no run has that many",
+                              param="ranks", value=ranks)
         out.update(range(lo, hi + 1))
+        if len(out) > MAX_RANKS:
+            raise ConfigError(f"over {MAX_RANKS:,} ranks; no run has that many", param="ranks", value=ranks)
     return tuple(sorted(out))
 
 
@@ -244,7 +254,8 @@ def _plan(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, selection: StepSel
     import polars as pl
 
     keys = rows.select("run", "rank").unique()
-    clock = to_polars(query.run(con, "timeline_clock", query_params())).join(keys, on=["run", "rank"], how="semi")
+    clock_params = {**query_params(), "runs": keys["run"].unique().to_list()}  # the clocks of these runs only
+    clock = to_polars(query.run(con, "timeline_clock", clock_params)).join(keys, on=["run", "rank"], how="semi")
     processes = _processes(clock)
     by_key = {(p.run, p.rank): p for p in processes}
     shifts = clock.select("trace_id", "rank", "run", "shift_ns")
