@@ -28,7 +28,7 @@ carried as (
     from keyed
 )
 
-select id, rank, device, start_ns, iif(id is null, null, launch_ns) as launch_ns
+select id, rank, device, start_ns, launch_ns
 from carried
 where id is not null;
 

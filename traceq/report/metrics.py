@@ -269,10 +269,7 @@ def step_report(
     (the HTML report): every metric is computed once. ``metric``: one name, several as a list or a
     comma-separated string (their columns side by side; a breakdown metric only alone). ``cross_rank``:
     the rows carry the cross-rank figures (README: Across ranks) even where no metric asks for them."""
-    given = metric.split(",") if isinstance(metric, str) else list(metric)
-    names = list(dict.fromkeys(resolve_metric(m.strip()) for m in given if m.strip()))
-    if not names:
-        raise ConfigError("give a metric name (traceq metrics lists them)", param="metric", value=metric)
+    names = metric_names(metric)
     grain = columns(by, GROUP_COLUMNS)
     for name in names:
         if whole_trace and name in PER_STEP_METRICS:
@@ -303,6 +300,16 @@ def step_report(
         if not whole_trace:
             notes.extend(step_window_notes(con, rows, selection))
     return StepReport(tuple(names), rows, side_by_side(rows, names, grain), notes)
+
+
+def metric_names(metric: str | Sequence[str]) -> list[str]:
+    """The metrics of ``metric`` (one name, a list, or a comma-separated string), resolved and without
+    repeats; ConfigError when it names none."""
+    given = metric.split(",") if isinstance(metric, str) else list(metric)
+    names = list(dict.fromkeys(resolve_metric(m.strip()) for m in given if m.strip()))
+    if not names:
+        raise ConfigError("give a metric name (traceq metrics lists them)", param="metric", value=metric)
+    return names
 
 
 def side_by_side(rows: pl.DataFrame, names: Sequence[str], grain: Sequence[str]) -> pl.DataFrame:

@@ -339,6 +339,17 @@ def time_error_ns(top_ns: int) -> int:
 # a report over files
 
 
+def named_rank(path: Path, rank: int | None = None) -> int | None:
+    """The rank the file names (distributedInfo, written before its events), else ``rank``, else the
+    rank in its file name; None when none does (:func:`traceq.ingest.loader.rank_of_file`)."""
+    from traceq.ingest.loader import rank_of_file
+    from traceq.ingest.reader import read_trace
+
+    header, chunks = read_trace(path)
+    chunks.close()
+    return rank_of_file(path, header.leading, rank)[0]
+
+
 def analyse_files(
     inputs: Sequence[str | Path], *, run: str | None = None, rank: int | None = None,
     binary: Path | None = None, marker: StepMarker = StepMarker(), workers: int | None = None,
@@ -347,8 +358,7 @@ def analyse_files(
     once (one trace processor each). Ranks as the DuckDB engine gives them: distributedInfo, else
     the events' args.rank, else ``rank``, else the file name, else -1, -2, ... within the run."""
     from traceq.ingest.inputs import expand_inputs, run_name_of
-    from traceq.ingest.loader import check_rank, rank_of_file
-    from traceq.ingest.reader import read_trace
+    from traceq.ingest.loader import check_rank
 
     check_rank(rank)
     paths = expand_inputs(inputs)
@@ -358,9 +368,7 @@ def analyse_files(
     unknown: dict[str, int] = {}
     for path in paths:
         run_name = run_name_of(path, run)
-        header, chunks = read_trace(path)
-        chunks.close()
-        file_rank, _ = rank_of_file(path, header.leading, rank)
+        file_rank = named_rank(path, rank)
         named = file_rank is not None
         if not named:
             unknown[run_name] = file_rank = unknown.get(run_name, 0) - 1
@@ -477,15 +485,12 @@ def perfetto_report(
     """
     import polars as pl
 
-    from traceq.catalog import columns, resolve_metric
-    from traceq.report.metrics import StepReport, side_by_side
+    from traceq.catalog import columns
+    from traceq.report.metrics import StepReport, metric_names, side_by_side
     from traceq.report.selection import StepSelection
 
     selection = selection or StepSelection()
-    given = metric.split(",") if isinstance(metric, str) else list(metric)
-    names = list(dict.fromkeys(resolve_metric(m.strip()) for m in given if m.strip()))
-    if not names:
-        raise ConfigError("give a metric name (traceq metrics lists them)", param="metric", value=metric)
+    names = metric_names(metric)
     for name in names:
         if name not in METRICS and name not in OTHER_METRICS:
             raise ConfigError(
