@@ -171,11 +171,12 @@ def test_json_number_is_the_number_a_json_value_holds() -> None:
 
 def test_no_room_for_scratch_files_falls_back_to_decode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Batch files that cannot be written (a full or missing temp directory) are not an error."""
-    import contextlib
+    import types
 
     import traceq.ingest.loader
 
-    monkeypatch.setattr(traceq.ingest.loader, "scratch_dir", lambda: contextlib.nullcontext(str(tmp_path / "gone")))
+    gone = types.SimpleNamespace(name=str(tmp_path / "gone"), cleanup=lambda: None)
+    monkeypatch.setattr(traceq.ingest.loader, "scratch_dir", lambda: gone)
     path = _write(tmp_path, _odd_trace())
     summary = ingest_traces([path], tmp_path / "w.duckdb")
     assert summary.ok

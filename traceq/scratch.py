@@ -11,10 +11,7 @@ import shutil
 import stat
 import tempfile
 import time
-import weakref
-from collections.abc import Callable
 from functools import cache
-from typing import Any
 
 SHM = "/dev/shm"
 
@@ -38,7 +35,7 @@ def remove_stale_scratch_everywhere() -> None:
         remove_stale_scratch(base)
 
 
-def scratch_dir(base: str) -> tempfile.TemporaryDirectory[str]:
+def scratch_dir(base: str) -> ScratchDir:
     """A private directory in ``base`` (:class:`ScratchDir`), after removing what killed ingests left there."""
     _remove_stale_scratch_once(base)
     return ScratchDir(prefix=f"traceq-{os.getpid()}-", dir=base)
@@ -47,33 +44,47 @@ def scratch_dir(base: str) -> tempfile.TemporaryDirectory[str]:
 _OWNER_LOCK = "owner.lock"
 
 
-class ScratchDir(tempfile.TemporaryDirectory):  # type: ignore[type-arg]
-    """A temporary directory with a lock file that this process holds locked (``flock``) until the
-    directory is cleaned up. The kernel drops the lock when the process dies, however it dies, so
-    the next traceq command can tell a killed ingest's directory and remove it
-    (:func:`remove_stale_scratch`)."""
+class ScratchDir:
+    """A private directory (``name``) with a lock file that this process holds locked (``flock``)
+    until :meth:`cleanup`, which removes both; a context manager that cleans up on exit.
+
+    Nothing is left to the garbage collector: whoever makes one removes it. The kernel drops the lock
+    when the process dies, however it dies, so the next traceq command can tell a killed ingest's
+    directory and remove it (:func:`remove_stale_scratch`)."""
 
     def __init__(self, prefix: str, dir: str) -> None:
-        super().__init__(prefix=prefix, dir=dir)
-        self._unlock: Callable[[], Any] | None = None
+        self.name = tempfile.mkdtemp(prefix=prefix, dir=dir)
+        self._lock_fd: int | None = None
         try:
             import fcntl
         except ImportError:  # no flock: stale directories then go by process id and age alone
             return
-        # made under another name and locked before it takes its own: a remover that finds owner.lock
-        # unlocked must never be looking at one whose owner has not locked it yet
-        pending = os.path.join(self.name, f".{_OWNER_LOCK}.new")
-        fd = os.open(pending, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.rename(pending, os.path.join(self.name, _OWNER_LOCK))
-        self._unlock = weakref.finalize(self, os.close, fd)
+        try:
+            # made under another name and locked before it takes its own: a remover that finds
+            # owner.lock unlocked must never be looking at one whose owner has not locked it yet
+            pending = os.path.join(self.name, f".{_OWNER_LOCK}.new")
+            fd = os.open(pending, os.O_RDWR | os.O_CREAT, 0o600)
+            self._lock_fd = fd
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.rename(pending, os.path.join(self.name, _OWNER_LOCK))
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def __enter__(self) -> str:
+        return self.name
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
 
     def cleanup(self) -> None:
+        """Remove the directory and release its lock (again: nothing)."""
         try:
-            super().cleanup()
+            shutil.rmtree(self.name, ignore_errors=True)
         finally:
-            if self._unlock is not None:
-                self._unlock()
+            fd, self._lock_fd = self._lock_fd, None
+            if fd is not None:
+                os.close(fd)
 
 
 @cache

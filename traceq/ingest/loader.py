@@ -22,9 +22,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack, closing
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -75,8 +75,8 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 INGEST_CHUNK_BYTES = 8 << 20
 MIN_CHUNK_BYTES = 1 << 20
 # DuckDB's buffer pool while ingesting: room for one batch's parse on every thread; row groups go to
-# the file as they fill. With 192 MB batches, 384 MB peaks at 443-469 MiB RSS on a 0.5 GB trace and
-# 488-529 MiB on 1.5 GB; 512 MB or 1 GB were 1-3 % faster, for up to 50 MiB more (BENCHMARKS.md).
+# the file as they fill. With 96 MB batches of scratch files: 262-339 MiB peak RSS on three 0.5 GB
+# traces, 291-387 MiB on 1.5 GB (BENCHMARKS.md, issue 23).
 INGEST_MEMORY_LIMIT = "384MB"
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -255,20 +255,31 @@ class OpsPolicy:
     without them once a chunk shows GPU activity. Afterwards, ops kept in the chunks decoded before
     are deleted if the file has GPU activity (:func:`_drop_plain_ops`), and a file that was decoded
     without them and shows no GPU activity after all is decoded again with them (:class:`_NeedsOps`).
+
+    The writer switches it (:meth:`saw`) while the reader thread cuts and parses by it: both go
+    through a lock.
     """
 
     def __init__(self, leading: dict[str, Any], marker: StepMarker, all_ops: bool | None = None) -> None:
-        self.all_ops = not leading.get("deviceProperties") if all_ops is None else all_ops
+        self._all_ops = not leading.get("deviceProperties") if all_ops is None else all_ops
         self.fixed = all_ops is not None
         self.marker = marker  # operators that are steps are always kept
+        self._lock = threading.Lock()
+
+    @property
+    def all_ops(self) -> bool:
+        with self._lock:
+            return self._all_ops
 
     def saw(self, gpu_rows: int) -> None:
         if gpu_rows and not self.fixed:
-            self.all_ops = False
+            with self._lock:
+                self._all_ops = False
 
     def undecided(self) -> bool:
         """Whether the file may still switch to without CPU operators."""
-        return self.all_ops and not self.fixed
+        with self._lock:
+            return self._all_ops and not self.fixed
 
 
 class _NeedsOps(Exception):
@@ -479,11 +490,9 @@ class _Loader:
         self.notify = notify
         self.threads = con.execute("select current_setting('threads')").fetchall()[0][0]
         self.hasher = ThreadPoolExecutor(1, thread_name_prefix="traceq-hash")  # BLAKE3 releases the GIL
-        # Digests by file size: a file is hashed before it is read only when a file of its size is
-        # already in the warehouse (else the hash is taken beside the parsing).
-        self.known: dict[int, set[str]] = {}
-        for size, digest in con.execute("select size_bytes, content_digest from traces").fetchall():
-            self.known.setdefault(size, set()).add(digest)
+        # a file is hashed before it is read only when a file of its size is already in the
+        # warehouse (else the hash is taken beside the parsing)
+        self.known = _KnownDigests(con.execute("select size_bytes, content_digest from traces").fetchall())
         self._cursor: Any = None
 
     def close(self) -> None:
@@ -534,7 +543,7 @@ class _Loader:
     def _replace(self, path: Path, digest: str, size: int) -> list[str]:
         """Remove the trace(s) of this file's content (``force``), in the file's transaction; a note
         for each."""
-        digests = {digest} | ({stored} if (stored := _stored_digest(path, digest, self.known.get(size, set()))) else set())
+        digests = {digest} | ({stored} if (stored := _stored_digest(path, digest, self.known.of_size(size))) else set())
         earlier = self.con.execute(
             "select trace_id, run from traces where content_digest in (select unnest(?)) order by trace_id", [sorted(digests)]
         ).fetchall()
@@ -554,17 +563,16 @@ class _Loader:
         read here; ``taken_digest``: its digest, where the reader took it already."""
         started = time.perf_counter()
         size = file_size(path)
-        digest: str | Future[str]
         try:
             run_name_of(path, self.run)  # a directory name that cannot name a run fails before the work
-            known = self.known.get(size)
+            known = self.known.of_size(size)
             if known:  # hashed before it is read: it may be in the warehouse already
-                digest = taken_digest or file_digest(path)
-                skipped = self._already(path, _stored_digest(path, digest, known) or digest)
+                digest = _Digest.taken(taken_digest or file_digest(path))
+                skipped = self._already(path, _stored_digest(path, digest.value(), known) or digest.value())
                 if skipped is not None:
                     return skipped
             else:
-                digest = self.hasher.submit(file_digest, path)
+                digest = _Digest.beside(self.hasher, path)
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
         try:
@@ -573,12 +581,12 @@ class _Loader:
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
         if result.status == "ingested":
-            self.known.setdefault(size, set()).add(digest if isinstance(digest, str) else digest.result())
+            self.known.add(size, digest.value())
         result.seconds = time.perf_counter() - started
         return result
 
     def _in_transaction(
-        self, path: Path, digest: str | Future[str], size: int, parse: _FileParse | None = None
+        self, path: Path, digest: _Digest, size: int, parse: _FileParse | None = None
     ) -> FileResult:
         """Read ``path`` in one transaction: with DuckDB, else (:class:`NotNative`) roll back and
         decode with :mod:`traceq.ingest.decode`; on :class:`_NeedsOps` roll back and read again with every
@@ -618,7 +626,7 @@ class _Loader:
         return min(self.chunk_bytes, max(MIN_CHUNK_BYTES, json_size(path) // (2 * self.threads)))
 
     def _native(
-        self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None,
+        self, path: Path, digest: _Digest, size: int, all_ops: bool | None = None,
         parse: _FileParse | None = None,
     ) -> FileResult:
         """Parse ``path`` with DuckDB, batch by batch (:mod:`traceq.ingest.native`), or take the batches
@@ -647,18 +655,17 @@ class _Loader:
         before is written."""
         header, chunks = read_trace_ranges(path, self.chunk_bytes_for(path))
         policy = OpsPolicy(header.leading, self.marker, all_ops)
-        scratch = ExitStack()
-        directory = scratch.enter_context(scratch_dir())
+        directory = scratch_dir()
         cursor = self._parse_cursor()
 
         def parsed() -> Iterator[Batch]:
-            for files in _cut(chunks, self.notify, size, directory, policy):
+            for files in _cut(chunks, self.notify, size, directory.name, policy):
                 yield _parsed(cursor, files, policy)
 
-        ready = prefetch(parsed())
-        return _FileParse(header, policy, ready, stop=ready.close, remove_scratch=scratch.close)
+        ready = prefetch(parsed(), discard=_remove_batch)
+        return _FileParse(header, policy, ready, stop=ready.close, remove_scratch=directory.cleanup)
 
-    def _chunked(self, path: Path, digest: str | Future[str], size: int, all_ops: bool | None = None) -> FileResult:
+    def _chunked(self, path: Path, digest: _Digest, size: int, all_ops: bool | None = None) -> FileResult:
         """Decode ``path`` chunk by chunk with :mod:`traceq.ingest.decode` in this process."""
         import pyarrow as pa
 
@@ -688,7 +695,7 @@ class _Loader:
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
 
     def _finish_file(
-        self, path: Path, trace_id: int, header: TraceHeader, digest: str | Future[str], size: int, counts: _Counts,
+        self, path: Path, trace_id: int, header: TraceHeader, digest: _Digest, size: int, counts: _Counts,
         fill: int | None, parse_start: float,
     ) -> FileResult:
         """After the events of a file are in: the rank, the traces row, steps, attribution."""
@@ -696,13 +703,12 @@ class _Loader:
         _require_events(path, counts)
         if counts.skipped_ops and not counts.gpu:
             raise _NeedsOps
-        if isinstance(digest, Future):
-            digest = digest.result()
-            skipped = self._already(path, digest)
+        if not digest.checked:  # taken beside the parse: the file may be in the warehouse after all
+            skipped = self._already(path, digest.value())
             if skipped is not None:
                 return skipped
         run = run_name_of(path, self.run)
-        notes: list[str] = self._replace(path, digest, size) if self.force else []
+        notes: list[str] = self._replace(path, digest.value(), size) if self.force else []
         file_rank, rank_source = _rank_of(path, header.fields, self.rank, counts, notes)
         fill_rank = file_rank
         if fill_rank is None and counts.rows_without_rank:  # a rank of its own: never shared by accident
@@ -715,7 +721,7 @@ class _Loader:
             for table in ("gpu_events", "host_events", "trace_threads"):
                 con.execute(f"update {table} set rank = ? where trace_id = ? and rank is null", [fill_rank, trace_id])
         result = _finish_trace(
-            con, path, trace_id, run, digest, size, header.fields, counts, file_rank, rank_source,
+            con, path, trace_id, run, digest.value(), size, header.fields, counts, file_rank, rank_source,
             time.perf_counter() - parse_start, self.marker,
         )
         result.notes.extend(notes)
@@ -762,10 +768,53 @@ class _FileParse:
             self.remove_scratch()
 
 
-def _stored_digest(path: Path, digest: str, known: set[str]) -> str | None:
+class _Digest:
+    """A file's content digest (:func:`traceq.ingest.reader.file_digest`): taken before the file is
+    read (``checked``: the warehouse was asked whether it holds it), or in a thread beside the parse
+    (:meth:`value` waits for it)."""
+
+    def __init__(self, pending: Future[str], checked: bool) -> None:
+        self._pending = pending
+        self.checked = checked
+
+    @classmethod
+    def taken(cls, digest: str) -> _Digest:
+        done: Future[str] = Future()
+        done.set_result(digest)
+        return cls(done, checked=True)
+
+    @classmethod
+    def beside(cls, hasher: ThreadPoolExecutor, path: Path) -> _Digest:
+        return cls(hasher.submit(file_digest, path), checked=False)
+
+    def value(self) -> str:
+        """The digest; raises what hashing raised (:class:`TraceFormatError`: the file cannot be read)."""
+        return self._pending.result()
+
+
+class _KnownDigests:
+    """The content digests in the warehouse, by file size. The writer adds to it while the reader
+    thread asks (:class:`_ReadAhead`): under a lock, answers are copies."""
+
+    def __init__(self, rows: Iterable[tuple[int, str]]) -> None:
+        self._lock = threading.Lock()
+        self._by_size: dict[int, set[str]] = {}
+        for size, digest in rows:
+            self._by_size.setdefault(size, set()).add(digest)
+
+    def of_size(self, size: int) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._by_size.get(size, ()))
+
+    def add(self, size: int, digest: str) -> None:
+        with self._lock:
+            self._by_size.setdefault(size, set()).add(digest)
+
+
+def _stored_digest(path: Path, digest: str, known: Collection[str]) -> str | None:
     """The digest under which ``path`` (BLAKE3 ``digest``) is in the warehouse, if it is: a file
     ingested before BLAKE3 is known by its SHA-256. ``known``: the digests of files of its size."""
-    return digest if digest in known else digest_in(path, known - {digest})
+    return digest if digest in known else digest_in(path, set(known) - {digest})
 
 
 class _ReadAhead:
@@ -785,12 +834,12 @@ class _ReadAhead:
         self.abandoned: set[Path] = set()  # files the writer stopped reading: cut no more of them
         self.slots = threading.Semaphore(self.AHEAD_BATCHES)  # one taken per batch the writer has not taken
         self.closed = False
-        self.items = prefetch(self._produce(paths), ahead=0)
+        self.items = prefetch(self._produce(paths), ahead=0, discard=_discard_item)
 
     def _known(self, path: Path, size: int) -> tuple[bool, str | None]:
         """Whether ``path`` is in the warehouse already (files of its size are: its digest tells),
         and the digest taken to tell."""
-        known = set(self.loader.known.get(size, ()))  # a copy: the writer adds to it meanwhile
+        known = self.loader.known.of_size(size)
         if not known:
             return False, None
         digest = file_digest(path)
@@ -810,13 +859,13 @@ class _ReadAhead:
                 yield "stop", path, exc
                 continue
             policy = OpsPolicy(header.leading, loader.marker)
-            scratch = ExitStack()
+            directory = None
             handed = False  # once the writer has the scratch directory, it removes it
             try:
-                directory = scratch.enter_context(scratch_dir())
-                yield "start", path, (header, policy, scratch.close, digest)
+                directory = scratch_dir()
+                yield "start", path, (header, policy, directory.cleanup, digest)
                 handed = True
-                batches = _cut(chunks, loader.notify, size, directory, policy)
+                batches = _cut(chunks, loader.notify, size, directory.name, policy)
                 while True:
                     self.slots.acquire()  # before the batch's files are written: they take room too
                     files = None if self.closed or path in self.abandoned else next(batches, None)
@@ -828,8 +877,8 @@ class _ReadAhead:
                 yield "stop", path, exc
                 continue
             finally:
-                if not handed:
-                    scratch.close()
+                if not handed and directory is not None:
+                    directory.cleanup()
             yield "end", path, None
 
     def _take(self, path: Path) -> tuple[str, Any]:
@@ -881,6 +930,20 @@ class _ReadAhead:
             self.items.close()
         finally:
             self.cursor.close()
+
+
+def _remove_batch(batch: Batch) -> None:
+    """A parsed batch the writer will not take: its files go (the rows with the cursor)."""
+    batch[0].remove()
+
+
+def _discard_item(item: tuple[str, Path, Any]) -> None:
+    """What :class:`_ReadAhead` made and the writer will not take: scratch directories and files go."""
+    kind, _, value = item
+    if kind == "start":
+        value[2]()  # the file's scratch directory
+    elif kind == "batch":
+        _remove_batch(value)
 
 
 def _leading_rank(header: TraceHeader) -> int | None:

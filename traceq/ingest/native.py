@@ -3,9 +3,10 @@
 The reader (:mod:`traceq.ingest.reader`) cuts a trace's event array into chunks of whole events; here a
 batch of chunks becomes JSON array files that DuckDB parses on every core (``sql/read_events.sql``)
 into rows held in memory, then written as rows (``sql/batch_*.sql``) while the next batch is
-parsed: no Python touches an event. A range of an uncompressed trace reaches DuckDB through a named
-pipe, filled by ``splice`` from the page cache while DuckDB reads it (no copy of the trace is
-made); decompressed bytes are written as scratch files (in memory where ``/dev/shm`` exists).
+parsed: no Python touches an event. Every chunk reaches DuckDB as a scratch file (in memory where
+``/dev/shm`` has room): a range of an uncompressed trace is copied by ``sendfile`` (the bytes stay in
+the kernel), decompressed bytes are written. (Named pipes filled by ``splice`` saved the copy, for
+threads, pipes and a second transport: 5 % of the CPU, BENCHMARKS.md.)
 Whatever that path would read differently from :mod:`traceq.ingest.decode` (an element that is not an
 object, args that are not an object, epoch microseconds with a fraction, ...) raises
 :class:`NotNative`, and ingest decodes the file with :mod:`traceq.ingest.decode` instead, which handles
@@ -17,10 +18,8 @@ from __future__ import annotations
 import mmap
 import os
 import queue
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,12 +32,10 @@ from traceq.query import params_of, sql_text
 from traceq.store.schema import execute_over
 
 # Bytes of JSON parsed per statement: several files, so that DuckDB parses them on all its threads.
-# Every batch costs CPU of its own, each costs memory. Measured on three 500 MB traces (2 cores):
-# 96 MB batches 1.60 / 2.08 / 2.21 s, 192 MB 1.51 / 2.06 / 2.04 s, peak RSS ~290-370 vs ~350-460 MiB
-# (BENCHMARKS.md). A batch of scratch files (a compressed trace) holds half as much: its files take
-# memory too until it is written (in /dev/shm), where pipes take none.
-BATCH_BYTES = 192 << 20
-SCRATCH_BATCH_BYTES = BATCH_BYTES // 2
+# Every batch costs CPU of its own, each costs memory (its scratch files too, until it is written).
+# 96 MB: 328 MiB peak RSS on a 500 MB trace where 192 MB batches (through named pipes) took 456
+# (BENCHMARKS.md, issue 23).
+BATCH_BYTES = 96 << 20
 # Traces of 2021 spell it "external id" on some events; one struct type cannot hold both spellings: a
 # batch file with events whose args lack "External id" is searched for the other (count_batch).
 _LOWERCASE_EXTERNAL_ID = b'"external id"'
@@ -83,76 +80,38 @@ def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -
 def scratch_base() -> str:
     """Where batch files go: in memory (``/dev/shm``) where the machine has one with room for a few
     batches (containers often give it 64 MB), else the temp directory."""
-    return scratch.scratch_base(4 * SCRATCH_BATCH_BYTES)
+    return scratch.scratch_base(4 * BATCH_BYTES)
 
 
-def scratch_dir() -> tempfile.TemporaryDirectory[str]:
+def scratch_dir() -> scratch.ScratchDir:
     """A private directory for batch files in :func:`scratch_base` (:class:`traceq.scratch.ScratchDir`)."""
     return scratch.scratch_dir(scratch_base())
 
 
 @dataclass
 class BatchFiles:
-    """One batch of chunks as the JSON array files DuckDB parses (``names``).
-
-    A range of an uncompressed trace (:class:`FileRange`) is a named pipe, made and filled for each
-    parse while DuckDB reads it (:meth:`feeding`): the bytes go from the page cache into the pipe
-    (``splice``) without a scratch copy. Other chunks (decompressed bytes, the end of a file), and
-    every chunk where named pipes cannot be made, are scratch files, deleted by :meth:`remove`.
-    """
+    """One batch of chunks as the JSON array files DuckDB parses (``names``), deleted by :meth:`remove`."""
 
     names: list[str] = field(default_factory=list)
     largest: int = 0  # bytes of the largest file: no event is larger
-    ranges: dict[str, FileRange] = field(default_factory=dict)  # pipe name -> what it carries
 
-    def add(self, name: str, size: int, piece: FileRange | None = None) -> None:
+    def add(self, name: str, size: int) -> None:
         self.names.append(name)
         self.largest = max(self.largest, size)
-        if piece is not None:
-            self.ranges[name] = piece
 
     def holds(self, name: str, text: bytes) -> bool:
         """Whether the JSON of file ``name`` holds ``text``: looked for in place (mapped, not read
         into memory: a batch of fresh 8 MB buffers costs more in page faults than the search)."""
-        piece = self.ranges.get(name)
-        path, start = (name, 0) if piece is None else (piece.path, piece.offset)
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            end = len(data) if piece is None else piece.offset + piece.length
-            return data.find(text, start, end) >= 0
-
-    @contextmanager
-    def feeding(self) -> Iterator[None]:
-        """Make the pipes and fill each in a thread of its own, while the block parses them (a
-        pipe is read once: a batch parsed again gets new ones); then stop the threads and remove
-        the pipes, however far the parse read."""
-        if not self.ranges:
-            yield
-            return
-        feeders: list[tuple[str, threading.Thread]] = []
-        source = None
-        try:
-            source = os.open(next(iter(self.ranges.values())).path, os.O_RDONLY)
-            for name, piece in self.ranges.items():
-                os.mkfifo(name, 0o600)
-                thread = threading.Thread(target=_feed, args=(name, source, piece), name="traceq-pipe", daemon=True)
-                feeders.append((name, thread))
-                thread.start()
-        except BaseException as exc:
-            _stop_feeders(feeders, source)
-            if isinstance(exc, OSError):
-                where = os.path.dirname(self.names[0])
-                raise NotNative(f"cannot make named pipes in {where} ({exc.strerror or exc})") from None
-            raise
-        try:
-            yield
-        finally:
-            _stop_feeders(feeders, source)
+        with open(name, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(text) >= 0
 
     def remove(self) -> None:
-        """Delete the scratch files (the pipes are gone once each parse is)."""
+        """Delete the scratch files (those that exist: a batch cut short wrote fewer)."""
         for name in self.names:
-            if name not in self.ranges:
+            try:
                 os.unlink(name)
+            except FileNotFoundError:
+                pass
 
 
 def batch_files(
@@ -162,24 +121,19 @@ def batch_files(
     small: Callable[[], bool] = lambda: False,
 ) -> Iterator[BatchFiles]:
     """The chunks (bytes, or ranges of the trace file) as the JSON array files of batches of about
-    ``batch_bytes``, half that in scratch files (the consumer deletes them, :meth:`BatchFiles.remove`).
+    ``batch_bytes`` (the consumer deletes them, :meth:`BatchFiles.remove`).
 
     While ``small()`` holds (asked as each batch starts), batches start at one chunk and double:
     ingest keeps the CPU operators of a file until it shows GPU activity, and what is read before
     that is written in vain (and a batch parsed ahead, parsed again).
     """
-    pipes = _pipes_work(directory)
     limit = 0 if small() else batch_bytes
     batch, size = BatchFiles(), 0
     for n, chunk in enumerate(chunks):
         name = os.path.join(directory, f"{n}.json")
-        if pipes and isinstance(chunk, FileRange):
-            batch.add(name, len(chunk) + 2, chunk)
-            size += len(chunk)
-        else:
-            _write_array(name, chunk, directory)
-            batch.add(name, len(chunk) + 2)
-            size += 2 * len(chunk)
+        batch.add(name, len(chunk) + 2)
+        _write_array(name, chunk, directory)
+        size += len(chunk)
         if size >= limit:
             yield batch
             limit = min(batch_bytes, 2 * size) if small() else batch_bytes
@@ -210,90 +164,14 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _pipes_work(directory: str) -> bool:
-    """Whether named pipes can be made in ``directory`` (not on Windows, nor on some network or FUSE
-    file systems)."""
-    if not hasattr(os, "mkfifo"):
-        return False
-    probe = os.path.join(directory, "probe.pipe")
-    try:
-        os.mkfifo(probe, 0o600)
-        os.unlink(probe)
-    except OSError:
-        return False
-    return True
-
-
-# Bytes a pipe holds (the default, 64 KiB, wakes DuckDB's reading thread 16 times as often); where the
-# system allows less, the pipe keeps its size.
-_PIPE_BYTES = 1 << 20
-
-
-def _feed(name: str, source: int, piece: FileRange) -> None:
-    """Write ``[``, the range of the trace open as ``source``, ``]`` into the pipe ``name`` (the
-    body of a feeder thread). Opening the pipe waits for its reader. A reader that stops early (DuckDB
-    at an error elsewhere) ends the thread; a trace that ends before the range leaves the array
-    unclosed, which DuckDB reports as malformed JSON (and the file goes to traceq.ingest.decode, which names
-    the truncation)."""
-    import fcntl  # not on Windows, which has no named pipes to feed (_pipes_work)
-
-    try:
-        fd = os.open(name, os.O_WRONLY)
-    except OSError:
-        return
-    try:
-        if hasattr(fcntl, "F_SETPIPE_SZ"):
-            try:
-                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-            except OSError:
-                pass
-        os.write(fd, b"[")
-        offset, left = piece.offset, piece.length
-        while left:
-            sent = _splice(source, fd, left, offset)
-            if sent == 0:
-                return
-            offset += sent
-            left -= sent
-        os.write(fd, b"]")
-    except OSError:  # BrokenPipeError: the reader closed its end
-        pass
-    finally:
-        os.close(fd)
-
-
-def _splice(source: int, fd: int, count: int, offset: int) -> int:
-    if hasattr(os, "splice"):  # Linux: the pages go into the pipe without a copy through user space
-        return os.splice(source, fd, count, offset_src=offset)
-    data = os.pread(source, min(count, _PIPE_BYTES), offset)
-    _write_all(fd, data)
-    return len(data)
-
-
-def _stop_feeders(feeders: list[tuple[str, threading.Thread]], source: int | None) -> None:
-    """Wait for the feeder threads, reading out what the parse left in their pipes (a feeder whose
-    pipe DuckDB never opened, or stopped reading, is blocked until then), and remove the pipes."""
-    for name, thread in feeders:
-        if thread.is_alive():
-            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK)  # lets a feeder waiting to open the pipe go on
-            try:
-                while thread.is_alive():
-                    try:
-                        while os.read(fd, _PIPE_BYTES):
-                            pass
-                    except BlockingIOError:
-                        pass
-                    thread.join(0.005)
-            finally:
-                os.close(fd)
-        os.unlink(name)
-    if source is not None:
-        os.close(source)
-
-
-def prefetch(items: Iterator[Any], ahead: int = 1) -> Iterator[Any]:
+def prefetch(items: Iterator[Any], ahead: int = 1, discard: Callable[[Any], None] = lambda item: None) -> Iterator[Any]:
     """``items``, produced ``ahead`` items ahead in a thread (reading and cutting overlap DuckDB's
-    parsing); 0: no bound (the producer bounds itself)."""
+    parsing); 0: no bound (the producer bounds itself).
+
+    When the consumer stops early, the producer stops, ``items`` is closed in its thread (its
+    ``finally`` blocks run then, not when it is collected) and every item produced but not taken is
+    given to ``discard`` (to remove its files) before this generator's ``close`` returns.
+    """
     q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=ahead)
     stop = threading.Event()
 
@@ -306,11 +184,16 @@ def prefetch(items: Iterator[Any], ahead: int = 1) -> Iterator[Any]:
                         break
                     except queue.Full:
                         continue
-                if stop.is_set():
+                else:
+                    discard(item)
                     return
             q.put(("end", None))
         except BaseException as exc:  # handed to the consumer, raised there
             q.put(("error", exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
 
     thread = threading.Thread(target=produce, name="traceq-reader", daemon=True)
     thread.start()
@@ -325,11 +208,19 @@ def prefetch(items: Iterator[Any], ahead: int = 1) -> Iterator[Any]:
     finally:
         stop.set()
         while thread.is_alive():  # let the producer see `stop` (it may be blocked on a full queue)
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                pass
+            _drain(q, discard)
             thread.join(timeout=0.05)
+        _drain(q, discard)
+
+
+def _drain(q: queue.Queue[tuple[str, Any]], discard: Callable[[Any], None]) -> None:
+    while True:
+        try:
+            kind, value = q.get_nowait()
+        except queue.Empty:
+            return
+        if kind == "item":
+            discard(value)
 
 
 def parser(con: Any) -> Any:
@@ -354,8 +245,7 @@ def parse_batch(con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker =
         **event_categories().sql_params(), **marker.sql_params(),
     }
     try:
-        with files.feeding():
-            return con.sql(read, params=params_of(read, params)).materialize()
+        return con.sql(read, params=params_of(read, params)).materialize()
     except duckdb.Error as exc:
         raise NotNative(str(exc).splitlines()[0]) from None
 

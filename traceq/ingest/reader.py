@@ -7,8 +7,9 @@ metadata (everything but the event array) once the file has been read.
 
 A cut is placed after a ``}`` that is followed by ``,`` and ``{`` (whitespace allowed) and is
 verified with msgspec's skip-only decoder (about 1 GB/s), so a ``}, {`` inside a string or a nested
-value can never split an event. The end of the event array is where msgspec reports trailing
-characters after a complete array.
+value can never split an event. The end of the event array is the last ``]`` that closes a valid
+array and is followed by what may follow it (:func:`_array_end`: msgspec's decode succeeding or
+not, never its message).
 """
 
 from __future__ import annotations
@@ -32,8 +33,16 @@ CHUNK_BYTES = 8 << 20
 _READ_BYTES = 1 << 20
 _UNVERIFIED_WINDOW = 64 << 10  # where the last boundary is looked for first
 _SPLIT = re.compile(rb"\}\s*,\s*(?=\{)")
-_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
-_MALFORMED = re.compile(r"JSON is malformed: (?!trailing characters).*\(byte (\d+)\)")
+# msgspec's DecodeError carries no position: the byte of a syntax error (for the error message, and to
+# tell a syntax error from a cut inside a string) is read from its message, which the pin in
+# pyproject.toml (msgspec<0.23) and tests/test_reader_wording.py hold to the wording matched here.
+# Only errors are read so: the end of the event array is found by decoding alone (_array_end).
+MSGSPEC_SYNTAX_ERROR = re.compile(r"JSON is malformed: (?!trailing characters).*\(byte (\d+)\)")
+MSGSPEC_TRAILING = re.compile(r"JSON is malformed: trailing characters \(byte (\d+)\)")
+# ']' looked at from the end, and full decodes tried, before _array_end leaves a tail to
+# _array_end_reported: Kineto writes a few scalar fields after the event array.
+_TAIL_BRACKETS = 64
+_TAIL_DECODES = 4
 _RAW = msgspec.json.Decoder(msgspec.Raw)
 _LENIENT_FLOATS = msgspec.json.Decoder(float_hook=float)
 _KEY = b'"traceEvents"'
@@ -228,27 +237,77 @@ def _cut(buf: bytes, path: Path, offset: int, verify: bool = True, search_from: 
             _RAW.decode(b"[" + buf[:end] + b"]")
             return end
         except msgspec.DecodeError as exc:
-            m = _MALFORMED.search(str(exc))
-            if m is not None and int(m.group(1)) - 1 < end:  # not the ']' appended above
-                raise _malformed(path, buf, int(m.group(1)) - 1, offset) from None
+            at = syntax_error_at(exc)
+            if at is not None and at - 1 < end:  # not the ']' appended above
+                raise _malformed(path, buf, at - 1, offset) from None
             continue
     return 0
+
+
+def syntax_error_at(exc: msgspec.DecodeError) -> int | None:
+    """The index of the byte where msgspec found a syntax error (other than trailing characters);
+    None when the input only ended early (truncated)."""
+    m = MSGSPEC_SYNTAX_ERROR.search(str(exc))
+    return None if m is None else int(m.group(1))
+
+
+def _decodes(data: bytes) -> bool:
+    try:
+        _RAW.decode(data)
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
+def _may_follow_array(after: bytes) -> bool:
+    """Whether ``after`` can follow the event array: nothing (a bare array), ``}`` or ``, "key":
+    value ... }`` (the rest of the top-level object)."""
+    after = after.strip()
+    return after in (b"", b"}") or (after[:1] == b"," and _decodes(b"{" + after[1:]))
+
+
+def _array_end(data: bytes) -> int | None:
+    """The index just past the ``]`` that closes the array ``data`` opens, found by decoding (the
+    last ``]`` after which the top-level object can end and before which the array is valid); None
+    when none of the last few is (a malformed or truncated end, or an odd tail: see
+    :func:`_array_end_reported`)."""
+    pos, decodes = len(data), 0
+    for _ in range(_TAIL_BRACKETS):
+        close = data.rfind(b"]", 0, pos)
+        if close < 0:
+            return None
+        pos = close
+        if _may_follow_array(data[close + 1 :]):
+            if _decodes(data[: close + 1]):
+                return close + 1
+            decodes += 1
+            if decodes == _TAIL_DECODES:
+                return None
+    return None
+
+
+def _array_end_reported(data: bytes, path: Path, offset: int) -> int:
+    """The end of the array ``data`` opens as msgspec's error reports it (trailing characters after
+    it: garbage after the trace, a long tail), else the TraceFormatError that says what is wrong."""
+    try:
+        _RAW.decode(data)
+        return len(data)
+    except msgspec.DecodeError as exc:
+        trailing = MSGSPEC_TRAILING.search(str(exc))
+        if trailing is not None:
+            return int(trailing.group(1)) - 1  # msgspec counts the bytes from 1
+        at = syntax_error_at(exc)
+        if at is not None:
+            raise _malformed(path, data[1:], at - 1, offset) from None
+        raise _truncated(path, f"the file ends inside the event array, after about {offset + len(data) - 1:,} bytes") from None
 
 
 def _split_tail(rest: bytes, path: Path, offset: int) -> tuple[bytes, bytes]:
     """Split the final bytes into (last events, what follows the array's closing bracket)."""
     data = b"[" + rest
-    try:
-        _RAW.decode(data)
-        return rest.rstrip()[:-1], b""  # bare array: nothing follows ']'
-    except msgspec.DecodeError as exc:
-        m = _TRAILING.search(str(exc))
-        if m is None:
-            bad = _MALFORMED.search(str(exc))
-            if bad is not None:
-                raise _malformed(path, rest, int(bad.group(1)) - 1, offset) from None
-            raise _truncated(path, f"the file ends inside the event array, after about {offset + len(rest):,} bytes") from None
-        close = int(m.group(1)) - 1  # index in `data` of the first character after the array
+    close = _array_end(data)
+    if close is None:
+        close = _array_end_reported(data, path, offset)
     array = data[:close].rstrip()
     return array[1:-1], data[close:]
 
@@ -421,6 +480,18 @@ def _chunks(
         header.fields = _parse_header(prefix, tail, path, header.bare_array)
 
 
+# what completes a top-level object cut short after its event array: after a value, inside a string,
+# after a key, after a colon, after a comma
+_COMPLETIONS = (b"}", b'"}', b":null}", b'":null}', b"null}", b'"":null}')
+
+
+def _ends_early(document: bytes) -> bool:
+    """Whether the top-level ``document`` that does not decode is only cut short (decodes once
+    completed), rather than malformed."""
+    document = document.rstrip()
+    return any(_decodes(document + end) for end in _COMPLETIONS)
+
+
 def _parse_header(prefix: bytes, tail: bytes, path: Path, bare: bool) -> dict[str, Any]:
     if bare:
         if tail.strip():
@@ -432,7 +503,7 @@ def _parse_header(prefix: bytes, tail: bytes, path: Path, bare: bool) -> dict[st
         except msgspec.ValidationError:  # a number beyond float64 (1e999): read it as inf
             fields = _LENIENT_FLOATS.decode(prefix + b"null" + tail)
     except msgspec.DecodeError as exc:
-        if "truncated" in str(exc):
+        if _ends_early(prefix + b"null" + tail):
             raise _truncated(path, "the file ends after the event array, inside the top-level object") from None
         raise _not_json(path, f"the top-level object around the event array is malformed: {exc}") from None
     except UnicodeDecodeError:

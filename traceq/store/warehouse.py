@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import re
@@ -100,7 +101,9 @@ def limit_memory(con: duckdb.DuckDBPyConnection, spill_dir: str | None) -> None:
 def _spill_root() -> str:
     """This process's scratch directory for what in-memory connections spill (removed when the process
     ends; a killed one's by the next traceq command: :mod:`traceq.scratch`)."""
-    return _SPILL.setdefault("dir", scratch.scratch_dir(tempfile.gettempdir())).name
+    root = scratch.scratch_dir(tempfile.gettempdir())
+    atexit.register(root.cleanup)
+    return _SPILL.setdefault("dir", root).name
 
 
 _SPILL: dict[str, object] = {}

@@ -1,13 +1,12 @@
-"""Ranges of an uncompressed trace reach DuckDB through named pipes (traceq.ingest.native.BatchFiles): the
-rows are those of scratch files and of traceq.ingest.decode, a parse that stops early (a malformed event, a
-trace shorter than its range) leaves no thread and no pipe behind, and a batch parsed again gets new
-pipes."""
+"""Chunks reach DuckDB as scratch files (traceq.ingest.native.BatchFiles): ranges of an uncompressed
+trace copied by sendfile, decompressed bytes written. The rows are those of traceq.ingest.decode; a
+parse that stops early (a malformed event, a trace shorter than its range) leaves no scratch file; a
+batch parsed again reads the same files."""
 
 from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import duckdb
@@ -19,29 +18,11 @@ from traceq.catalog import StepMarker
 from traceq.ingest import ingest_traces
 from traceq.ingest.reader import FileRange
 
-CHUNK = 32 << 10  # small chunks: a trace of a few MB is many ranges, several pipes per batch
-
-
-def _feeders() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name == "traceq-pipe"]
+CHUNK = 32 << 10  # small chunks: a trace of a few MB is many ranges, several files per batch
 
 
 def _scratch_left() -> list[str]:
     return [n for n in os.listdir(native.scratch_base()) if n.startswith(f"traceq-{os.getpid()}-")]
-
-
-@pytest.fixture
-def counted_feeds(monkeypatch: pytest.MonkeyPatch) -> list[FileRange]:
-    """The ranges fed into pipes."""
-    fed: list[FileRange] = []
-    feed = native._feed
-
-    def counting(name: str, source: int, piece: FileRange) -> None:
-        fed.append(piece)
-        feed(name, source, piece)
-
-    monkeypatch.setattr(native, "_feed", counting)
-    return fed
 
 
 def _trace(tmp_path: Path, kernels: int = 6000) -> Path:
@@ -52,31 +33,25 @@ def _trace(tmp_path: Path, kernels: int = 6000) -> Path:
     return b.write(tmp_path / "job" / "trace.json")
 
 
-def test_pipes_give_the_rows_of_scratch_files_and_of_decode(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted_feeds: list[FileRange]
-) -> None:
+def test_ranges_and_decompressed_chunks_give_the_rows_of_decode(tmp_path: Path) -> None:
+    import gzip
+
     path = _trace(tmp_path)
-    piped, files, decoded = tmp_path / "piped.duckdb", tmp_path / "files.duckdb", tmp_path / "decoded.duckdb"
-    summary = ingest_traces([path], piped, chunk_bytes=CHUNK)
-    assert summary.ok and summary.files[0].message == ""
-    fed = sum(p.length for p in counted_feeds)
-    assert len(counted_feeds) > 20 and fed > 0.9 * path.stat().st_size  # nearly all of it went by pipe
-
-    counted_feeds.clear()
-    monkeypatch.setattr(native, "_pipes_work", lambda directory: False)  # e.g. Windows, or a file system without them
-    assert ingest_traces([path], files, chunk_bytes=CHUNK).ok
-    assert counted_feeds == []
-    assert ingest_traces([path], decoded, native=False).ok
-    for table, query in TABLES.items():
-        assert _rows(piped, query) == _rows(files, query) == _rows(decoded, query), table
-    assert _feeders() == [] and _scratch_left() == []
+    packed = tmp_path / "packed" / "trace.json.gz"
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    for n, source in enumerate((path, packed)):  # rows name their file: each against its own decode
+        native_db, decoded = tmp_path / f"native{n}.duckdb", tmp_path / f"decoded{n}.duckdb"
+        summary = ingest_traces([source], native_db, chunk_bytes=CHUNK)
+        assert summary.ok and summary.files[0].message == ""
+        assert ingest_traces([source], decoded, native=False).ok
+        for table, query in TABLES.items():
+            assert _rows(native_db, query) == _rows(decoded, query), table
+    assert _scratch_left() == []
 
 
-def test_a_malformed_event_stops_the_parse_and_every_pipe_is_closed(
-    tmp_path: Path, counted_feeds: list[FileRange]
-) -> None:
-    """DuckDB stops at the bad event and reads no further pipe: the feeders still waiting to be read
-    are drained; the file goes to traceq.ingest.decode, which names the error."""
+def test_a_malformed_event_stops_the_parse_and_leaves_no_scratch(tmp_path: Path) -> None:
+    """DuckDB stops at the bad event; the file goes to traceq.ingest.decode, which names the error."""
     path = _trace(tmp_path)
     text = path.read_text()
     cut = text.index('{"ph"', len(text) // 3)
@@ -84,81 +59,67 @@ def test_a_malformed_event_stops_the_parse_and_every_pipe_is_closed(
     summary = ingest_traces([path], tmp_path / "w.duckdb", chunk_bytes=CHUNK)
     result = summary.files[0]
     assert result.status == "failed" and "malformed" in result.message and str(path) in result.message
-    assert len(counted_feeds) > 20
-    assert _feeders() == [] and _scratch_left() == []
+    assert _scratch_left() == []
 
 
-def test_a_range_past_the_end_of_the_trace_is_malformed_json(tmp_path: Path) -> None:
-    """A trace cut short after the reader found its cuts: the pipe ends where the file does, DuckDB
-    reads an array that is not closed, and no thread waits on."""
+def _ranges(path: Path, lengths: list[int]) -> list[FileRange]:
+    fd = os.open(path, os.O_RDONLY)
+    return [FileRange(fd, 0, n, path) for n in lengths]
+
+
+def test_a_range_past_the_end_of_the_trace_is_not_native(tmp_path: Path) -> None:
+    """A trace cut short after the reader found its cuts: the copy stops where the file does and the
+    file goes to traceq.ingest.decode (which names the truncation)."""
     path = tmp_path / "t.json"
     events = [{"ph": "X", "cat": "kernel", "name": "k", "ts": i, "dur": 1} for i in range(1000)]
     body = json.dumps(events)[1:-1].encode()
     path.write_bytes(body)
     directory = tmp_path / "scratch"
     directory.mkdir()
-    batch = native.BatchFiles()
-    batch.add(str(directory / "0.json"), len(body) + 2, FileRange(-1, 0, len(body), path))
-    batch.add(str(directory / "1.json"), len(body) + 2, FileRange(-1, 0, len(body) + 100, path))
-    batch.add(str(directory / "2.json"), len(body) + 2, FileRange(-1, 0, len(body), path))
-    con = duckdb.connect()
-    with pytest.raises(native.NotNative, match="JSON"):
-        native.parse_batch(native.parser(con), batch, all_ops=True)
-    assert _feeders() == [] and os.listdir(directory) == []
-    rows = native.parse_batch(native.parser(con), _whole(path, directory), all_ops=True)  # the same file, whole
+    with pytest.raises(native.NotNative, match="ended 100 bytes before the range did"):
+        list(native.batch_files(iter(_ranges(path, [len(body), len(body) + 100])), str(directory)))
+    assert sorted(os.listdir(directory)) == ["0.json", "1.json"]  # the directory's owner removes them
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    (batch,) = native.batch_files(iter(_ranges(path, [len(body)])), str(whole))
+    rows = native.parse_batch(native.parser(duckdb.connect()), batch, all_ops=True)
     assert rows.aggregate("count(*)").fetchall() == [(1000,)]
-    assert _feeders() == [] and os.listdir(directory) == []
+    batch.remove()
+    assert os.listdir(whole) == []
 
 
-def _whole(path: Path, directory: Path) -> native.BatchFiles:
-    batch = native.BatchFiles()
-    size = path.stat().st_size
-    batch.add(str(directory / "0.json"), size + 2, FileRange(-1, 0, size, path))
-    return batch
-
-
-def test_a_batch_parsed_twice_gets_new_pipes_and_its_text_reads_back(tmp_path: Path) -> None:
+def test_a_batch_parsed_twice_reads_the_same_files_and_its_text(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     events = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "ts": i, "dur": 1, "args": {"external id": i}}
               for i in range(500)]
     path.write_bytes(json.dumps(events)[1:-1].encode())
     directory = tmp_path / "scratch"
     directory.mkdir()
-    batch = _whole(path, directory)
+    (batch,) = native.batch_files(iter(_ranges(path, [path.stat().st_size])), str(directory))
     con = duckdb.connect()
     cursor = native.parser(con)
     first = native.parse_batch(cursor, batch, all_ops=True)
     again = native.parse_batch(cursor, batch, all_ops=False)
     for rows in (first, again):
         assert rows.aggregate("count(*), count(distinct name)").fetchall() == [(500, 500)]
-    # the lower-case "external id" is looked for in the batch's text, in the trace
+    # the lower-case "external id" is looked for in the batch's text
     assert batch.holds(batch.names[0], b'"external id"') and not batch.holds(batch.names[0], b'"External id"')
-    part = native.BatchFiles()  # a range that ends before the first "external id"
-    part.add(str(directory / "1.json"), 100, FileRange(-1, 0, path.read_bytes().index(b'"external id"'), path))
-    assert not part.holds(part.names[0], b'"external id"')
     with pytest.raises(native.NotNative, match="external id"):
         native.count_batch(con, first, batch)
-    assert _feeders() == [] and os.listdir(directory) == []
-
-
-def test_a_gzip_trace_is_written_as_scratch_files(tmp_path: Path, counted_feeds: list[FileRange]) -> None:
-    import gzip
-
-    path = _trace(tmp_path, 2000)
-    packed = path.with_suffix(".json.gz")
-    packed.write_bytes(gzip.compress(path.read_bytes()))
-    summary = ingest_traces([packed], tmp_path / "w.duckdb", chunk_bytes=CHUNK)
-    assert summary.ok and summary.files[0].message == ""
-    assert counted_feeds == []
-    assert _rows(tmp_path / "w.duckdb", TABLES["gpu_events"])
+    batch.remove()
+    assert os.listdir(directory) == []
 
 
 def _batch_sizes(tmp_path: Path, flags: list[bool]) -> list[int]:
     """Chunks per batch of 40 ranges of 100 bytes, batches of 1000 bytes, with small() answering
     ``flags`` in turn (then False)."""
     answers = iter(flags)
-    ranges = (FileRange(-1, 100 * i, 100, tmp_path / "t.json") for i in range(40))
-    batches = native.batch_files(ranges, str(tmp_path), 1000, small=lambda: next(answers, False))
+    path = tmp_path / "t.json"
+    path.write_bytes(b" " * 4000)
+    directory = tmp_path / f"batches{len(flags)}"
+    directory.mkdir()
+    batches = native.batch_files(iter(_ranges(path, [100] * 40)), str(directory), 1000,
+                                 small=lambda: next(answers, False))
     return [len(b.names) for b in batches]
 
 
