@@ -187,3 +187,29 @@ def test_a_scratch_directory_being_made_is_never_taken_for_a_dead_ones(tmp_path:
         for p in removers:
             p.wait(timeout=30)
     assert lost == 0
+
+
+def test_an_interrupted_parse_stops_the_ingest_and_never_changes_its_path(long_trace: tuple[Path, int], tmp_path: Path) -> None:
+    """DuckDB's InterruptException is a duckdb.Error, which elsewhere means "decode this file another
+    way" (NotNative): an interrupted parse must stay an interruption, or Ctrl-C would restart the
+    ingest on the slower path."""
+    import threading
+
+    from traceq.ingest.native import BatchFiles, parse_batch, parser
+
+    trace, _ = long_trace
+    array = tmp_path / "events.json"  # the trace's event array alone: seconds of parsing
+    data = trace.read_bytes()
+    array.write_bytes(data[data.index(b"[") : data.rindex(b"]") + 1])
+    del data
+    con = parser(duckdb.connect())
+    files = BatchFiles()
+    files.add(str(array), 1 << 20)
+    timer = threading.Timer(0.2, con.interrupt)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            parse_batch(con, files, all_ops=True)
+    finally:
+        timer.cancel()
+        con.close()

@@ -1073,6 +1073,8 @@ def main() -> None:
             raise  # a bug: the traceback is due
         typer.echo(f"error: {message}", err=True)
         code = 1
+    if "traceq.store.warehouse" in sys.modules:  # os._exit runs no atexit handlers
+        sys.modules["traceq.store.warehouse"].remove_spill_root()
     sys.stdout.flush()  # click has made a closed pipe's stdout quiet (PacifyFlushWrapper)
     sys.stderr.flush()
     os._exit(code if isinstance(code, int) else 1)

@@ -74,7 +74,15 @@ def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -
     try:
         return execute_over(con, statement, params_of(statement, params), events)
     except duckdb.Error as exc:
-        raise NotNative(str(exc).splitlines()[0]) from None
+        raise _not_native(exc) from None
+
+
+def _not_native(exc: duckdb.Error) -> BaseException:
+    """What to raise for DuckDB's error: :class:`NotNative` (decode the file another way), but an
+    interrupted statement is an interruption (Ctrl-C must stop the ingest, never change its path)."""
+    if isinstance(exc, duckdb.InterruptException):
+        return KeyboardInterrupt()
+    return NotNative(str(exc).splitlines()[0])
 
 
 def scratch_base() -> str:
@@ -191,9 +199,7 @@ def prefetch(items: Iterator[Any], ahead: int = 1, discard: Callable[[Any], None
         except BaseException as exc:  # handed to the consumer, raised there
             q.put(("error", exc))
         finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
+            _close_quietly(items)
 
     thread = threading.Thread(target=produce, name="traceq-reader", daemon=True)
     thread.start()
@@ -211,6 +217,19 @@ def prefetch(items: Iterator[Any], ahead: int = 1, discard: Callable[[Any], None
             _drain(q, discard)
             thread.join(timeout=0.05)
         _drain(q, discard)
+
+
+def _close_quietly(items: Iterator[Any]) -> None:
+    """Close the generator ``items`` (its ``finally`` blocks run), in the producer thread. What that
+    raises has no one to go to (the consumer has stopped taking, or has the error that ended it):
+    dropped, never printed by the thread's excepthook as a traceback of its own."""
+    close = getattr(items, "close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except Exception:
+        pass
 
 
 def _drain(q: queue.Queue[tuple[str, Any]], discard: Callable[[Any], None]) -> None:
@@ -247,7 +266,7 @@ def parse_batch(con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker =
     try:
         return con.sql(read, params=params_of(read, params)).materialize()
     except duckdb.Error as exc:
-        raise NotNative(str(exc).splitlines()[0]) from None
+        raise _not_native(exc) from None
 
 
 def count_batch(con: Any, events: Any, files: BatchFiles) -> BatchCounts:

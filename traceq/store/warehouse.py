@@ -8,10 +8,10 @@ import os
 import re
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cache
 from pathlib import Path
 
 import duckdb
@@ -97,16 +97,26 @@ def limit_memory(con: duckdb.DuckDBPyConnection, spill_dir: str | None) -> None:
         con.execute("set temp_directory = '" + spill_dir.replace("'", "''") + "'")
 
 
-@cache
+_SPILL: list[scratch.ScratchDir] = []  # this process's spill root, once made
+_SPILL_LOCK = threading.Lock()
+
+
 def _spill_root() -> str:
-    """This process's scratch directory for what in-memory connections spill (removed when the process
-    ends; a killed one's by the next traceq command: :mod:`traceq.scratch`)."""
-    root = scratch.scratch_dir(tempfile.gettempdir())
-    atexit.register(root.cleanup)
-    return _SPILL.setdefault("dir", root).name
+    """This process's scratch directory for what in-memory connections spill, made when first asked
+    for and removed when the process ends (:func:`remove_spill_root`; a killed one's by the next
+    traceq command: :mod:`traceq.scratch`)."""
+    with _SPILL_LOCK:
+        if not _SPILL:
+            _SPILL.append(scratch.scratch_dir(tempfile.gettempdir()))
+            atexit.register(remove_spill_root)
+        return _SPILL[0].name
 
 
-_SPILL: dict[str, object] = {}
+def remove_spill_root() -> None:
+    """Remove the spill root (at exit; the CLI, which ends its process with ``os._exit``, calls it)."""
+    with _SPILL_LOCK:
+        while _SPILL:
+            _SPILL.pop().cleanup()
 
 
 def _spill_dir() -> str:
