@@ -110,6 +110,14 @@ def test_a_batch_parsed_twice_reads_the_same_files_and_its_text(tmp_path: Path) 
     assert os.listdir(directory) == []
 
 
+def _chunks_of(path: Path) -> int:
+    """How many chunks the reader cuts ``path`` into at CHUNK bytes."""
+    from traceq.ingest.reader import read_trace_ranges
+
+    _, chunks = read_trace_ranges(path, CHUNK)
+    return sum(1 for _ in chunks)
+
+
 def _batch_sizes(tmp_path: Path, flags: list[bool]) -> list[int]:
     """Chunks per batch of 40 ranges of 100 bytes, batches of 1000 bytes, with small() answering
     ``flags`` in turn (then False)."""
@@ -135,7 +143,8 @@ def test_a_file_without_device_properties_reads_little_with_every_cpu_operator(
     """Kernels from the first chunk on, but no deviceProperties before the events: the file starts
     with every CPU operator and switches once the first batch, of one chunk, is counted. By then the
     reader may have parsed the next two batches (one waits for the writer, one is being parsed), of
-    two chunks and about four: those are parsed again, the rest is parsed once, in full batches."""
+    two chunks and about four, with them: those are written as parsed, the rest is parsed without
+    them, in full batches; every batch once."""
     import traceq.ingest.loader as ingest
 
     b = _many_kernels(6000)
@@ -151,12 +160,13 @@ def test_a_file_without_device_properties_reads_little_with_every_cpu_operator(
         return native.parse_batch(con, files, all_ops, marker)
 
     monkeypatch.setattr(ingest, "parse_batch", recording_parse)
+    monkeypatch.setattr(ingest, "WHOLE_FILE_BATCH_BYTES", 0)  # a small file, read as a large one is
     db, decoded = tmp_path / "w.duckdb", tmp_path / "decoded.duckdb"
     summary = ingest_traces([path], db, chunk_bytes=CHUNK)
     assert summary.ok and summary.files[0].message == ""
     assert parses[0] == (1, True)
     assert sum(n for n, all_ops in parses if all_ops) <= 1 + 2 + 5, parses
-    assert len(parses) <= 3 + 2 + 3 and sum(n for n, _ in parses) > 50, parses  # the rest in full batches, once
+    assert len(parses) <= 3 + 2 + 3 and sum(n for n, _ in parses) == _chunks_of(path), parses  # each chunk parsed once
     assert ingest_traces([path], decoded, native=False).ok
     for table, query in TABLES.items():
         assert _rows(db, query) == _rows(decoded, query), table

@@ -238,12 +238,14 @@ def test_external_id_in_both_spellings_goes_to_decode(tmp_path: Path) -> None:
         assert _rows(native, query) == _rows(decoded, query), table
 
 
-def test_batch_parsed_ahead_before_the_policy_switched_is_parsed_again(
+def test_batch_parsed_ahead_before_the_policy_switched_is_written_as_parsed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without deviceProperties a file starts with every CPU operator and drops them once a batch
-    shows GPU activity; the next batch, already parsed with them in the reader's thread, is parsed
-    again without them. Small chunks and one chunk per batch make several batches of a small file."""
+    shows GPU activity; the next batch, already parsed with them in the reader's thread, is written
+    as it was parsed (never parsed twice) and its CPU operators go with the first batch's: the rows
+    equal the reference decoder's. Small chunks and one chunk per batch make several batches of a
+    small file (which is otherwise parsed in one batch)."""
     import traceq.ingest.loader as ingest
     import traceq.ingest.native as native
 
@@ -264,15 +266,50 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_parsed_again(
         return native.parse_batch(con, files, all_ops, marker)
 
     monkeypatch.setattr(ingest, "parse_batch", recording_parse)
+    monkeypatch.setattr(ingest, "WHOLE_FILE_BATCH_BYTES", 0)
     monkeypatch.setattr(ingest, "batch_files", lambda chunks, directory, **_: native.batch_files(chunks, directory, 1))
     native_db, decoded_db = tmp_path / "native.duckdb", tmp_path / "decode.duckdb"
     summary = ingest_traces([path], native_db, chunk_bytes=64 << 10)
     assert summary.ok and summary.files[0].message == ""
     assert ingest_traces([path], decoded_db, native=False).ok
-    assert [True, False] in parses.values(), parses
-    assert sum(v == [True] for v in parses.values()) >= 2 and [False] in parses.values(), parses
+    assert all(len(v) == 1 for v in parses.values()), parses  # no batch parsed twice
+    assert sum(v == [True] for v in parses.values()) >= 3 and [False] in parses.values(), parses
     for table, query in TABLES.items():
         assert _rows(native_db, query) == _rows(decoded_db, query), table
+
+
+def test_a_small_file_is_parsed_in_one_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file of up to WHOLE_FILE_BATCH_BYTES of JSON is one batch (one parse, one set of writes),
+    even without deviceProperties, where a large file starts with small batches; same rows as the
+    reference decoder."""
+    import traceq.ingest.loader as ingest
+    import traceq.ingest.native as native
+
+    b = _many_kernels(20_000)
+    for i in range(3000):
+        b.events.insert(0, {"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 7}", "pid": 100, "tid": 1,
+                            "ts": i, "dur": 0.5, "args": {"External id": i}})
+    path = b.write(tmp_path / "job" / "trace.json")
+    assert b"deviceProperties" not in path.read_bytes()
+    parses: list[int] = []  # files of each parse
+
+    def recording_parse(con: object, files: native.BatchFiles, all_ops: bool, marker: StepMarker) -> object:
+        parses.append(len(files.names))
+        return native.parse_batch(con, files, all_ops, marker)
+
+    monkeypatch.setattr(ingest, "parse_batch", recording_parse)
+    chunk = path.stat().st_size // 8
+    native_db, decoded_db = tmp_path / "native.duckdb", tmp_path / "decode.duckdb"
+    assert ingest_traces([path], native_db, chunk_bytes=chunk).ok
+    assert len(parses) == 1 and parses[0] >= 8, parses
+    parses.clear()
+    monkeypatch.setattr(ingest, "WHOLE_FILE_BATCH_BYTES", path.stat().st_size - 1)
+    assert ingest_traces([path], tmp_path / "large.duckdb", chunk_bytes=chunk).ok
+    assert parses[:2] == [1, 2], parses  # a larger file: small batches while the policy may switch
+    assert ingest_traces([path], decoded_db, native=False).ok
+    for table, query in TABLES.items():
+        assert _rows(native_db, query) == _rows(decoded_db, query), table
+        assert _rows(tmp_path / "large.duckdb", query) == _rows(decoded_db, query), table
 
 
 @pytest.mark.parametrize("odd", [False, True])

@@ -639,10 +639,10 @@ class _Loader:
             fill = _leading_rank(header)
             counts = _Counts()
             n_names = 0
+            # a batch parsed before the policy switched keeps its CPU operators: written, then
+            # dropped with the first batch's (_drop_plain_ops); parsing it again cost more (11 ms a
+            # small file, BENCHMARKS.md)
             for files, used, events in parsed.batches:
-                if used != policy.all_ops:  # parsed before the batch that switched the policy
-                    used = policy.all_ops
-                    events = parse_batch(con, files, used, policy.marker)
                 batch = count_batch(con, events, files)
                 policy.saw(batch.gpu)  # before the writes: the reader cuts its next batch by it
                 n_names += write_batch(con, events, trace_id, n_names, fill)
@@ -659,7 +659,7 @@ class _Loader:
         cursor = self._parse_cursor()
 
         def parsed() -> Iterator[Batch]:
-            for files in _cut(chunks, self.notify, size, directory.name, policy):
+            for files in _cut(chunks, self.notify, path, size, directory.name, policy):
                 yield _parsed(cursor, files, policy)
 
         ready = prefetch(parsed(), discard=_remove_batch)
@@ -734,17 +734,24 @@ class _Loader:
 Batch = tuple[BatchFiles, bool, Any]  # batch files, all_ops they were parsed with, the parsed rows
 
 
+# A file of up to this much JSON is parsed in one batch: small first batches (while the policy may
+# switch) would save little writing of CPU operators and cost a batch's statements (BENCHMARKS.md)
+WHOLE_FILE_BATCH_BYTES = 16 << 20
+
+
 def _cut(
-    chunks: Iterator[bytes | FileRange], notify: Progress, size: int, directory: str, policy: OpsPolicy
+    chunks: Iterator[bytes | FileRange], notify: Progress, path: Path, size: int, directory: str, policy: OpsPolicy
 ) -> Iterator[BatchFiles]:
     """A file's ``chunks`` as batch files in ``directory``, counted for progress; small batches
-    while ``policy`` may still switch."""
+    while ``policy`` may still switch, unless the file is small."""
+    if json_size(path) <= WHOLE_FILE_BATCH_BYTES:
+        return batch_files(_counting(chunks, notify, size), directory)
     return batch_files(_counting(chunks, notify, size), directory, small=policy.undecided)
 
 
 def _parsed(cursor: Any, files: BatchFiles, policy: OpsPolicy) -> Batch:
-    """``files`` parsed under ``policy`` as it is now: the writer may switch it meanwhile, and
-    parses a batch again where the two differ (:meth:`_Loader._native`)."""
+    """``files`` parsed under ``policy`` as it is now (the writer may switch it meanwhile: the
+    batch is written as parsed, :meth:`_Loader._native`)."""
     used = policy.all_ops
     return files, used, parse_batch(cursor, files, used, policy.marker)
 
@@ -865,7 +872,7 @@ class _ReadAhead:
                 directory = scratch_dir()
                 yield "start", path, (header, policy, directory.cleanup, digest)
                 handed = True
-                batches = _cut(chunks, loader.notify, size, directory.name, policy)
+                batches = _cut(chunks, loader.notify, path, size, directory.name, policy)
                 while True:
                     self.slots.acquire()  # before the batch's files are written: they take room too
                     files = None if self.closed or path in self.abandoned else next(batches, None)

@@ -133,7 +133,7 @@ def batch_files(
 
     While ``small()`` holds (asked as each batch starts), batches start at one chunk and double:
     ingest keeps the CPU operators of a file until it shows GPU activity, and what is read before
-    that is written in vain (and a batch parsed ahead, parsed again).
+    that is written in vain.
     """
     limit = 0 if small() else batch_bytes
     batch, size = BatchFiles(), 0
