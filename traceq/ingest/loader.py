@@ -74,10 +74,10 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # Chunks the reader cuts a file into (bytes of JSON); traceq.ingest.native parses several per statement.
 INGEST_CHUNK_BYTES = 8 << 20
 MIN_CHUNK_BYTES = 1 << 20
-# DuckDB's buffer pool while ingesting: room for one batch's parse on every thread; row groups go to
-# the file as they fill. With 96 MB batches of scratch files: 262-339 MiB peak RSS on three 0.5 GB
-# traces, 291-387 MiB on 1.5 GB (BENCHMARKS.md, issue 23).
-INGEST_MEMORY_LIMIT = "384MB"
+# DuckDB's buffer pool while ingesting: room for a batch's parse beside the one being written; row
+# groups go to the file as they fill. 1.5 GB traces, 96 MB batches: 225-310 MiB peak RSS at 160 MB,
+# 278-385 MiB at 384 MB, for 0-10 % more time (three trace shapes, BENCHMARKS.md, issue 23).
+INGEST_MEMORY_LIMIT = "160MB"
 
 Progress = Callable[[str, dict[str, Any]], None]
 Chunk = TypeVar("Chunk", bytes, FileRange)
