@@ -5,6 +5,8 @@ select
     count(*) filter (where kind > 0 and span and valid) as gpu,
     count(*) filter (where kind = 0 and span and valid) as host,
     count(*) filter (where (span and not valid) or no_phase) as dropped,
+    -- of those, CPU operators kept only because $all_ops: a trace with GPU activity deletes them
+    count(*) filter (where span and not valid and plain_op) as dropped_plain_ops,
     count(*) filter (where plain_op and not span) as skipped_ops,
     count(*) filter (where ((span and valid) or meta) and rank is null) as rows_without_rank,
     count(*) filter (where span and valid and rank is not null) as rows_with_rank,

@@ -1,7 +1,7 @@
 """Chunks reach DuckDB as scratch files (traceq.ingest.native.BatchFiles): ranges of an uncompressed
 trace copied by sendfile, decompressed bytes written. The rows are those of traceq.ingest.decode; a
 parse that stops early (a malformed event, a trace shorter than its range) leaves no scratch file; a
-batch parsed again reads the same files."""
+batch's files stay until it is removed (read again, searched for text)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_a_range_past_the_end_of_the_trace_is_not_native(tmp_path: Path) -> None
     assert os.listdir(whole) == []
 
 
-def test_a_batch_parsed_twice_reads_the_same_files_and_its_text(tmp_path: Path) -> None:
+def test_a_batch_keeps_its_files_until_removed_and_its_text_is_searched(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     events = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "ts": i, "dur": 1, "args": {"external id": i}}
               for i in range(500)]

@@ -258,6 +258,10 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_written_as_parsed(
         for k in range(300):
             start = 4_000_000 + n * 1_000_000 + k * 2_000
             b.kernel(f"sgemm_{k % 5}", start + 500, start + 1_500, launch_ns=start)
+            if k % 20 == 0:  # negative durations: an operator's drop is the trace's only while it is kept
+                for cat in ("cpu_op", "user_annotation"):
+                    b.events.append({"ph": "X", "cat": cat, "name": "bad", "pid": 100, "tid": 1, "ts": start,
+                                     "dur": -1, "args": {"External id": 10**6 + k}})
     path = b.write(tmp_path / "job" / "trace.json")
     parses: dict[tuple[str, ...], list[bool]] = {}  # batch files -> all_ops of each parse
 
@@ -273,6 +277,7 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_written_as_parsed(
     assert summary.ok and summary.files[0].message == ""
     assert ingest_traces([path], decoded_db, native=False).ok
     assert all(len(v) == 1 for v in parses.values()), parses  # no batch parsed twice
+    assert _rows(native_db, "select n_dropped from traces") == [(60,)]  # the annotations: 4 steps x 15
     assert sum(v == [True] for v in parses.values()) >= 3 and [False] in parses.values(), parses
     for table, query in TABLES.items():
         assert _rows(native_db, query) == _rows(decoded_db, query), table

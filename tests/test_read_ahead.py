@@ -102,3 +102,28 @@ def test_files_parsed_ahead_end_as_files_read_one_by_one(
     for table, query in TABLES.items():
         assert _rows(ahead, query) == _rows(alone, query), table
     assert _scratch_left() == []
+
+
+def test_ctrl_c_while_the_writer_waits_for_the_read_ahead_is_an_interrupt_and_leaves_no_scratch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGINT reaches the writer while the reader thread is parsing the first file: a
+    KeyboardInterrupt comes out (once it ended the read-ahead, closing the file's batches took
+    from it again and raised RuntimeError), and every scratch directory is gone."""
+    import signal
+    import time
+
+    job = tmp_path / "job"
+    job.mkdir()
+    paths = [_gpu_trace(rank, 40).write(job / f"rank{rank}.json") for rank in range(2)]
+    parsed = ingest._parsed
+
+    def interrupted_parse(cursor: object, files: native.BatchFiles, policy: ingest.OpsPolicy) -> object:
+        os.kill(os.getpid(), signal.SIGINT)  # the main thread gets it, wherever it is by now
+        time.sleep(0.5)
+        return parsed(cursor, files, policy)
+
+    monkeypatch.setattr(ingest, "_parsed", interrupted_parse)
+    with pytest.raises(KeyboardInterrupt):
+        ingest_traces(paths, tmp_path / "w.duckdb", workers=0)
+    assert [n for n in os.listdir(native.scratch_base()) if n.startswith(f"traceq-{os.getpid()}-")] == []

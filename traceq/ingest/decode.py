@@ -247,6 +247,7 @@ def events_to_tables(events: list[Event], all_ops: bool = True, marker: StepMark
     host_rows: list[Event] = []
     meta_rows: list[Event] = []
     counts = {"events": len(events), "dropped": 0, "other": 0, "skipped_ops": 0}
+    plain_host: list[bool] = []  # host_rows[i] is a CPU operator kept only because all_ops
     no_phase = 0
     is_step = re.compile(marker.pattern).search
     for e in events:
@@ -257,8 +258,12 @@ def events_to_tables(events: list[Event], all_ops: bool = True, marker: StepMark
             if kind is not None:
                 gpu_rows.append(e)
                 gpu_kind.append(kind)
-            elif all_ops or not _is_plain_op(e, is_step):
+            elif not _is_plain_op(e, is_step):
                 host_rows.append(e)
+                plain_host.append(False)
+            elif all_ops:
+                host_rows.append(e)
+                plain_host.append(True)
             else:
                 counts["skipped_ops"] += 1
         elif ph == "M":
@@ -269,8 +274,10 @@ def events_to_tables(events: list[Event], all_ops: bool = True, marker: StepMark
             counts["other"] += 1
 
     gpu, dropped_gpu, inexact_gpu = _gpu_table(gpu_rows, gpu_kind, names)
-    host, dropped_host, inexact_host = _host_table(host_rows, names)
-    counts["dropped"] = dropped_gpu + dropped_host + no_phase
+    host, host_kept, inexact_host = _host_table(host_rows, names)
+    counts["dropped"] = dropped_gpu + int((~host_kept).sum()) + no_phase
+    # CPU operators a GPU trace will not keep (ingest deletes them): their drops are not the trace's
+    counts["dropped_plain_ops"] = int((~host_kept & np.array(plain_host, dtype=bool)).sum()) if host_rows else 0
     counts["gpu"] = gpu.num_rows
     counts["host"] = host.num_rows
     return ChunkTables(
@@ -375,7 +382,8 @@ def _gpu_table(rows: list[Event], kinds: list[int], names: dict[str, int]) -> tu
     return _filtered(cols, keep, GPU_SCHEMA), int((~keep).sum()), inexact
 
 
-def _host_table(rows: list[Event], names: dict[str, int]) -> tuple[pa.Table, int, bool]:
+def _host_table(rows: list[Event], names: dict[str, int]) -> tuple[pa.Table, np.ndarray, bool]:
+    """The host rows with usable times, which of ``rows`` they are (a mask), and whether a time was inexact."""
     start, dur, keep, inexact = _valid_spans(rows)
     cols: dict[str, Any] = {
         "cat": [e.cat if isinstance(e.cat, str) else _to_text(e.cat) for e in rows],
@@ -390,7 +398,7 @@ def _host_table(rows: list[Event], names: dict[str, int]) -> tuple[pa.Table, int
         "device": _host_devices(rows),
         **_collective_columns(rows),
     }
-    return _filtered(cols, keep, HOST_SCHEMA), int((~keep).sum()), inexact
+    return _filtered(cols, keep, HOST_SCHEMA), keep, inexact
 
 
 def _host_devices(rows: list[Event]) -> list[int | None]:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import duckdb
 import msgspec
 
+from traceq import scratch
 from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, event_categories
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.ingest.inputs import check_run_name, expand_inputs, file_size, json_size, run_name_of
@@ -77,7 +78,8 @@ MIN_CHUNK_BYTES = 1 << 20
 # DuckDB's buffer pool while ingesting: room for a batch's parse beside the one being written; row
 # groups go to the file as they fill. 1.5 GB traces, 96 MB batches: 225-310 MiB peak RSS at 160 MB,
 # 278-385 MiB at 384 MB, for 0-10 % more time (three trace shapes, BENCHMARKS.md, issue 23).
-INGEST_MEMORY_LIMIT = "160MB"
+INGEST_MEMORY_LIMIT_MB = 160
+INGEST_MEMORY_LIMIT = f"{INGEST_MEMORY_LIMIT_MB}MB"
 
 Progress = Callable[[str, dict[str, Any]], None]
 Chunk = TypeVar("Chunk", bytes, FileRange)
@@ -218,6 +220,7 @@ class _Counts:
     gpu: int = 0
     host: int = 0
     dropped: int = 0
+    dropped_plain_ops: int = 0  # of dropped, CPU operators kept only because all_ops
     rows_with_rank: int = 0  # events carrying their own args.rank
     rows_without_rank: int = 0
     skipped_ops: int = 0  # CPU operators left out while decoding (all_ops=False)
@@ -228,6 +231,7 @@ class _Counts:
         self.gpu += b.gpu
         self.host += b.host
         self.dropped += b.dropped
+        self.dropped_plain_ops += b.dropped_plain_ops
         self.skipped_ops += b.skipped_ops
         self.kept_ops = self.kept_ops or all_ops
         self.rows_without_rank += b.rows_without_rank
@@ -238,6 +242,7 @@ class _Counts:
         self.gpu += ct.counts.get("gpu", 0)
         self.host += ct.counts.get("host", 0)
         self.dropped += ct.counts.get("dropped", 0)
+        self.dropped_plain_ops += ct.counts.get("dropped_plain_ops", 0)
         self.skipped_ops += ct.counts.get("skipped_ops", 0)
         self.kept_ops = self.kept_ops or all_ops
         for t in (ct.gpu, ct.host, ct.meta):
@@ -372,9 +377,15 @@ def _finish_trace(
     """Everything after the events are in: the traces row, steps, step attribution, side files."""
     params = {"trace_id": trace_id, "run": run_name, **event_categories().sql_params(), **marker.sql_params()}
     if counts.gpu and counts.kept_ops:
+        # the CPU operators read before the policy switched go, and so do their drops: which
+        # batches kept them depends on when the switch happened (the reader parses ahead)
         counts.host -= _drop_plain_ops(con, params)
+        counts.dropped -= counts.dropped_plain_ops
     dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
     devices = device_properties(fields.get("deviceProperties"))
+    header = msgspec.json.encode(_header_summary(fields)).decode()
+    devices_json = msgspec.json.encode(devices).decode() if devices else None
+    _room_for(con, len(header) + len(devices_json or ""))
     con.execute("insert into runs (run) values (?) on conflict do nothing", [run_name])
     con.execute(
         """
@@ -387,8 +398,7 @@ def _finish_trace(
             trace_id, run_name, str(path.resolve()), digest, size, rank_source, file_rank,
             to_int(dist.get("world_size")), _text(dist.get("backend")), to_int(fields.get("schemaVersion")),
             to_int(fields.get("baseTimeNanoseconds")), _text(fields.get("displayTimeUnit")),
-            _text(fields.get("traceName")), msgspec.json.encode(_header_summary(fields)).decode(), marker.pattern,
-            msgspec.json.encode(devices).decode() if devices else None, gpu_model_of(con, trace_id, devices),
+            _text(fields.get("traceName")), header, marker.pattern, devices_json, gpu_model_of(con, trace_id, devices),
             counts.events, counts.gpu, counts.host, counts.dropped, parse_seconds,
         ],
     )
@@ -401,6 +411,14 @@ def _finish_trace(
     return FileResult(
         str(path), "ingested", trace_id=trace_id, run=run_name, ranks=ranks, events=counts.events, gpu_events=counts.gpu
     )
+
+
+def _room_for(con: Any, text_bytes: int) -> None:
+    """Raise the ingest's buffer pool (until another file's header needs another) where a trace's
+    header text is large: storing and compressing 80 MB of it takes buffers of 128 MB, beyond
+    :data:`INGEST_MEMORY_LIMIT` (a deviceProperties name of 40 MB, tests/test_hostile.py)."""
+    if text_bytes >= 1 << 20:
+        con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT_MB + 4 * ((text_bytes >> 20) + 1)}MB'")
 
 
 def _refuse_rank_collisions(con: Any, path: Path, params: dict[str, Any], rank_source: str) -> None:
@@ -494,11 +512,29 @@ class _Loader:
         # warehouse (else the hash is taken beside the parsing)
         self.known = _KnownDigests(con.execute("select size_bytes, content_digest from traces").fetchall())
         self._cursor: Any = None
+        self._scratch: list[scratch.ScratchDir] = []  # every scratch directory made, removed by close()
+        self._scratch_lock = threading.Lock()  # the reader thread makes them too
 
     def close(self) -> None:
+        """Stop the hashing thread, close the parse cursor and remove every scratch directory this
+        loader made: each is removed as soon as its file is done, and here again whatever happened
+        in between (an interrupt between two statements hands a directory to no one). The reader
+        threads have ended by now (their consumers join them before they return)."""
         self.hasher.shutdown(cancel_futures=True)
         if self._cursor is not None:
             self._cursor.close()
+        with self._scratch_lock:
+            made, self._scratch = self._scratch, []
+        for directory in made:
+            directory.cleanup()
+
+    def scratch_dir(self) -> scratch.ScratchDir:
+        """A scratch directory for a file's batches (:func:`traceq.ingest.native.scratch_dir`), removed
+        by :meth:`close` at the latest."""
+        directory = scratch_dir()
+        with self._scratch_lock:
+            self._scratch.append(directory)
+        return directory
 
     def _parse_cursor(self) -> Any:
         """The cursor batches are parsed on (:func:`traceq.ingest.native.parser`), made once: every file's
@@ -655,7 +691,7 @@ class _Loader:
         before is written."""
         header, chunks = read_trace_ranges(path, self.chunk_bytes_for(path))
         policy = OpsPolicy(header.leading, self.marker, all_ops)
-        directory = scratch_dir()
+        directory = self.scratch_dir()
         cursor = self._parse_cursor()
 
         def parsed() -> Iterator[Batch]:
@@ -838,9 +874,10 @@ class _ReadAhead:
     def __init__(self, loader: _Loader, paths: list[Path]) -> None:
         self.loader = loader
         self.cursor = parser(loader.con)
-        self.abandoned: set[Path] = set()  # files the writer stopped reading: cut no more of them
+        self._abandoned: set[Path] = set()  # files the writer stopped reading: cut no more of them
+        self._abandoned_lock = threading.Lock()
         self.slots = threading.Semaphore(self.AHEAD_BATCHES)  # one taken per batch the writer has not taken
-        self.closed = False
+        self.closed = threading.Event()
         self.items = prefetch(self._produce(paths), ahead=0, discard=_discard_item)
 
     def _known(self, path: Path, size: int) -> tuple[bool, str | None]:
@@ -869,13 +906,13 @@ class _ReadAhead:
             directory = None
             handed = False  # once the writer has the scratch directory, it removes it
             try:
-                directory = scratch_dir()
+                directory = loader.scratch_dir()
                 yield "start", path, (header, policy, directory.cleanup, digest)
                 handed = True
                 batches = _cut(chunks, loader.notify, path, size, directory.name, policy)
                 while True:
                     self.slots.acquire()  # before the batch's files are written: they take room too
-                    files = None if self.closed or path in self.abandoned else next(batches, None)
+                    files = None if self.closed.is_set() or self._is_abandoned(path) else next(batches, None)
                     if files is None:
                         self.slots.release()
                         break
@@ -888,8 +925,15 @@ class _ReadAhead:
                     directory.cleanup()
             yield "end", path, None
 
+    def _is_abandoned(self, path: Path) -> bool:
+        with self._abandoned_lock:
+            return path in self._abandoned
+
     def _take(self, path: Path) -> tuple[str, Any]:
-        kind, item_path, value = next(self.items)
+        try:
+            kind, item_path, value = next(self.items)
+        except StopIteration:  # ended by an error already raised (an interrupt): nothing more comes
+            raise RuntimeError(f"read-ahead ended before {path} was read") from None
         if kind == "batch":
             self.slots.release()
         if item_path != path:  # the writer takes files in the order they were given
@@ -910,7 +954,11 @@ class _ReadAhead:
         def batches() -> Iterator[Batch]:
             nonlocal done
             while not done:
-                kind, value = self._take(path)
+                try:
+                    kind, value = self._take(path)
+                except BaseException:  # an interrupt while waiting: the stream is over, nothing to drain
+                    done = True
+                    raise
                 if kind == "batch":
                     yield value
                 else:
@@ -921,7 +969,8 @@ class _ReadAhead:
         def drain() -> None:  # what is left of this file, when the writer stopped taking it early
             if done:
                 return
-            self.abandoned.add(path)
+            with self._abandoned_lock:
+                self._abandoned.add(path)
             try:
                 for files, _, _ in batches():
                     files.remove()
@@ -931,7 +980,7 @@ class _ReadAhead:
         return _FileParse(header, policy, batches(), stop=drain, remove_scratch=remove_scratch), digest
 
     def close(self) -> None:
-        self.closed = True
+        self.closed.set()
         self.slots.release(self.AHEAD_BATCHES + 1)  # a reader waiting for a slot sees `closed`
         try:
             self.items.close()

@@ -53,6 +53,7 @@ class BatchCounts:
     gpu: int
     host: int
     dropped: int
+    dropped_plain_ops: int  # of dropped, CPU operators kept only because all_ops
     skipped_ops: int
     rows_without_rank: int
     rows_with_rank: int
@@ -213,10 +214,13 @@ def prefetch(items: Iterator[Any], ahead: int = 1, discard: Callable[[Any], None
             yield value
     finally:
         stop.set()
+        taken: list[Any] = []  # discarded once the producer is gone: it may still be writing into them
         while thread.is_alive():  # let the producer see `stop` (it may be blocked on a full queue)
-            _drain(q, discard)
+            _drain(q, taken.append)
             thread.join(timeout=0.05)
-        _drain(q, discard)
+        _drain(q, taken.append)
+        for item in taken:
+            discard(item)
 
 
 def _close_quietly(items: Iterator[Any]) -> None:

@@ -39,6 +39,7 @@ _SPLIT = re.compile(rb"\}\s*,\s*(?=\{)")
 # Only errors are read so: the end of the event array is found by decoding alone (_array_end).
 MSGSPEC_SYNTAX_ERROR = re.compile(r"JSON is malformed: (?!trailing characters).*\(byte (\d+)\)")
 MSGSPEC_TRAILING = re.compile(r"JSON is malformed: trailing characters \(byte (\d+)\)")
+MSGSPEC_TRUNCATED = "Input data was truncated"
 # ']' looked at from the end, and full decodes tried, before _array_end leaves a tail to
 # _array_end_reported: Kineto writes a few scalar fields after the event array.
 _TAIL_BRACKETS = 64
@@ -503,7 +504,8 @@ def _parse_header(prefix: bytes, tail: bytes, path: Path, bare: bool) -> dict[st
         except msgspec.ValidationError:  # a number beyond float64 (1e999): read it as inf
             fields = _LENIENT_FLOATS.decode(prefix + b"null" + tail)
     except msgspec.DecodeError as exc:
-        if _ends_early(prefix + b"null" + tail):
+        # completed by decoding where a few closing characters do; cut inside a nested value, by the message
+        if _ends_early(prefix + b"null" + tail) or str(exc) == MSGSPEC_TRUNCATED:
             raise _truncated(path, "the file ends after the event array, inside the top-level object") from None
         raise _not_json(path, f"the top-level object around the event array is malformed: {exc}") from None
     except UnicodeDecodeError:
