@@ -32,7 +32,7 @@ create table if not exists traces (
     n_events bigint not null,          -- events read
     n_gpu_events bigint not null,
     n_host_events bigint not null,
-    n_dropped bigint not null,         -- X events without usable ts/dur (or dur < 0)
+    n_dropped bigint not null,         -- X events without usable ts/dur (or dur < 0), not counting the CPU operators a trace with GPU activity leaves out
     parse_seconds double,
     ingested_at timestamp default current_timestamp
 );
