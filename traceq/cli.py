@@ -1059,7 +1059,7 @@ def main() -> None:
     CLI's choice for its own process; the library ends nothing. An uncaught exception still ends it the
     usual way.
     """
-    from traceq.scratch import remove_stale_scratch_everywhere
+    from traceq.scratch import remove_process_scratch, remove_stale_scratch_everywhere
 
     remove_stale_scratch_everywhere()  # what a killed ingest left, as soon as its owner is gone
     try:
@@ -1073,8 +1073,7 @@ def main() -> None:
             raise  # a bug: the traceback is due
         typer.echo(f"error: {message}", err=True)
         code = 1
-    if "traceq.store.warehouse" in sys.modules:  # os._exit runs no atexit handlers
-        sys.modules["traceq.store.warehouse"].remove_spill_root()
+    remove_process_scratch()  # os._exit runs no atexit handlers
     sys.stdout.flush()  # click has made a closed pipe's stdout quiet (PacifyFlushWrapper)
     sys.stderr.flush()
     os._exit(code if isinstance(code, int) else 1)

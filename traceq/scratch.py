@@ -5,11 +5,13 @@ before it imports anything heavy."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from functools import cache
 
@@ -33,6 +35,27 @@ def remove_stale_scratch_everywhere() -> None:
     first: a killed ingest's files go as soon as its owner is gone)."""
     for base in {SHM, tempfile.gettempdir()}:
         remove_stale_scratch(base)
+
+
+_AT_EXIT: list[ScratchDir] = []  # directories that live as long as the process
+_AT_EXIT_LOCK = threading.Lock()
+
+
+def remove_at_exit(directory: ScratchDir) -> ScratchDir:
+    """Keep ``directory`` until the process ends (:func:`remove_process_scratch`, run at exit)."""
+    with _AT_EXIT_LOCK:
+        if not _AT_EXIT:
+            atexit.register(remove_process_scratch)
+        _AT_EXIT.append(directory)
+    return directory
+
+
+def remove_process_scratch() -> None:
+    """Remove the directories given to :func:`remove_at_exit` (at exit; the CLI, which ends its
+    process with ``os._exit`` and so runs no atexit handler, calls it)."""
+    with _AT_EXIT_LOCK:
+        while _AT_EXIT:
+            _AT_EXIT.pop().cleanup()
 
 
 def scratch_dir(base: str) -> ScratchDir:

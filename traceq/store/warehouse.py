@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
 import re
@@ -97,26 +96,18 @@ def limit_memory(con: duckdb.DuckDBPyConnection, spill_dir: str | None) -> None:
         con.execute("set temp_directory = '" + spill_dir.replace("'", "''") + "'")
 
 
-_SPILL: list[scratch.ScratchDir] = []  # this process's spill root, once made
+_SPILL: list[str] = []  # this process's spill root, once made
 _SPILL_LOCK = threading.Lock()
 
 
 def _spill_root() -> str:
     """This process's scratch directory for what in-memory connections spill, made when first asked
-    for and removed when the process ends (:func:`remove_spill_root`; a killed one's by the next
-    traceq command: :mod:`traceq.scratch`)."""
+    for and removed when the process ends (:func:`traceq.scratch.remove_at_exit`; a killed one's by
+    the next traceq command)."""
     with _SPILL_LOCK:
         if not _SPILL:
-            _SPILL.append(scratch.scratch_dir(tempfile.gettempdir()))
-            atexit.register(remove_spill_root)
-        return _SPILL[0].name
-
-
-def remove_spill_root() -> None:
-    """Remove the spill root (at exit; the CLI, which ends its process with ``os._exit``, calls it)."""
-    with _SPILL_LOCK:
-        while _SPILL:
-            _SPILL.pop().cleanup()
+            _SPILL.append(scratch.remove_at_exit(scratch.scratch_dir(tempfile.gettempdir())).name)
+        return _SPILL[0]
 
 
 def _spill_dir() -> str:
