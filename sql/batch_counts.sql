@@ -4,6 +4,8 @@ select
     count(*) as events,
     count(*) filter (where kind > 0 and span and valid) as gpu,
     count(*) filter (where kind = 0 and span and valid) as host,
+    -- of those, CPU operators kept only because $all_ops: left out when written after the switch
+    count(*) filter (where kind = 0 and span and valid and plain_op) as host_plain_ops,
     count(*) filter (where (span and not valid) or no_phase) as dropped,
     -- of those, CPU operators kept only because $all_ops: a trace with GPU activity deletes them
     count(*) filter (where span and not valid and plain_op) as dropped_plain_ops,

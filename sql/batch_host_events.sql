@@ -1,6 +1,8 @@
 -- batch_host_events: the rows of the host_events table of one parsed batch (_rows) of trace $trace_id (device-side
 -- annotations without args.device take the trace viewer's pid, as on ROCm; $device_annotation_cats);
--- $fill_rank as in sql/batch_gpu_events.sql. Columns by name, as the table's.
+-- $fill_rank as in sql/batch_gpu_events.sql; $keep_plain_ops: false leaves out the CPU operators the batch was parsed
+-- with ($all_ops) once the trace showed device activity (traceq.ingest.loader.OpsPolicy). Columns by name, as the
+-- table's.
 select
     $trace_id as trace_id,
     coalesce(e.rank, $fill_rank) as rank,
@@ -24,4 +26,4 @@ select
     e.seq
 from _rows as e
 inner join names as n on n.trace_id = $trace_id and n.name = e.name
-where e.kind = 0 and e.span and e.valid
+where e.kind = 0 and e.span and e.valid and ($keep_plain_ops or not e.plain_op)

@@ -57,7 +57,7 @@ from traceq.ingest.reader import (
     read_trace_ranges,
     too_deep_is_not_json,
 )
-from traceq.ingest.sidecar import load_side_files
+from traceq.ingest.sidecar import load_side_files, write_wall_times
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
 from traceq.store.derive import device_properties, gpu_model_of, write_steps
@@ -224,14 +224,15 @@ class _Counts:
     rows_with_rank: int = 0  # events carrying their own args.rank
     rows_without_rank: int = 0
     skipped_ops: int = 0  # CPU operators left out while decoding (all_ops=False)
-    kept_ops: bool = False  # some chunk was decoded with all_ops=True
+    kept_ops: bool = False  # some chunk was written with all_ops=True
 
     def add_batch(self, b: BatchCounts, all_ops: bool) -> None:
+        """Count a batch written with its CPU operators (``all_ops``) or without."""
         self.events += b.events
         self.gpu += b.gpu
-        self.host += b.host
-        self.dropped += b.dropped
-        self.dropped_plain_ops += b.dropped_plain_ops
+        self.host += b.host - (0 if all_ops else b.host_plain_ops)
+        self.dropped += b.dropped - (0 if all_ops else b.dropped_plain_ops)
+        self.dropped_plain_ops += b.dropped_plain_ops if all_ops else 0
         self.skipped_ops += b.skipped_ops
         self.kept_ops = self.kept_ops or all_ops
         self.rows_without_rank += b.rows_without_rank
@@ -360,6 +361,18 @@ def check_marker(con: Any, marker: StepMarker) -> None:
                           param="step_marker", value=marker.pattern) from None
 
 
+@dataclass
+class _Stored:
+    """A trace whose rows are in the open transaction, its steps not derived yet (:func:`_derive`)."""
+
+    trace_id: int
+    path: Path
+    run: str
+    rank_source: str
+    clock: tuple[int, str]  # its clock offset (ns) and where that came from (traceq.ingest.sidecar)
+    result: FileResult
+
+
 def _finish_trace(
     con: Any,
     path: Path,
@@ -373,12 +386,14 @@ def _finish_trace(
     rank_source: str,
     parse_seconds: float,
     marker: StepMarker,
-) -> FileResult:
-    """Everything after the events are in: the traces row, steps, step attribution, side files."""
-    params = {"trace_id": trace_id, "run": run_name, **event_categories().sql_params(), **marker.sql_params()}
+    new_run: bool,
+) -> _Stored:
+    """After the events are in: the traces row and the side files. Its steps come with
+    :func:`_derive`. ``new_run``: the run may not be in the warehouse yet."""
     if counts.gpu and counts.kept_ops:
         # the CPU operators read before the policy switched go, and so do their drops: which
         # batches kept them depends on when the switch happened (the reader parses ahead)
+        params = {"trace_id": trace_id, **event_categories().sql_params(), **marker.sql_params()}
         counts.host -= _drop_plain_ops(con, params)
         counts.dropped -= counts.dropped_plain_ops
     dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
@@ -386,7 +401,9 @@ def _finish_trace(
     header = msgspec.json.encode(_header_summary(fields)).decode()
     devices_json = msgspec.json.encode(devices).decode() if devices else None
     _room_for(con, len(header) + len(devices_json or ""))
-    con.execute("insert into runs (run) values (?) on conflict do nothing", [run_name])
+    if new_run:
+        con.execute("insert into runs (run) values (?) on conflict do nothing", [run_name])
+    base_ns = to_int(fields.get("baseTimeNanoseconds"))
     con.execute(
         """
         insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, file_rank, world_size,
@@ -397,20 +414,38 @@ def _finish_trace(
         [
             trace_id, run_name, str(path.resolve()), digest, size, rank_source, file_rank,
             to_int(dist.get("world_size")), _text(dist.get("backend")), to_int(fields.get("schemaVersion")),
-            to_int(fields.get("baseTimeNanoseconds")), _text(fields.get("displayTimeUnit")),
+            base_ns, _text(fields.get("displayTimeUnit")),
             _text(fields.get("traceName")), header, marker.pattern, devices_json, gpu_model_of(con, trace_id, devices),
             counts.events, counts.gpu, counts.host, counts.dropped, parse_seconds,
         ],
     )
-    write_steps(con, params)
-    _refuse_rank_collisions(con, path, params, rank_source)
-    load_side_files(con, trace_id, path, run_name)
-    ranks = [r for (r,) in con.execute(
-        "select distinct rank from gpu_events where trace_id = ? union select distinct rank from host_events "
-        "where trace_id = ? order by 1", [trace_id, trace_id]).fetchall()]
-    return FileResult(
-        str(path), "ingested", trace_id=trace_id, run=run_name, ranks=ranks, events=counts.events, gpu_events=counts.gpu
-    )
+    side = load_side_files(con, trace_id, path, run_name, file_rank, base_ns)
+    result = FileResult(str(path), "ingested", trace_id=trace_id, run=run_name, events=counts.events, gpu_events=counts.gpu)
+    return _Stored(trace_id, path, run_name, rank_source, (side.offset_ns, side.offset_source), result)
+
+
+def _derive(con: Any, stored: list[_Stored], marker: StepMarker) -> None:
+    """The steps of the traces ``stored`` (consecutive ids), their device events' steps, their steps'
+    wall-clock windows and their results' ranks: one statement each, whatever the number of traces.
+    ConfigError when a run would hold a step twice (:func:`_refuse_rank_collisions`)."""
+    ids = [s.trace_id for s in stored]
+    write_steps(con, ids, {**event_categories().sql_params(), **marker.sql_params()})
+    _refuse_rank_collisions(con, stored)
+    write_wall_times(con, {s.trace_id: s.clock for s in stored})
+    ranks = dict(con.execute(
+        """
+        select trace_id, list(distinct rank order by rank)
+        from (
+            select trace_id, rank from gpu_events where trace_id between $first and $last
+            union all
+            select trace_id, rank from host_events where trace_id between $first and $last
+        )
+        group by trace_id
+        """,
+        {"first": ids[0], "last": ids[-1]},
+    ).fetchall())
+    for s in stored:
+        s.result.ranks = ranks.get(s.trace_id, [])
 
 
 def _room_for(con: Any, text_bytes: int) -> None:
@@ -421,34 +456,37 @@ def _room_for(con: Any, text_bytes: int) -> None:
         con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT_MB + 4 * ((text_bytes >> 20) + 1)}MB'")
 
 
-def _refuse_rank_collisions(con: Any, path: Path, params: dict[str, Any], rank_source: str) -> None:
-    """ConfigError when the run already holds a step of one of this trace's ranks: (run, rank, step)
-    comes from one file, so that no step is counted twice (the same trace as .json and .json.gz, or two
-    jobs in one run). Files of one rank with other steps (the collectors' profiling cycles) are fine."""
+def _refuse_rank_collisions(con: Any, stored: list[_Stored]) -> None:
+    """ConfigError when the run of a trace ``stored`` already holds a step of one of its ranks from
+    another trace: (run, rank, step) comes from one file, so that no step is counted twice (the same
+    trace as .json and .json.gz, or two jobs in one run). Files of one rank with other steps (the
+    collectors' profiling cycles) are fine."""
     clash = fetch_one(
         con,
         """
-        select s.rank, any_value(t.path), count(*), min(s.step), max(s.step)
-        from steps as s
-        inner join traces as t on t.trace_id = s.trace_id
-        semi join steps as mine on mine.trace_id = $trace_id and mine.rank = s.rank and mine.step = s.step
-        where t.run = $run and s.trace_id <> $trace_id
-        group by s.rank
-        order by s.rank
+        select mine.trace_id, s.rank, any_value(t.path), count(*), min(s.step), max(s.step)
+        from steps as mine
+        inner join traces as m on m.trace_id = mine.trace_id
+        inner join steps as s on s.rank = mine.rank and s.step = mine.step and s.trace_id <> mine.trace_id
+        inner join traces as t on t.trace_id = s.trace_id and t.run = m.run
+        where mine.trace_id between $first and $last
+        group by mine.trace_id, s.rank
+        order by mine.trace_id, s.rank
         limit 1
         """,
-        {"trace_id": params["trace_id"], "run": params["run"]},
+        {"first": stored[0].trace_id, "last": stored[-1].trace_id},
     )
     if clash is None:
         return
-    rank, other, n, lo, hi = clash
+    trace_id, rank, other, n, lo, hi = clash
+    mine = next(s for s in stored if s.trace_id == trace_id)
     held = "the whole timeline (no steps)" if lo == hi == WHOLE_TRACE_STEP else (
         f"step {lo}" if n == 1 else f"steps {lo}..{hi}" if hi - lo + 1 == n else f"{n} steps in {lo}..{hi}")
     fix = "ingest it under another run (--run NAME)"
-    if rank_source in ("option", "file name"):
+    if mine.rank_source in ("option", "file name"):
         fix += " or give it another rank (--rank N)"
     raise ConfigError(
-        f"{path}: run {params['run']} already holds {held} of rank {rank} from {other}; "
+        f"{mine.path}: run {mine.run} already holds {held} of rank {rank} from {other}; "
         f"the same trace twice, or traces of two jobs in one run? {fix[0].upper()}{fix[1:]}"
     )
 
@@ -511,6 +549,9 @@ class _Loader:
         # a file is hashed before it is read only when a file of its size is already in the
         # warehouse (else the hash is taken beside the parsing)
         self.known = _KnownDigests(con.execute("select size_bytes, content_digest from traces").fetchall())
+        self.runs = {r for (r,) in con.execute("select run from runs").fetchall()}  # as of the last commit
+        self.pending: list[_Stored] = []  # stored in the open transaction, steps not derived yet
+        self.uncommitted: list[tuple[int, str]] = []  # (size, digest) of the files the open transaction holds
         self._cursor: Any = None
         self._scratch: list[scratch.ScratchDir] = []  # every scratch directory made, removed by close()
         self._scratch_lock = threading.Lock()  # the reader thread makes them too
@@ -548,24 +589,31 @@ class _Loader:
 
         With several files, a thread parses ahead across file boundaries (:class:`_ReadAhead`): the
         next file's first batch is parsed while this one's rows are written, its steps attributed and
-        its transaction committed (many small rank files are otherwise bound by those per-file steps).
+        its transaction committed. Small files are written several to a transaction (:class:`_Together`):
+        many small rank files are otherwise bound by the statements each file's steps take.
         """
         if not self.native or len(paths) < 2:
             for path in paths:
                 yield self._load(path)
             return
-        with closing(_ReadAhead(self, paths)) as ahead:
+        with closing(_ReadAhead(self, paths)) as ahead, closing(_Together(self)) as together:
             for path in paths:
                 try:
                     parse, digest = ahead.next_file(path)
                 except TraceqError as exc:  # it could not be opened or hashed
+                    yield from together.commit()
                     yield FileResult(str(path), "failed", str(exc))
                     continue
                 try:
-                    yield self._load(path, parse, digest)
+                    if parse is not None and together.takes(path):
+                        yield from together.add(path, parse, digest)
+                    else:
+                        yield from together.commit()
+                        yield self._load(path, parse, digest)
                 finally:
                     if parse is not None:
                         parse.close()
+            yield from together.commit()
 
     def _already(self, path: Path, digest: str) -> FileResult | None:
         if self.force:  # read again; its earlier trace goes in the same transaction (_replace)
@@ -591,12 +639,17 @@ class _Loader:
         ).fetchall()]
         for run in emptied:  # a run left without traces goes, as `traceq runs rm` would remove it
             forget_run(self.con, run)
+            self.runs.discard(run)
         return [f"{path}: ingested again; its earlier trace in run {run} is replaced"
                 + (f" (run {run} had no other trace and is removed)" if run in emptied else "") for _, run in earlier]
 
-    def _load(self, path: Path, parse: _FileParse | None = None, taken_digest: str | None = None) -> FileResult:
+    def _load(
+        self, path: Path, parse: _FileParse | None = None, taken_digest: str | None = None, together: bool = False
+    ) -> FileResult:
         """Ingest one file; ``parse``: its batches parsed ahead (:class:`_ReadAhead`), else it is
-        read here; ``taken_digest``: its digest, where the reader took it already."""
+        read here; ``taken_digest``: its digest, where the reader took it already. ``together``: write
+        it in the open transaction of :class:`_Together`, which derives its steps and commits it, or
+        raise :class:`_Regroup` where it cannot be written there."""
         started = time.perf_counter()
         size = file_size(path)
         try:
@@ -613,10 +666,15 @@ class _Loader:
             return FileResult(str(path), "failed", str(exc))
         try:
             with too_deep_is_not_json(path):
-                result = self._in_transaction(path, digest, size, parse)
+                result = self._in_open_transaction(path, digest, size, parse) if together else (
+                    self._in_transaction(path, digest, size, parse))
         except TraceqError as exc:
+            if together:
+                raise _Regroup from exc
             return FileResult(str(path), "failed", str(exc))
-        if result.status == "ingested":
+        if result.status == "ingested" and together:
+            self.uncommitted.append((size, digest.value()))
+        elif result.status == "ingested":
             self.known.add(size, digest.value())
         result.seconds = time.perf_counter() - started
         return result
@@ -637,24 +695,44 @@ class _Loader:
                     result = self._native(path, digest, size, all_ops, ahead)
                 else:
                     result = self._chunked(path, digest, size, all_ops)
+                self.derive_pending()
             except NotNative as why:
-                con.rollback()
+                self._roll_back()
                 native, reason = False, str(why)
                 continue
             except _NeedsOps:
-                con.rollback()
+                self._roll_back()
                 all_ops = True
                 continue
             except BaseException:
-                rollback(con)
+                self._roll_back()
                 raise
             if result.status == "skipped":
-                con.rollback()
+                self._roll_back()
             else:
                 con.commit()
+                self.runs.add(run_name_of(path, self.run))
                 if not native:
                     result.message = f"read by traceq.ingest.decode: {reason}"
             return result
+
+    def _in_open_transaction(self, path: Path, digest: _Digest, size: int, parse: _FileParse | None) -> FileResult:
+        """Write ``path`` in the open transaction, as parsed ahead (``parse``), its steps derived
+        later (:class:`_Together`); :class:`_Regroup` where it needs another reading (decoding, or
+        every CPU operator) or is in the warehouse after all: the transaction holds other files."""
+        try:
+            result = self._native(path, digest, size, None, parse)
+        except (NotNative, _NeedsOps) as exc:
+            raise _Regroup from exc
+        if result.status != "ingested":  # a copy of a file earlier in this transaction
+            raise _Regroup
+        return result
+
+    def _roll_back(self) -> None:
+        """Roll back the open transaction, and forget what it stored."""
+        self.pending.clear()
+        self.uncommitted.clear()
+        rollback(self.con)
 
     def chunk_bytes_for(self, path: Path) -> int:
         """The chunk size for ``path``: a small file is cut finer, so that DuckDB still parses it on
@@ -681,9 +759,10 @@ class _Loader:
             for files, used, events in parsed.batches:
                 batch = count_batch(con, events, files)
                 policy.saw(batch.gpu)  # before the writes: the reader cuts its next batch by it
-                n_names += write_batch(con, events, trace_id, n_names, fill)
+                keep_ops = used and policy.all_ops  # parsed with them, and still no device activity
+                n_names += write_batch(con, events, trace_id, n_names, fill, keep_ops)
                 files.remove()
-                counts.add_batch(batch, used)
+                counts.add_batch(batch, keep_ops)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
 
     def _parse_file(self, path: Path, size: int, all_ops: bool | None) -> _FileParse:
@@ -739,7 +818,11 @@ class _Loader:
         _require_events(path, counts)
         if counts.skipped_ops and not counts.gpu:
             raise _NeedsOps
-        if not digest.checked:  # taken beside the parse: the file may be in the warehouse after all
+        # taken beside the parse: the file may be in the warehouse after all, where a file of its
+        # size and content went in since (in this transaction, or an earlier one of this ingest)
+        if not digest.checked and (
+            digest.value() in self.known.of_size(size) or (size, digest.value()) in self.uncommitted
+        ):
             skipped = self._already(path, digest.value())
             if skipped is not None:
                 return skipped
@@ -748,7 +831,11 @@ class _Loader:
         file_rank, rank_source = _rank_of(path, header.fields, self.rank, counts, notes)
         fill_rank = file_rank
         if fill_rank is None and counts.rows_without_rank:  # a rank of its own: never shared by accident
-            fill_rank = free_rank(con, run) if self.rank_if_none is None else self.rank_if_none
+            if self.rank_if_none is None:
+                self.derive_pending()  # the ranks of the files before it in this transaction are taken
+                fill_rank = free_rank(con, run)
+            else:
+                fill_rank = self.rank_if_none
             if not counts.rows_with_rank:
                 file_rank = fill_rank
                 notes.append(f"{path} names no rank (no distributedInfo, event args or rank<N> in its name): "
@@ -756,15 +843,111 @@ class _Loader:
         if counts.rows_without_rank and fill is None:  # the header is complete only now
             for table in ("gpu_events", "host_events", "trace_threads"):
                 con.execute(f"update {table} set rank = ? where trace_id = ? and rank is null", [fill_rank, trace_id])
-        result = _finish_trace(
+        stored = _finish_trace(
             con, path, trace_id, run, digest.value(), size, header.fields, counts, file_rank, rank_source,
-            time.perf_counter() - parse_start, self.marker,
+            time.perf_counter() - parse_start, self.marker, new_run=run not in self.runs,
         )
-        result.notes.extend(notes)
-        return result
+        stored.result.notes.extend(notes)
+        self.pending.append(stored)
+        return stored.result
+
+    def derive_pending(self) -> None:
+        """Derive the steps of the traces stored in the open transaction (:func:`_derive`)."""
+        if self.pending:
+            pending, self.pending = self.pending, []
+            _derive(self.con, pending, self.marker)
 
     def _next_trace_id(self) -> int:
         return self.con.execute("select nextval('trace_ids')").fetchall()[0][0]
+
+
+class _Regroup(Exception):
+    """A file cannot be written in the open transaction of :class:`_Together` (it needs another
+    reading, or it failed): the transaction is rolled back and its files are ingested one by one."""
+
+
+class _Together:
+    """Small files written in one transaction, their steps derived for all of them at once
+    (:func:`_derive`): a statement costs milliseconds whatever its rows, and a file's steps take
+    several (BENCHMARKS.md, many files). Each file still leaves nothing behind when it fails: a file
+    that cannot be written with the others (:class:`_Regroup`), or a group whose steps clash, rolls
+    the transaction back and its files are ingested again one by one, each in its own transaction.
+    """
+
+    FILES = 16  # files to a transaction, at most
+    BYTES = 64 << 20  # bytes of JSON to a transaction, at most
+
+    def __init__(self, loader: _Loader) -> None:
+        self.loader = loader
+        self.paths: list[Path] = []
+        self.results: list[FileResult] = []
+        self.bytes = 0
+        self.open = False
+
+    def takes(self, path: Path) -> bool:
+        """Whether ``path`` is written with others: a small file (one batch), where no earlier
+        trace of it is to be replaced (``force``)."""
+        return not self.loader.force and json_size(path) <= WHOLE_FILE_BATCH_BYTES
+
+    def add(self, path: Path, parse: _FileParse, digest: str | None) -> Iterator[FileResult]:
+        """Write ``path`` in the open transaction (opened for it if none is); yields the results of
+        the group once it is committed (full), or of its files ingested one by one."""
+        loader = self.loader
+        if not self.open:
+            loader.con.begin()
+            self.open = True
+        self.paths.append(path)
+        self.bytes += json_size(path)
+        try:
+            self.results.append(loader._load(path, parse, digest, together=True))
+        except _Regroup:
+            yield from self._one_by_one()
+            return
+        except BaseException:
+            self.close()
+            raise
+        if len(self.paths) >= self.FILES or self.bytes >= self.BYTES:
+            yield from self.commit()
+
+    def commit(self) -> Iterator[FileResult]:
+        """Derive the group's steps and commit it; yields its files' results."""
+        if not self.open:
+            return
+        loader = self.loader
+        started = time.perf_counter()
+        try:
+            loader.derive_pending()
+        except TraceqError:  # steps that clash: which file keeps them is decided one by one
+            yield from self._one_by_one()
+            return
+        except BaseException:
+            self.close()
+            raise
+        loader.con.commit()
+        self.open = False
+        for size, digest in loader.uncommitted:
+            loader.known.add(size, digest)
+        loader.uncommitted.clear()
+        share = (time.perf_counter() - started) / len(self.results)
+        results, self.results, self.paths, self.bytes = self.results, [], [], 0
+        for result in results:
+            if result.status == "ingested":
+                loader.runs.add(result.run)
+                result.seconds += share
+        yield from results
+
+    def _one_by_one(self) -> Iterator[FileResult]:
+        paths = self.paths
+        self.close()
+        for path in paths:
+            yield self.loader._load(path)
+
+    def close(self) -> None:
+        """Roll back what is not committed (an error, an interrupt)."""
+        if self.open:
+            self.loader._roll_back()
+            self.open = False
+        self.paths, self.results, self.bytes = [], [], 0
 
 
 Batch = tuple[BatchFiles, bool, Any]  # batch files, all_ops they were parsed with, the parsed rows

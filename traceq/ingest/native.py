@@ -52,6 +52,7 @@ class BatchCounts:
     events: int
     gpu: int
     host: int
+    host_plain_ops: int  # of host, CPU operators kept only because all_ops
     dropped: int
     dropped_plain_ops: int  # of dropped, CPU operators kept only because all_ops
     skipped_ops: int
@@ -287,10 +288,14 @@ def count_batch(con: Any, events: Any, files: BatchFiles) -> BatchCounts:
     return counts
 
 
-def write_batch(con: Any, events: Any, trace_id: int, next_name_id: int, fill_rank: int | None) -> int:
-    """Write the parsed ``events`` as rows of ``trace_id``; returns how many new names it added."""
+def write_batch(
+    con: Any, events: Any, trace_id: int, next_name_id: int, fill_rank: int | None, keep_plain_ops: bool = True
+) -> int:
+    """Write the parsed ``events`` as rows of ``trace_id``; returns how many new names it added.
+    ``keep_plain_ops``: False leaves out the CPU operators parsed with ``all_ops`` (the trace showed
+    device activity since; their names are still written, as when they are deleted later)."""
     params = {
-        "trace_id": trace_id, "next_name_id": next_name_id, "fill_rank": fill_rank,
+        "trace_id": trace_id, "next_name_id": next_name_id, "fill_rank": fill_rank, "keep_plain_ops": keep_plain_ops,
         **event_categories().sql_params(),
     }
     added = _run(con, f"insert into names by name {sql_text('batch_names.sql')}", params, events)[0][0]

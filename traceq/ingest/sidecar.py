@@ -1,14 +1,15 @@
 """Files the collectors write beside each trace (``rank<r>.run.json``, ``rank<r>.power.jsonl``).
 
 :func:`load_side_files` is called by ingest, inside the trace's transaction, after the trace's
-events and steps are in the warehouse. It
+events are in the warehouse. It
 
 - stores the run metadata (whole file in ``run_files``; run-level values merged into
   ``runs.metadata``, see :mod:`traceq.store.run_metadata`);
-- gives every step of the trace its wall-clock window (``step_wall_times``), using the collectors'
-  documented mapping ``wall_ns = ts_us * 1000 + offset_ns``: offset_ns is the trace's
-  ``baseTimeNanoseconds``, else run.json's ``trace_files[].offset_ns`` / ``clock.offset_ns`` for
-  this file, else 0 (older Kineto wrote epoch microseconds);
+- finds the trace's clock offset, which :func:`write_wall_times` gives every step once the steps are
+  in (``step_wall_times``), using the collectors' documented mapping ``wall_ns = ts_us * 1000 +
+  offset_ns``: offset_ns is the trace's ``baseTimeNanoseconds``, else run.json's
+  ``trace_files[].offset_ns`` / ``clock.offset_ns`` for this file, else 0 (older Kineto wrote epoch
+  microseconds);
 - loads the power log (``power_logs`` header, ``power_samples`` readings). A log whose source is
   ``unavailable`` is stored as such, with no samples: power metrics stay null, never invented.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ import duckdb
 
 from traceq.errors import TraceFormatError
 from traceq.store.run_metadata import merge_run_metadata, run_level
-from traceq.store.schema import execute_over, fetch_one
+from traceq.store.schema import execute_over
 
 _CYCLE = re.compile(r"\.cycle\d+$")
 
@@ -53,15 +55,25 @@ def find_side_file(trace_path: Path, suffix: str) -> Path | None:
     return None
 
 
-def load_side_files(con: duckdb.DuckDBPyConnection, trace_id: int, trace_path: Path, run: str) -> list[str]:
-    """Load the run metadata and power log that sit beside ``trace_path``, if any, and the steps'
-    wall-clock windows (always).
+@dataclass
+class SideFiles:
+    """What :func:`load_side_files` loaded for one trace, and its clock offset."""
 
-    Returns the names of the side files loaded. Raises TraceFormatError for a side file that is
-    not in the collectors' format (the trace's whole ingest is then rolled back).
+    loaded: list[str]  # the names of the side files loaded
+    offset_ns: int  # wall-clock ns = trace ns + offset_ns
+    offset_source: str
+
+
+def load_side_files(
+    con: duckdb.DuckDBPyConnection, trace_id: int, trace_path: Path, run: str, file_rank: int | None, base_ns: int | None
+) -> SideFiles:
+    """Load the run metadata and power log that sit beside ``trace_path``, if any, and find the
+    trace's clock offset (``base_ns``: its ``baseTimeNanoseconds``).
+
+    Raises TraceFormatError for a side file that is not in the collectors' format (the trace's whole
+    ingest is then rolled back).
     """
     loaded: list[str] = []
-    file_rank, base_ns = fetch_one(con, "select file_rank, base_time_ns from traces where trace_id = ?", [trace_id])
     meta: dict[str, Any] | None = None
     meta_path = find_side_file(trace_path, ".run.json")
     if meta_path is not None:
@@ -73,16 +85,6 @@ def load_side_files(con: duckdb.DuckDBPyConnection, trace_id: int, trace_path: P
         merge_run_metadata(con, run, run_level(meta))
         loaded.append(meta_path.name)
 
-    offset_ns, source = clock_offset(base_ns, meta, trace_path.name)
-    con.execute(
-        """
-        insert into step_wall_times
-        select trace_id, rank, step, start_ns + $offset, end_ns + $offset, $offset, $source
-        from steps where trace_id = $trace_id
-        """,
-        {"offset": offset_ns, "source": source, "trace_id": trace_id},
-    )
-
     power_path = find_side_file(trace_path, ".power.jsonl")
     if power_path is None and meta and isinstance(meta.get("power_file"), str):
         candidate = trace_path.with_name(Path(meta["power_file"]).name)
@@ -90,7 +92,25 @@ def load_side_files(con: duckdb.DuckDBPyConnection, trace_id: int, trace_path: P
     if power_path is not None:
         load_power_log(con, trace_id, file_rank, power_path)
         loaded.append(power_path.name)
-    return loaded
+    return SideFiles(loaded, *clock_offset(base_ns, meta, trace_path.name))
+
+
+def write_wall_times(con: duckdb.DuckDBPyConnection, offsets: dict[int, tuple[int, str]]) -> None:
+    """The wall-clock window of every step of the traces ``offsets`` names (trace id -> (offset_ns,
+    source)), in one statement (``step_wall_times``)."""
+    ids = sorted(offsets)
+    con.execute(
+        """
+        insert into step_wall_times
+        select s.trace_id, s.rank, s.step, s.start_ns + o.offset_ns, s.end_ns + o.offset_ns, o.offset_ns, o.source
+        from steps as s
+        inner join (select unnest($ids) as trace_id, unnest($offsets) as offset_ns, unnest($sources) as source) as o
+            using (trace_id)
+        where s.trace_id between $first and $last
+        """,
+        {"ids": ids, "offsets": [offsets[i][0] for i in ids], "sources": [offsets[i][1] for i in ids],
+         "first": ids[0], "last": ids[-1]},
+    )
 
 
 def read_run_file(path: Path) -> dict[str, Any]:

@@ -5,16 +5,23 @@ an older traceq when they are opened (:func:`traceq.store.warehouse.connect`).""
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from typing import Any
 
 from traceq.kineto import to_int
 from traceq.query import compose, params_of
 
 
-def write_steps(con: Any, params: dict[str, Any]) -> None:
-    """The steps of trace ``params["trace_id"]`` (``sql/steps.sql``) and the step that launched each
-    of its device events (``sql/step_attribution.sql``); ``params``: the trace id, the event
-    categories and the step marker's parameters."""
+def write_steps(con: Any, trace_ids: Sequence[int], params: dict[str, Any]) -> None:
+    """The steps of the traces ``trace_ids`` (``sql/steps.sql``) and the step that launched each of
+    their device events (``sql/step_attribution.sql``), in one statement each: ingest derives
+    several small files at once (a statement costs milliseconds whatever its rows, BENCHMARKS.md).
+    ``trace_ids``: consecutive ids, as ingest takes them; ``params``: the event categories and the
+    step marker's parameters."""
+    first, last = trace_ids[0], trace_ids[-1]
+    if list(trace_ids) != list(range(first, last + 1)):
+        raise ValueError(f"trace ids {list(trace_ids)} are not consecutive")
+    params = {**params, "first_trace": first, "last_trace": last}
     steps = compose("steps")
     con.execute(
         "insert into steps (trace_id, rank, step, start_ns, end_ns, step_time_ns, launches_without_gpu_work, source) "
@@ -49,6 +56,8 @@ def device_properties(value: Any) -> list[dict[str, Any]]:
 def gpu_model_of(con: Any, trace_id: int, devices: list[dict[str, Any]]) -> str | None:
     """The name of the device(s) the trace's activity ran on, from ``devices``; where the ids do not
     match, the one name every listed device has. Several models: their names joined by ' | '."""
+    if not devices:
+        return None
     used = {d for (d,) in con.execute("select distinct device from gpu_events where trace_id = ?", [trace_id]).fetchall()}
     names = sorted({d["name"] for d in devices if d["name"] and d["id"] in used})
     if not names:

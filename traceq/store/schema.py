@@ -115,7 +115,7 @@ def _derive_again(con: duckdb.DuckDBPyConnection) -> None:
     for trace_id, header in traces:
         con.execute("delete from steps where trace_id = ?", [trace_id])
         con.execute("update gpu_events set step = null, step_source = null where trace_id = ?", [trace_id])
-        write_steps(con, {**params, "trace_id": trace_id})
+        write_steps(con, [trace_id], params)
         devices = device_properties((json.loads(header) if header else {}).get("deviceProperties"))
         con.execute(
             "update traces set step_marker = ?, devices = ?, gpu_model = ? where trace_id = ?",

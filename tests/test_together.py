@@ -1,0 +1,148 @@
+"""Small files are written several to a transaction, their steps derived in one statement for all of
+them (traceq.ingest.loader._Together): the warehouse must end up exactly as if each file had been
+ingested on its own (one file per call is written alone), whatever happens inside a group."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import traceq.ingest.loader as ingest
+import traceq.ingest.native as native
+from tests.test_native import TABLES, _rows
+from tests.tracegen import TraceBuilder
+from traceq.ingest import ingest_traces
+
+ALL_TABLES = {
+    **TABLES,
+    "step_wall_times": "select t.path, w.* exclude (trace_id) from step_wall_times w join traces t using (trace_id)",
+    "runs": "select run from runs",
+}
+
+
+def _rank_trace(rank: int | None, shift_ns: int, kernels: int, first_step: int = 10, unnumbered: bool = False) -> TraceBuilder:
+    """Three steps; kernels launched inside them, one launched before the first step (no step) and
+    one whose launch is missing (a GPU-only event on a rank with launches: no step either).
+    ``unnumbered``: the last marker's number is no integer (its steps are numbered 1, 2, 3 instead)."""
+    b = TraceBuilder(rank=rank)
+    for n in range(3):
+        start = shift_ns + n * 1_000_000
+        b.step(10**25 if unnumbered and n == 2 else first_step + n, start, start + 900_000)
+        for k in range(kernels):
+            at = start + k * 3_000
+            b.kernel(f"sgemm_{k % 4}", at + 500, at + 2_000, launch_ns=at)
+    b.kernel("early", shift_ns - 5_000, shift_ns - 4_000, launch_ns=shift_ns - 9_000)
+    b.kernel("orphan", shift_ns + 2_500_000, shift_ns + 2_500_500)
+    return b
+
+
+def _corpus(tmp_path: Path) -> list[Path]:
+    """20 rank files in two runs, the same ranks in each, their steps interleaved in time and numbered
+    otherwise (rank 0 of run b: 1, 2, 3, its markers not all numbered), then two files that name no
+    rank: more than one group, and traces a derivation by rank alone would mix up."""
+    paths = []
+    for run, shift, first in (("a", 0, 10), ("b", 450_000, 20)):
+        for rank in range(10):
+            top = {"baseTimeNanoseconds": 1_700_000_000_000_000_000 + rank} if rank % 3 == 0 else {}
+            trace = _rank_trace(rank, shift + rank * 10_000, 5 + rank, first, unnumbered=(run, rank) == ("b", 0))
+            paths.append(trace.write(tmp_path / run / f"rank{rank}.json", **top))
+    for kernels, name in ((4, "worker_x"), (5, "worker_y")):
+        paths.append(_rank_trace(None, 50_000, kernels).write(tmp_path / "b" / f"{name}.json"))
+    return paths
+
+
+def _one_by_one(paths: list[Path], db: Path) -> list[ingest.FileResult]:
+    return [ingest_traces([p], db).files[0] for p in paths]
+
+
+def _outcome(files: list[ingest.FileResult]) -> list[tuple]:
+    return [(Path(f.path).name, f.status, f.message, f.run, f.ranks, f.events, f.gpu_events, f.notes) for f in files]
+
+
+def _same_warehouse(a: Path, b: Path) -> None:
+    for table, query in ALL_TABLES.items():
+        assert _rows(a, query) == _rows(b, query), table
+
+
+@pytest.fixture
+def derive_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of traces each derivation took."""
+    sizes: list[int] = []
+    derive = ingest._derive
+
+    def recording(con: object, stored: list, marker: object) -> None:
+        sizes.append(len(stored))
+        derive(con, stored, marker)
+
+    monkeypatch.setattr(ingest, "_derive", recording)
+    return sizes
+
+
+def test_small_files_together_end_as_files_ingested_one_by_one(tmp_path: Path, derive_sizes: list[int]) -> None:
+    paths = _corpus(tmp_path / "job")
+    together = ingest_traces(paths, tmp_path / "together.duckdb")
+    grouped = list(derive_sizes)
+    alone = _one_by_one(paths, tmp_path / "alone.duckdb")
+
+    assert all(f.status == "ingested" for f in together.files), [f.message for f in together.files]
+    assert _outcome(together.files) == _outcome(alone)
+    assert [f.ranks for f in together.files[-2:]] == [[-1], [-2]]  # ranks of their own, as one by one
+    _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
+    steps = _rows(tmp_path / "together.duckdb", "select t.path, list(s.step order by s.step) from steps s join traces t using (trace_id) group by all")
+    assert len(steps) == 22 and all(len(numbers) == 3 for _, numbers in steps)  # none lost, none merged
+    assert {tuple(numbers) for _, numbers in steps} == {(10, 11, 12), (20, 21, 22), (1, 2, 3)}
+    attributed = _rows(tmp_path / "together.duckdb", "select step_source, count(*) from gpu_events group by all")
+    assert dict(attributed) == {"launch": sum(3 * (5 + r) for r in range(10)) * 2 + 3 * 4 + 3 * 5, None: 2 * 22}
+    # several files to a derivation: 16 at most, and a rank-less file derives those before it first
+    assert max(grouped) == ingest._Together.FILES and sum(grouped) == len(paths), grouped
+    assert len(grouped) < len(paths) // 2, grouped
+
+
+def test_steps_that_clash_inside_a_group_fail_the_later_file_alone(tmp_path: Path, derive_sizes: list[int]) -> None:
+    """A second file of rank 3 in the same run, in the same group as the first: the group is rolled
+    back and its files are ingested one by one, so the later file fails with the message it gets
+    alone and every other file is in."""
+    job = tmp_path / "job" / "a"
+    paths = [_rank_trace(r, r * 10_000, 4).write(job / f"rank{r}.json") for r in range(6)]
+    paths.insert(4, _rank_trace(3, 77_000, 6).write(job / "rank3_again.json"))
+    together = ingest_traces(paths, tmp_path / "together.duckdb")
+    alone = _one_by_one(paths, tmp_path / "alone.duckdb")
+
+    assert _outcome(together.files) == _outcome(alone)
+    failed = [f for f in together.files if f.status == "failed"]
+    assert [Path(f.path).name for f in failed] == ["rank3_again.json"]
+    assert "run a already holds steps 10..12 of rank 3 from" in failed[0].message
+    assert str(job / "rank3.json") in failed[0].message
+    _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
+    assert derive_sizes[0] == len(paths), derive_sizes  # the group was tried whole first
+
+
+def test_an_interrupt_inside_a_group_leaves_none_of_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the third file of a group is written: the two before it were written in the same
+    transaction and reported to no one; none of them stays, and no scratch directory either."""
+    job = tmp_path / "job" / "a"
+    paths = [_rank_trace(r, r * 10_000, 4).write(job / f"rank{r}.json") for r in range(5)]
+    written = ingest._Loader._in_open_transaction
+    calls = []
+
+    def interrupted(self: ingest._Loader, path: Path, *args: object) -> ingest.FileResult:
+        calls.append(path)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return written(self, path, *args)
+
+    monkeypatch.setattr(ingest._Loader, "_in_open_transaction", interrupted)
+    seen: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        ingest_traces(paths, tmp_path / "w.duckdb", progress=lambda event, info: seen.append(event))
+    assert "done" not in seen  # no file was reported done
+    assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(0,)]
+    for table in ("gpu_events", "host_events", "steps", "names", "runs"):
+        assert _rows(tmp_path / "w.duckdb", f"select count(*) from {table}") == [(0,)], table
+    assert [n for n in os.listdir(native.scratch_base()) if n.startswith(f"traceq-{os.getpid()}-")] == []
+
+    monkeypatch.undo()  # the same files again, whole
+    assert ingest_traces(paths, tmp_path / "w.duckdb").ok
+    assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(5,)]
