@@ -76,7 +76,7 @@ def ingest(
     force: Annotated[bool, typer.Option("--force", help="Ingest files that are in the warehouse already: each one's earlier trace is replaced in the same transaction (e.g. to move it under another --run).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Load Kineto traces into the warehouse (one transaction per file; re-ingesting is a no-op unless --force).
+    """Load Kineto traces into the warehouse (each file all or nothing; re-ingesting is a no-op unless --force).
 
     Steps are the ProfilerStep#N spans unless --step-marker names others; a trace with no step is
     reported over its whole timeline as one window. Each file's ranks belong to it alone: a file whose

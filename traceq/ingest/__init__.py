@@ -3,7 +3,7 @@
 The pipeline of a file: :mod:`~traceq.ingest.inputs` (which files, which run) ->
 :mod:`~traceq.ingest.reader` (cut the event array into chunks) -> :mod:`~traceq.ingest.native` (DuckDB
 parses batches of chunks) or :mod:`~traceq.ingest.decode` (the msgspec reference) ->
-:mod:`~traceq.ingest.loader` (one transaction per file, steps and step attribution by
+:mod:`~traceq.ingest.loader` (each file all or nothing, steps and step attribution by
 :mod:`traceq.store.derive`) -> :mod:`~traceq.ingest.sidecar` (run.json, power logs).
 :mod:`~traceq.ingest.cluster` runs the same per file on a Dask cluster.
 """

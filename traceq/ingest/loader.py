@@ -1,4 +1,4 @@
-"""Load Kineto trace files into the warehouse: one transaction per file, idempotent by content hash.
+"""Load Kineto trace files into the warehouse: each file all or nothing, idempotent by content hash.
 
 A file is cut into chunks of whole events by :mod:`traceq.ingest.reader` (in a thread, one batch ahead)
 and parsed by DuckDB's JSON reader on every core, straight into the warehouse (:mod:`traceq.ingest.native`).
@@ -6,7 +6,10 @@ Where DuckDB would read a file differently from :mod:`traceq.ingest.decode` (the
 the transaction is rolled back and the file is decoded by :mod:`traceq.ingest.decode` in this process; the
 file's result says so in its message. Files are written one at a time, in the order given; with
 several, the reading thread goes on to the next file's batches while this one's are written, its
-steps attributed and its transaction committed (:class:`_ReadAhead`).
+steps attributed and its transaction committed (:class:`_ReadAhead`). A large file is one
+transaction; small files are written several to a transaction, their steps derived together
+(:class:`_Together`), and a file that fails among them has the others ingested one by one: a failed
+file leaves nothing behind either way.
 
 What keeps memory flat whatever the trace size (benchmarks/bench_scale.py measures it):
 one batch of chunks in flight (plus the one being read); DuckDB's buffer pool is capped
@@ -528,7 +531,7 @@ def ingest_in_process(
 
 
 class _Loader:
-    """Writes each file in one transaction, in input order: parsed by DuckDB (:mod:`traceq.ingest.native`),
+    """Writes each file all or nothing, in input order: parsed by DuckDB (:mod:`traceq.ingest.native`),
     else decoded by :mod:`traceq.ingest.decode`."""
 
     def __init__(
