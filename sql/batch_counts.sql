@@ -7,7 +7,7 @@ select
     -- of those, CPU operators kept only because $all_ops: left out when written after the switch
     count(*) filter (where kind = 0 and span and valid and plain_op) as host_plain_ops,
     count(*) filter (where (span and not valid) or no_phase) as dropped,
-    -- of those, CPU operators kept only because $all_ops: a trace with GPU activity deletes them
+    -- of those, CPU operators kept only because $all_ops: not counted on a trace with GPU activity
     count(*) filter (where span and not valid and plain_op) as dropped_plain_ops,
     count(*) filter (where plain_op and not span) as skipped_ops,
     count(*) filter (where ((span and valid) or meta) and rank is null) as rows_without_rank,

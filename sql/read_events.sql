@@ -52,7 +52,8 @@ flagged as (
     select
         *,
         coalesce(kind = 0 and list_contains($op_cats, cat) and args."Collective name" is null
-            and not (starts_with(name, $step_marker_prefix) and regexp_matches(name, $step_marker)), false) as plain_op
+            and not coalesce(starts_with(name, $step_marker_prefix) and regexp_matches(name, $step_marker), false), false)
+            as plain_op
     from classified
 ),
 

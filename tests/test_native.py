@@ -339,3 +339,24 @@ def test_the_fast_path_imports_neither_numpy_nor_pyarrow(tmp_path: Path, odd: bo
     assert message.startswith("read by traceq.ingest.decode") == odd, message
     assert heavy == (["numpy", "pyarrow"] if odd else [])
     assert "leaked" not in run.stderr, run.stderr[:500]
+
+
+@pytest.mark.parametrize("leading_devices", [False, True], ids=["devices_after", "devices_first"])
+def test_a_cpu_operator_without_a_name_is_left_out_as_the_decoder_leaves_it_out(tmp_path: Path, leading_devices: bool) -> None:
+    """A ``cpu_op`` with no name on a trace with GPU activity is an operator no metric reads: not
+    stored, not counted, on both paths (review finding: the native path kept it)."""
+    b = TraceBuilder(rank=0)
+    b.step(1, 0, 100_000)
+    b.kernel("sgemm", 10_000, 20_000, launch_ns=5_000)
+    b.events.append({"ph": "X", "cat": "cpu_op", "pid": 100, "tid": 1, "ts": 30, "dur": 5, "args": {}})
+    b.events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 100, "tid": 1, "ts": 40, "dur": 5})
+    doc = b.document()
+    devices = {"deviceProperties": [{"id": 0, "name": "NVIDIA H100"}]}
+    path = tmp_path / "job" / "rank0.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**devices, **doc} if leading_devices else {**doc, **devices}))
+    native, decoded, _ = _both([path], tmp_path)
+    for table, query in TABLES.items():
+        assert _rows(native, query) == _rows(decoded, query), table
+    # the step marker and the launch: the two operators are left out (n_host_events)
+    assert _rows(native, "select n_host_events from traces") == [(2,)]

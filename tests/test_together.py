@@ -107,8 +107,14 @@ def test_steps_that_clash_inside_a_group_fail_the_later_file_alone(tmp_path: Pat
     job = tmp_path / "job" / "a"
     paths = [_rank_trace(r, r * 10_000, 4).write(job / f"rank{r}.json") for r in range(6)]
     paths.insert(4, _rank_trace(3, 77_000, 6).write(job / "rank3_again.json"))
-    together = ingest_traces(paths, tmp_path / "together.duckdb")
+    (job / "rank3_again.run.json").write_text("[1, 2]")  # no run.json: the clash is found first, as alone
+    read: list[int] = []
+    together = ingest_traces(
+        paths, tmp_path / "together.duckdb",
+        progress=lambda event, info: read.append(info["bytes"]) if event == "file_read" else None,
+    )
     alone = _one_by_one(paths, tmp_path / "alone.duckdb")
+    assert sum(read) == sum(p.stat().st_size for p in paths)  # read twice, counted once
 
     assert _outcome(together.files) == _outcome(alone)
     failed = [f for f in together.files if f.status == "failed"]
@@ -146,3 +152,33 @@ def test_an_interrupt_inside_a_group_leaves_none_of_its_files(tmp_path: Path, mo
     monkeypatch.undo()  # the same files again, whole
     assert ingest_traces(paths, tmp_path / "w.duckdb").ok
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(5,)]
+
+
+def test_a_file_that_fails_after_its_events_fails_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock offset that puts the steps beyond 64-bit nanoseconds is found when the group's
+    wall-clock windows are written: that file fails, with its name, and the others are in."""
+    job = tmp_path / "job" / "a"
+    paths = [_rank_trace(r, r * 10_000, 4).write(job / f"rank{r}.json") for r in range(4)]
+    paths[2] = _rank_trace(2, 20_000, 4).write(job / "rank2.json", baseTimeNanoseconds=2**63 - 1)
+    together = ingest_traces(paths, tmp_path / "together.duckdb")
+    alone = _one_by_one(paths, tmp_path / "alone.duckdb")
+    assert _outcome(together.files) == _outcome(alone)
+    assert [f.status for f in together.files] == ["ingested", "ingested", "failed", "ingested"]
+    assert together.files[2].message.startswith(f"{paths[2]}: its clock offset (baseTimeNanoseconds")
+    _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
+
+    # an error that is not about a file (here: raised for the third file's side files) stops the
+    # ingest, and the files before it are in, as when each is committed on its own
+    load_side_files = ingest.load_side_files
+
+    def failing(con: object, trace_id: int, path: Path, *args: object) -> object:
+        if path.name == "rank2.json":
+            raise RuntimeError("disk on fire")
+        return load_side_files(con, trace_id, path, *args)
+
+    monkeypatch.setattr(ingest, "load_side_files", failing)
+    paths[2] = _rank_trace(2, 20_000, 4).write(job / "rank2.json")
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        ingest_traces(paths, tmp_path / "stopped.duckdb")
+    assert _rows(tmp_path / "stopped.duckdb", "select path from traces order by path") == [
+        (str(paths[0]),), (str(paths[1]),)]

@@ -149,7 +149,8 @@ def ingest_traces(
         force: ingest files whose content is in the warehouse already: each one's earlier trace is
             removed in the same transaction (to put it under another run, or read it again).
 
-    A file that fails leaves nothing behind; the others still ingest. Re-ingesting a file whose
+    A file that fails leaves nothing behind; the others still ingest (an error that is not about
+    one file, such as a full disk, stops the ingest; the files before it are in). Re-ingesting a file whose
     content is already in the warehouse is a no-op reported as skipped. A file that names no rank
     gets a rank of its own in its run (-1, -2, ...; noted in its result). A file is refused when its
     run already holds a step of one of its ranks (the same trace twice, or two jobs in one run).
@@ -261,8 +262,9 @@ class OpsPolicy:
     CPU operators are most of a trace's events, yet on a trace with GPU activity no metric reads
     them (:func:`traceq.ingest.decode.events_to_tables`). A file starts without them when its header has
     ``deviceProperties`` (Kineto writes it before the events on CUDA/ROCm machines) and switches to
-    without them once a chunk shows GPU activity. Afterwards, ops kept in the chunks decoded before
-    are deleted if the file has GPU activity (:func:`_drop_plain_ops`), and a file that was decoded
+    without them once a chunk shows GPU activity. A batch parsed with them before is written without
+    them after the switch; ops written before it are deleted if the file has GPU activity
+    (:func:`_drop_plain_ops`), and a file that was decoded
     without them and shows no GPU activity after all is decoded again with them (:class:`_NeedsOps`).
 
     The writer switches it (:meth:`saw`) while the reader thread cuts and parses by it: both go
@@ -372,7 +374,8 @@ class _Stored:
     path: Path
     run: str
     rank_source: str
-    clock: tuple[int, str]  # its clock offset (ns) and where that came from (traceq.ingest.sidecar)
+    file_rank: int | None
+    base_ns: int | None  # baseTimeNanoseconds
     result: FileResult
 
 
@@ -391,8 +394,8 @@ def _finish_trace(
     marker: StepMarker,
     new_run: bool,
 ) -> _Stored:
-    """After the events are in: the traces row and the side files. Its steps come with
-    :func:`_derive`. ``new_run``: the run may not be in the warehouse yet."""
+    """After the events are in: the traces row. Its steps and side files come with :func:`_derive`.
+    ``new_run``: the run may not be in the warehouse yet."""
     if counts.gpu and counts.kept_ops:
         # the CPU operators read before the policy switched go, and so do their drops: which
         # batches kept them depends on when the switch happened (the reader parses ahead)
@@ -422,19 +425,31 @@ def _finish_trace(
             counts.events, counts.gpu, counts.host, counts.dropped, parse_seconds,
         ],
     )
-    side = load_side_files(con, trace_id, path, run_name, file_rank, base_ns)
     result = FileResult(str(path), "ingested", trace_id=trace_id, run=run_name, events=counts.events, gpu_events=counts.gpu)
-    return _Stored(trace_id, path, run_name, rank_source, (side.offset_ns, side.offset_source), result)
+    return _Stored(trace_id, path, run_name, rank_source, file_rank, base_ns, result)
 
 
 def _derive(con: Any, stored: list[_Stored], marker: StepMarker) -> None:
-    """The steps of the traces ``stored`` (consecutive ids), their device events' steps, their steps'
-    wall-clock windows and their results' ranks: one statement each, whatever the number of traces.
-    ConfigError when a run would hold a step twice (:func:`_refuse_rank_collisions`)."""
+    """The steps of the traces ``stored`` (consecutive ids), their device events' steps, their side
+    files, their steps' wall-clock windows and their results' ranks: one statement each, whatever the
+    number of traces (but the side files). ConfigError when a run would hold a step twice
+    (:func:`_refuse_rank_collisions`); TraceFormatError for a side file or a clock offset that is
+    not one."""
     ids = [s.trace_id for s in stored]
     write_steps(con, ids, {**event_categories().sql_params(), **marker.sql_params()})
     _refuse_rank_collisions(con, stored)
-    write_wall_times(con, {s.trace_id: s.clock for s in stored})
+    clocks = {}
+    for s in stored:
+        side = load_side_files(con, s.trace_id, s.path, s.run, s.file_rank, s.base_ns)
+        clocks[s.trace_id] = (side.offset_ns, side.offset_source)
+    try:
+        write_wall_times(con, clocks)
+    except duckdb.OutOfRangeException:
+        far = [str(s.path) for s in stored if abs(clocks[s.trace_id][0]) >= 1 << 61]
+        raise TraceFormatError(
+            f"{', '.join(far) or ', '.join(str(s.path) for s in stored)}: its clock offset (baseTimeNanoseconds, or "
+            "run.json's offset_ns) puts its steps beyond 64-bit nanoseconds; fix or remove it, then ingest again"
+        ) from None
     ranks = dict(con.execute(
         """
         select trace_id, list(distinct rank order by rank)
@@ -546,7 +561,7 @@ class _Loader:
         self.run = run
         self.rank = rank
         self.chunk_bytes = chunk_bytes
-        self.notify = notify
+        self.notify = _once_per_file(notify)
         self.threads = con.execute("select current_setting('threads')").fetchall()[0][0]
         self.hasher = ThreadPoolExecutor(1, thread_name_prefix="traceq-hash")  # BLAKE3 releases the GIL
         # a file is hashed before it is read only when a file of its size is already in the
@@ -624,7 +639,7 @@ class _Loader:
         known = self.con.execute("select path, run from traces where content_digest = ?", [digest]).fetchall()
         if not known:
             return None
-        self.notify("bytes", {"bytes": file_size(path)})
+        self.notify("bytes", {"bytes": file_size(path), "path": str(path)})
         return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]})", run=known[0][1])
 
     def _replace(self, path: Path, digest: str, size: int) -> list[str]:
@@ -756,9 +771,9 @@ class _Loader:
             fill = _leading_rank(header)
             counts = _Counts()
             n_names = 0
-            # a batch parsed before the policy switched keeps its CPU operators: written, then
-            # dropped with the first batch's (_drop_plain_ops); parsing it again cost more (11 ms a
-            # small file, BENCHMARKS.md)
+            # a batch parsed before the policy switched holds its CPU operators: written without
+            # them once the trace showed device activity, else with them (deleted at the end if it
+            # shows some later, _drop_plain_ops); parsing it again cost more (11 ms a small file)
             for files, used, events in parsed.batches:
                 batch = count_batch(con, events, files)
                 policy.saw(batch.gpu)  # before the writes: the reader cuts its next batch by it
@@ -798,7 +813,7 @@ class _Loader:
         counts = _Counts()
         meta: list[pa.Table] = []
         policy = OpsPolicy(header.leading, self.marker, all_ops)
-        for c in _counting(chunks, self.notify, size):
+        for c in _counting(chunks, self.notify, path, size):
             used = policy.all_ops
             ct = decode_chunk(c, used, policy.marker)
             policy.saw(ct.counts.get("gpu", 0))
@@ -816,7 +831,8 @@ class _Loader:
         self, path: Path, trace_id: int, header: TraceHeader, digest: _Digest, size: int, counts: _Counts,
         fill: int | None, parse_start: float,
     ) -> FileResult:
-        """After the events of a file are in: the rank, the traces row, steps, attribution."""
+        """After the events of a file are in: its rank and its traces row; its steps, step
+        attribution and side files come with :meth:`derive_pending`."""
         con = self.con
         _require_events(path, counts)
         if counts.skipped_ops and not counts.gpu:
@@ -903,7 +919,7 @@ class _Together:
         self.bytes += json_size(path)
         try:
             self.results.append(loader._load(path, parse, digest, together=True))
-        except _Regroup:
+        except Exception:  # _Regroup, or an error the file raises alone too, after the files before it
             yield from self._one_by_one()
             return
         except BaseException:
@@ -920,7 +936,7 @@ class _Together:
         started = time.perf_counter()
         try:
             loader.derive_pending()
-        except TraceqError:  # steps that clash: which file keeps them is decided one by one
+        except Exception:  # steps that clash (which file keeps them), a side file, an error: one by one
             yield from self._one_by_one()
             return
         except BaseException:
@@ -967,8 +983,8 @@ def _cut(
     """A file's ``chunks`` as batch files in ``directory``, counted for progress; small batches
     while ``policy`` may still switch, unless the file is small."""
     if json_size(path) <= WHOLE_FILE_BATCH_BYTES:
-        return batch_files(_counting(chunks, notify, size), directory)
-    return batch_files(_counting(chunks, notify, size), directory, small=policy.undecided)
+        return batch_files(_counting(chunks, notify, path, size), directory)
+    return batch_files(_counting(chunks, notify, path, size), directory, small=policy.undecided)
 
 
 def _parsed(cursor: Any, files: BatchFiles, policy: OpsPolicy) -> Batch:
@@ -1195,14 +1211,33 @@ def _leading_rank(header: TraceHeader) -> int | None:
     return to_int(dist.get("rank")) if isinstance(dist, dict) else None
 
 
-def _counting(chunks: Iterator[Chunk], notify: Progress, size: int) -> Iterator[Chunk]:
+def _counting(chunks: Iterator[Chunk], notify: Progress, path: Path, size: int) -> Iterator[Chunk]:
     """Pass chunks through, reporting progress in (approximate) file bytes."""
     total = 0
     for c in chunks:
         total += len(c)
         yield c
         notify("bytes", {"uncompressed": len(c)})
-    notify("file_read", {"bytes": size, "uncompressed": total})
+    notify("file_read", {"bytes": size, "uncompressed": total, "path": str(path)})
+
+
+def _once_per_file(notify: Progress) -> Progress:
+    """``notify``, told a file's bytes once per ingest: a file read again (its group rolled back,
+    :class:`_Together`; decoded after DuckDB could not read it) is not counted twice. Called from
+    the reader threads too."""
+    reported: set[str] = set()
+    lock = threading.Lock()
+
+    def once(event: str, info: dict[str, Any]) -> None:
+        path = info.get("path")
+        if path is not None and event in ("file_read", "bytes"):
+            with lock:
+                if path in reported:
+                    return
+                reported.add(path)
+        notify(event, info)
+
+    return once
 
 
 def _insert(con: Any, table: str, rows: pa.Table | None, trace_id: int) -> None:
