@@ -140,6 +140,8 @@ def test_an_interrupt_inside_a_group_leaves_none_of_its_files(tmp_path: Path, mo
         return written(self, path, *args)
 
     monkeypatch.setattr(ingest._Loader, "_in_open_transaction", interrupted)
+    base = native.scratch_base()
+    before = {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")}  # other tests' business
     seen: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         ingest_traces(paths, tmp_path / "w.duckdb", progress=lambda event, info: seen.append(event))
@@ -147,7 +149,9 @@ def test_an_interrupt_inside_a_group_leaves_none_of_its_files(tmp_path: Path, mo
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(0,)]
     for table in ("gpu_events", "host_events", "steps", "names", "runs"):
         assert _rows(tmp_path / "w.duckdb", f"select count(*) from {table}") == [(0,)], table
-    assert [n for n in os.listdir(native.scratch_base()) if n.startswith(f"traceq-{os.getpid()}-")] == []
+    left = {n: sorted(os.listdir(os.path.join(base, n)))
+            for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-") and n not in before}
+    assert left == {}, (base, left)
 
     monkeypatch.undo()  # the same files again, whole
     assert ingest_traces(paths, tmp_path / "w.duckdb").ok
@@ -182,3 +186,29 @@ def test_a_file_that_fails_after_its_events_fails_alone(tmp_path: Path, monkeypa
         ingest_traces(paths, tmp_path / "stopped.duckdb")
     assert _rows(tmp_path / "stopped.duckdb", "select path from traces order by path") == [
         (str(paths[0]),), (str(paths[1]),)]
+
+
+def test_a_progress_callback_that_raises_stops_the_reading_thread_at_once(tmp_path: Path) -> None:
+    """Whatever stops the loop over the results (a callback that raises; Ctrl-C between two
+    results), the reading thread is joined before ingest returns and its scratch is gone: it read
+    ahead of the first group, and nothing may go on reading or making directories after the
+    loader removed its scratch. The first group stays committed; the rest ingest next time."""
+    import threading
+
+    job = tmp_path / "job" / "a"
+    paths = [_rank_trace(r, r * 10_000, 4).write(job / f"rank{r}.json") for r in range(24)]
+    base = native.scratch_base()
+    before = {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")}
+
+    def broken(event: str, info: dict) -> None:
+        if event == "done":
+            raise RuntimeError("the progress bar broke")
+
+    with pytest.raises(RuntimeError, match="the progress bar broke"):
+        ingest_traces(paths, tmp_path / "w.duckdb", progress=broken)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("traceq-")] == []
+    assert {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")} - before == set()
+    # the first group is in; the rest ingest on the next call
+    assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(ingest._Together.FILES,)]
+    assert ingest_traces(paths, tmp_path / "w.duckdb").ok
+    assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(24,)]

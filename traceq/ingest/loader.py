@@ -176,9 +176,13 @@ def ingest_traces(
         raise
     try:
         notify("start", {"files": len(paths), "bytes": sum(file_size(p) for p in paths)})
-        for result in loader.load(paths):
-            summary.files.append(result)
-            notify("done", {"result": result})
+        # closed here, whatever stops the loop (Ctrl-C between two results, a progress callback that
+        # raises): its reading thread is joined now, not when the generator is collected, and makes
+        # no scratch directory after loader.close() removed them
+        with closing(loader.load(paths)) as results:
+            for result in results:
+                summary.files.append(result)
+                notify("done", {"result": result})
     except RuntimeError as exc:  # DuckDB stops a query on SIGINT with "Query interrupted"
         if "interrupted" in str(exc).lower():
             raise KeyboardInterrupt from None
