@@ -627,8 +627,9 @@ class _Loader:
                     yield FileResult(str(path), "failed", str(exc))
                     continue
                 try:
-                    if parse is not None and together.takes(path):
-                        yield from together.add(path, parse, digest)
+                    json_bytes = json_size(path) if parse is not None else 0
+                    if parse is not None and together.takes(json_bytes):
+                        yield from together.add(path, parse, digest, json_bytes)
                     else:
                         yield from together.commit()
                         yield self._load(path, parse, digest)
@@ -733,7 +734,7 @@ class _Loader:
                 self._roll_back()
             else:
                 con.commit()
-                self.runs.add(run_name_of(path, self.run))
+                self.runs.add(result.run)
                 if not native:
                     result.message = f"read by traceq.ingest.decode: {reason}"
             return result
@@ -907,12 +908,12 @@ class _Together:
         self.bytes = 0
         self.open = False
 
-    def takes(self, path: Path) -> bool:
-        """Whether ``path`` is written with others: a small file (one batch), where no earlier
-        trace of it is to be replaced (``force``)."""
-        return not self.loader.force and json_size(path) <= WHOLE_FILE_BATCH_BYTES
+    def takes(self, json_bytes: int) -> bool:
+        """Whether a file of ``json_bytes`` of JSON is written with others: a small file (one batch),
+        where no earlier trace of it is to be replaced (``force``)."""
+        return not self.loader.force and json_bytes <= WHOLE_FILE_BATCH_BYTES
 
-    def add(self, path: Path, parse: _FileParse, digest: str | None) -> Iterator[FileResult]:
+    def add(self, path: Path, parse: _FileParse, digest: str | None, json_bytes: int) -> Iterator[FileResult]:
         """Write ``path`` in the open transaction (opened for it if none is); yields the results of
         the group once it is committed (full), or of its files ingested one by one."""
         loader = self.loader
@@ -920,7 +921,7 @@ class _Together:
             loader.con.begin()
             self.open = True
         self.paths.append(path)
-        self.bytes += json_size(path)
+        self.bytes += json_bytes
         try:
             self.results.append(loader._load(path, parse, digest, together=True))
         except Exception:  # _Regroup, or an error the file raises alone too, after the files before it
