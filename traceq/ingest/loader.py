@@ -442,10 +442,7 @@ def _derive(con: Any, stored: list[_Stored], marker: StepMarker) -> None:
     ids = [s.trace_id for s in stored]
     write_steps(con, ids, {**event_categories().sql_params(), **marker.sql_params()})
     _refuse_rank_collisions(con, stored)
-    clocks = {}
-    for s in stored:
-        side = load_side_files(con, s.trace_id, s.path, s.run, s.file_rank, s.base_ns)
-        clocks[s.trace_id] = (side.offset_ns, side.offset_source)
+    clocks = {s.trace_id: load_side_files(con, s.trace_id, s.path, s.run, s.file_rank, s.base_ns) for s in stored}
     try:
         write_wall_times(con, clocks)
     except duckdb.OutOfRangeException:

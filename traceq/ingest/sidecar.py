@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,25 +54,15 @@ def find_side_file(trace_path: Path, suffix: str) -> Path | None:
     return None
 
 
-@dataclass
-class SideFiles:
-    """What :func:`load_side_files` loaded for one trace, and its clock offset."""
-
-    loaded: list[str]  # the names of the side files loaded
-    offset_ns: int  # wall-clock ns = trace ns + offset_ns
-    offset_source: str
-
-
 def load_side_files(
     con: duckdb.DuckDBPyConnection, trace_id: int, trace_path: Path, run: str, file_rank: int | None, base_ns: int | None
-) -> SideFiles:
-    """Load the run metadata and power log that sit beside ``trace_path``, if any, and find the
-    trace's clock offset (``base_ns``: its ``baseTimeNanoseconds``).
+) -> tuple[int, str]:
+    """Load the run metadata and power log that sit beside ``trace_path``, if any; returns the
+    trace's clock offset (:func:`clock_offset`; ``base_ns``: its ``baseTimeNanoseconds``).
 
     Raises TraceFormatError for a side file that is not in the collectors' format (the trace's whole
     ingest is then rolled back).
     """
-    loaded: list[str] = []
     meta: dict[str, Any] | None = None
     meta_path = find_side_file(trace_path, ".run.json")
     if meta_path is not None:
@@ -83,7 +72,6 @@ def load_side_files(
             [trace_id, run, _int(meta.get("rank")), str(meta_path.resolve()), json.dumps(meta)],
         )
         merge_run_metadata(con, run, run_level(meta))
-        loaded.append(meta_path.name)
 
     power_path = find_side_file(trace_path, ".power.jsonl")
     if power_path is None and meta and isinstance(meta.get("power_file"), str):
@@ -91,8 +79,7 @@ def load_side_files(
         power_path = candidate if candidate.is_file() else None
     if power_path is not None:
         load_power_log(con, trace_id, file_rank, power_path)
-        loaded.append(power_path.name)
-    return SideFiles(loaded, *clock_offset(base_ns, meta, trace_path.name))
+    return clock_offset(base_ns, meta, trace_path.name)
 
 
 def write_wall_times(con: duckdb.DuckDBPyConnection, offsets: dict[int, tuple[int, str]]) -> None:
