@@ -1,6 +1,8 @@
--- batch_counts: what one parsed batch holds (_rows: the rows of sql/read_events.sql, held in memory), one row
--- (traceq.ingest.native.BatchCounts). odd: the batch goes to traceq.ingest.decode instead.
+-- batch_counts: what each parsed batch holds (_rows: the rows of sql/read_events.sql, held in memory, of one or
+-- more batches, each row with its batch's `part`), one row per batch (traceq.ingest.native.BatchCounts). odd: the
+-- batch goes to traceq.ingest.decode instead.
 select
+    part,
     count(*) as events,
     count(*) filter (where kind > 0 and span and valid) as gpu,
     count(*) filter (where kind = 0 and span and valid) as host,
@@ -15,3 +17,4 @@ select
     coalesce(list(distinct unsure_file) filter (where unsure_file is not null), []) as unsure_files,
     coalesce(bool_or(odd), false) as odd
 from _rows
+group by part

@@ -1,11 +1,10 @@
--- batch_host_events: the rows of the host_events table of one parsed batch (_rows) of trace $trace_id (device-side
--- annotations without args.device take the trace viewer's pid, as on ROCm; $device_annotation_cats);
--- $fill_rank as in sql/batch_gpu_events.sql; $keep_plain_ops: false leaves out the CPU operators the batch was parsed
--- with ($all_ops) once the trace showed device activity (traceq.ingest.loader.OpsPolicy). Columns by name, as the
--- table's.
+-- batch_host_events: the rows of the host_events table of the parsed batches $parts (_rows), written as in
+-- sql/batch_gpu_events.sql (device-side annotations without args.device take the trace viewer's pid, as on ROCm:
+-- $device_annotation_cats). A batch's keep_plain_ops false leaves out the CPU operators it was parsed with (all_ops)
+-- once its trace showed device activity (traceq.ingest.loader.OpsPolicy). Columns by name, as the table's.
 select
-    $trace_id as trace_id,
-    coalesce(e.rank, $fill_rank) as rank,
+    p.trace_id,
+    coalesce(e.rank, p.fill_rank) as rank,
     e.cat,
     n.name_id,
     e.pid,
@@ -25,5 +24,6 @@ select
     e.dtype,
     e.seq
 from _rows as e
-inner join names as n on n.trace_id = $trace_id and n.name = e.name
-where e.kind = 0 and e.span and e.valid and ($keep_plain_ops or not e.plain_op)
+inner join batch_parts($parts, $trace_ids, $next_name_ids, $fill_ranks, $keep_plain_ops) as p on p.part = e.part
+inner join names as n on n.trace_id between $first_trace and $last_trace and n.trace_id = p.trace_id and n.name = e.name
+where e.kind = 0 and e.span and e.valid and (p.keep_plain_ops or not e.plain_op)

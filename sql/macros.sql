@@ -52,3 +52,13 @@ create or replace temp macro busbw_factor(collective_type, n) as (
         when collective_type in ('Broadcast', 'Reduce', 'SendRecv', 'Send', 'Recv') then 1.0
     end
 );
+
+-- How each batch written in one statement is written (traceq.ingest.native.write_parts): one row per batch `part`
+-- (sql/read_events.sql), the lists aligned.
+create or replace temp macro batch_parts(parts, trace_ids, next_name_ids, fill_ranks, keep_plain_ops) as table
+    select
+        unnest(parts) as part,
+        unnest(trace_ids) as trace_id,
+        unnest(next_name_ids) as next_name_id,
+        unnest(fill_ranks) as fill_rank,
+        unnest(keep_plain_ops) as keep_plain_ops;

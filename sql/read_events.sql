@@ -1,13 +1,14 @@
--- One batch of event chunks ($files: JSON arrays of whole events, cut from a trace's traceEvents by
--- traceq.ingest.reader), parsed by DuckDB's JSON reader into a materialized relation, one row per element (_rows in
--- sql/load_events.sql).
+-- Batches of event chunks ($files: JSON arrays of whole events, cut from traces' traceEvents by traceq.ingest.reader),
+-- parsed by DuckDB's JSON reader into a materialized relation, one row per element (_rows in sql/batch_*.sql).
+-- part: the number of the row's batch ($file_parts, of each file; traceq.ingest.native.BatchFiles.part), which tells
+-- its rows from those of the other batches parsed and written in the same statements (traceq.ingest.native).
 -- Rows that become warehouse rows (`keep`) get the columns of traceq.ingest.decode's tables, with the name as
 -- text (sql/load_events.sql interns it), the others only count.
 --   kind: 1 kernel, 2 memcpy, 3 memset ($kernel_cats, $memcpy_cats, $memset_cats: sql/event_categories.csv),
 --     0 other complete (X) event, null for any other phase
 --   plain_op: a CPU operator that no GPU-trace metric reads (cat in $op_cats, no collective args,
---     not a step marker: $step_marker, $step_marker_prefix), kept only when $all_ops (CPU-only traces:
---     they are the compute)
+--     not a step marker: $step_marker, $step_marker_prefix), kept only when its batch is parsed with all_ops
+--     ($file_all_ops, of each file; CPU-only traces: they are the compute)
 --   valid: ts and dur are JSON numbers within +-2**62 ns and dur >= 0 (else the span is dropped and
 --     counted). The JSON reader is lenient where traceq is strict (a string "12.5" passes for a
 --     number), so ph, cat, name, ts and dur are read as JSON text and typed here.
@@ -18,7 +19,7 @@
 --     fraction or exponent: epoch microseconds with ns). A batch with an odd row goes to
 --     traceq.ingest.decode instead.
 with raw as (
-    select *
+    select *, list_position($files, filename) as file_no
     from read_json(
         $files,
         format = 'array',
@@ -60,7 +61,7 @@ flagged as (
 spans as (
     select
         *,
-        kind > 0 or (kind = 0 and ($all_ops or not plain_op)) as span,
+        kind > 0 or (kind = 0 and ($file_all_ops[file_no] or not plain_op)) as span,
         case when span then json_number(ts) end as ts_us,
         case when span then json_number(dur) end as dur_us
     from flagged
@@ -68,6 +69,7 @@ spans as (
 
 final as (
     select
+        $file_parts[file_no]::integer as part,
         kind,
         ph is null as no_phase,
         plain_op,

@@ -105,7 +105,7 @@ def test_a_batch_keeps_its_files_until_removed_and_its_text_is_searched(tmp_path
     # the lower-case "external id" is looked for in the batch's text
     assert batch.holds(batch.names[0], b'"external id"') and not batch.holds(batch.names[0], b'"External id"')
     with pytest.raises(native.NotNative, match="external id"):
-        native.count_batch(con, first, batch)
+        native.count_batches(con, first, [batch])
     batch.remove()
     assert os.listdir(directory) == []
 

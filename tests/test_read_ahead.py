@@ -116,17 +116,17 @@ def test_ctrl_c_while_the_writer_waits_for_the_read_ahead_is_an_interrupt_and_le
     job = tmp_path / "job"
     job.mkdir()
     paths = [_gpu_trace(rank, 40).write(job / f"rank{rank}.json") for rank in range(2)]
-    parsed = ingest._parsed
+    parse_batches = ingest.parse_batches  # small files are parsed together
     sent = []
 
-    def interrupted_parse(cursor: object, files: native.BatchFiles, policy: ingest.OpsPolicy) -> object:
+    def interrupted_parse(cursor: object, *args: object) -> object:
         if not sent:  # one Ctrl-C: a second one, sent from the next file's parse, could land in the
             sent.append(True)  # cleanup of the first and leave the reader running past this test
             os.kill(os.getpid(), signal.SIGINT)  # the main thread gets it, wherever it is by now
             time.sleep(0.5)
-        return parsed(cursor, files, policy)
+        return parse_batches(cursor, *args)
 
-    monkeypatch.setattr(ingest, "_parsed", interrupted_parse)
+    monkeypatch.setattr(ingest, "parse_batches", interrupted_parse)
     with pytest.raises(KeyboardInterrupt):
         ingest_traces(paths, tmp_path / "w.duckdb", workers=0)
     assert [n for n in os.listdir(native.scratch_base()) if n.startswith(f"traceq-{os.getpid()}-")] == []

@@ -4,7 +4,9 @@ ingested on its own (one file per call is written alone), whatever happens insid
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -126,20 +128,21 @@ def test_steps_that_clash_inside_a_group_fail_the_later_file_alone(tmp_path: Pat
 
 
 def test_an_interrupt_inside_a_group_leaves_none_of_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ctrl-C while the third file of a group is written: the two before it were written in the same
-    transaction and reported to no one; none of them stays, and no scratch directory either."""
+    """Ctrl-C while the third file's traces row is written: the rows of the group's five files and
+    the traces rows of the two before it were written in the same transaction and reported to no
+    one; none of them stays, and no scratch directory either."""
     job = tmp_path / "job" / "a"
     paths = [_rank_trace(r, r * 10_000, 4).write(job / f"rank{r}.json") for r in range(5)]
-    written = ingest._Loader._in_open_transaction
+    finish = ingest._Loader._finish_file
     calls = []
 
     def interrupted(self: ingest._Loader, path: Path, *args: object) -> ingest.FileResult:
         calls.append(path)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return written(self, path, *args)
+        return finish(self, path, *args)
 
-    monkeypatch.setattr(ingest._Loader, "_in_open_transaction", interrupted)
+    monkeypatch.setattr(ingest._Loader, "_finish_file", interrupted)
     base = native.scratch_base()
     before = {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")}  # other tests' business
     seen: list[str] = []
@@ -212,3 +215,79 @@ def test_a_progress_callback_that_raises_stops_the_reading_thread_at_once(tmp_pa
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(ingest._Together.FILES,)]
     assert ingest_traces(paths, tmp_path / "w.duckdb").ok
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(24,)]
+
+
+@pytest.fixture
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[list[bool]]:
+    """Each statement the reader thread parsed small files in: the all_ops of each batch in it."""
+    calls: list[list[bool]] = []
+    parse_batches = ingest.parse_batches
+
+    def recording(con: object, batches: list, marker: object) -> object:
+        calls.append([all_ops for _, all_ops in batches])
+        return parse_batches(con, batches, marker)
+
+    monkeypatch.setattr(ingest, "parse_batches", recording)
+    return calls
+
+
+def _with_ops(rank: int, device_properties: bool, gpu: bool) -> dict:
+    """A trace with two CPU operators; with ``device_properties``, Kineto's header before the events
+    (the file is read without CPU operators from its start); ``gpu``: kernels too."""
+    b = _rank_trace(rank, rank * 10_000, 4) if gpu else TraceBuilder(rank=rank)
+    if not gpu:
+        b.step(1, 0, 100_000)
+    for n in range(2):
+        b.events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{n}", "pid": 100, "tid": 1,
+                         "ts": 10 + n * 40, "dur": 30, "args": {"External id": 90 + n}})
+    return {"deviceProperties": [{"id": 0, "name": "H100"}], **b.document()} if device_properties else b.document()
+
+
+def test_small_files_parsed_in_one_statement_keep_their_own_cpu_operators(
+    tmp_path: Path, parses: list[list[bool]], derive_sizes: list[int]
+) -> None:
+    """Files with and without deviceProperties, with and without kernels, parsed in one statement:
+    each keeps the CPU operators it keeps alone (a CPU-only file all of them, a GPU file none that
+    no metric reads, whether it started without them or switched), and nothing else changes."""
+    job = tmp_path / "job" / "a"
+    job.mkdir(parents=True)
+    shapes = [(True, True), (False, True), (False, False), (True, True), (False, True)]
+    paths = []
+    for rank, (props, gpu) in enumerate(shapes):
+        paths.append(job / f"rank{rank}.json")
+        paths[-1].write_text(json.dumps(_with_ops(rank, props, gpu)))
+    together = ingest_traces(paths, tmp_path / "together.duckdb")
+    assert parses == [[not props for props, _ in shapes]]  # one statement, each file with its own policy
+    assert derive_sizes == [len(paths)]  # one group: no file had to be read again (with every CPU operator)
+    alone = _one_by_one(paths, tmp_path / "alone.duckdb")
+    assert _outcome(together.files) == _outcome(alone)
+    assert all(f.status == "ingested" for f in together.files)
+    _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
+    ops = _rows(tmp_path / "together.duckdb", "select t.file_rank, count(*) from host_events h join traces t "
+                "using (trace_id) join names n using (trace_id, name_id) where n.name like 'aten::op%' group by all")
+    assert ops == [(2, 2)]  # the CPU-only file's, and only its
+
+
+def test_a_file_duckdb_cannot_parse_among_small_files_is_parsed_alone(
+    tmp_path: Path, parses: list[list[bool]]
+) -> None:
+    """An element that is no object makes DuckDB's reader fail the statement that parses the run of
+    small files it is in: each file of the run is read again on its own, the odd one by
+    traceq.ingest.decode, and the warehouse is as if each file had been ingested alone."""
+    job = tmp_path / "job" / "a"
+    job.mkdir(parents=True)
+    paths = []
+    for rank in range(5):
+        doc = _rank_trace(rank, rank * 10_000, 4).document()
+        if rank == 2:
+            doc["traceEvents"].insert(3, 5)
+        paths.append(job / f"rank{rank}.json")
+        paths[-1].write_text(json.dumps(doc))
+    together = ingest_traces(paths, tmp_path / "together.duckdb")
+    alone = _one_by_one(paths, tmp_path / "alone.duckdb")
+    assert parses and len(parses[0]) == 5, parses  # tried together first
+    assert [f.status for f in together.files] == ["ingested"] * 5
+    assert together.files[2].message.startswith("read by traceq.ingest.decode: Invalid Input Error: JSON transform error")
+    scratch = re.compile(r"traceq-\d+-[^/]+/")  # DuckDB's message names the batch file it read
+    assert [scratch.sub("", str(o)) for o in _outcome(together.files)] == [scratch.sub("", str(o)) for o in _outcome(alone)]
+    _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")

@@ -43,13 +43,16 @@ from traceq.ingest.native import (
     BatchCounts,
     BatchFiles,
     NotNative,
+    Part,
     batch_files,
-    count_batch,
+    count_batches,
     parse_batch,
+    parse_batches,
     parser,
     prefetch,
+    rows_of,
     scratch_dir,
-    write_batch,
+    write_parts,
 )
 from traceq.ingest.reader import (
     FileRange,
@@ -626,7 +629,8 @@ class _Loader:
                 try:
                     json_bytes = json_size(path) if parse is not None else 0
                     if parse is not None and together.takes(json_bytes):
-                        yield from together.add(path, parse, digest, json_bytes)
+                        taken, parse = parse, None  # together closes it
+                        yield from together.add(path, taken, digest, json_bytes)
                     else:
                         yield from together.commit()
                         yield self._load(path, parse, digest)
@@ -663,41 +667,40 @@ class _Loader:
         return [f"{path}: ingested again; its earlier trace in run {run} is replaced"
                 + (f" (run {run} had no other trace and is removed)" if run in emptied else "") for _, run in earlier]
 
-    def _load(
-        self, path: Path, parse: _FileParse | None = None, taken_digest: str | None = None, together: bool = False
-    ) -> FileResult:
-        """Ingest one file; ``parse``: its batches parsed ahead (:class:`_ReadAhead`), else it is
-        read here; ``taken_digest``: its digest, where the reader took it already. ``together``: write
-        it in the open transaction of :class:`_Together`, which derives its steps and commits it, or
-        raise :class:`_Regroup` where it cannot be written there."""
+    def _load(self, path: Path, parse: _FileParse | None = None, taken_digest: str | None = None) -> FileResult:
+        """Ingest one file in a transaction of its own; ``parse``: its batches parsed ahead
+        (:class:`_ReadAhead`), else it is read here; ``taken_digest``: its digest, where the reader
+        took it already."""
         started = time.perf_counter()
+        ready = self._before_reading(path, taken_digest)
+        if isinstance(ready, FileResult):
+            return ready
+        size, digest = ready
+        try:
+            with too_deep_is_not_json(path):
+                result = self._in_transaction(path, digest, size, parse)
+        except TraceqError as exc:
+            return FileResult(str(path), "failed", str(exc))
+        if result.status == "ingested":
+            self.known.add(size, digest.value())
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def _before_reading(self, path: Path, taken_digest: str | None) -> tuple[int, _Digest] | FileResult:
+        """``path``'s size and digest (taken now where a file of its size is in the warehouse, else
+        beside the parse); its result instead where it is not to be read (it is in the warehouse
+        already, or names no run)."""
         size = file_size(path)
         try:
             run_name_of(path, self.run)  # a directory name that cannot name a run fails before the work
             known = self.known.of_size(size)
-            if known:  # hashed before it is read: it may be in the warehouse already
-                digest = _Digest.taken(taken_digest or file_digest(path))
-                skipped = self._already(path, _stored_digest(path, digest.value(), known) or digest.value())
-                if skipped is not None:
-                    return skipped
-            else:
-                digest = _Digest.beside(self.hasher, path)
+            if not known:
+                return size, _Digest.beside(self.hasher, path)
+            digest = _Digest.taken(taken_digest or file_digest(path))
+            skipped = self._already(path, _stored_digest(path, digest.value(), known) or digest.value())
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
-        try:
-            with too_deep_is_not_json(path):
-                result = self._in_open_transaction(path, digest, size, parse) if together else (
-                    self._in_transaction(path, digest, size, parse))
-        except TraceqError as exc:
-            if together:
-                raise _Regroup from exc
-            return FileResult(str(path), "failed", str(exc))
-        if result.status == "ingested" and together:
-            self.uncommitted.append((size, digest.value()))
-        elif result.status == "ingested":
-            self.known.add(size, digest.value())
-        result.seconds = time.perf_counter() - started
-        return result
+        return (size, digest) if skipped is None else skipped
 
     def _in_transaction(
         self, path: Path, digest: _Digest, size: int, parse: _FileParse | None = None
@@ -736,18 +739,6 @@ class _Loader:
                     result.message = f"read by traceq.ingest.decode: {reason}"
             return result
 
-    def _in_open_transaction(self, path: Path, digest: _Digest, size: int, parse: _FileParse | None) -> FileResult:
-        """Write ``path`` in the open transaction, as parsed ahead (``parse``), its steps derived
-        later (:class:`_Together`); :class:`_Regroup` where it needs another reading (decoding, or
-        every CPU operator) or is in the warehouse after all: the transaction holds other files."""
-        try:
-            result = self._native(path, digest, size, None, parse)
-        except (NotNative, _NeedsOps) as exc:
-            raise _Regroup from exc
-        if result.status != "ingested":  # a copy of a file earlier in this transaction
-            raise _Regroup
-        return result
-
     def _roll_back(self) -> None:
         """Roll back the open transaction, and forget what it stored."""
         self.pending.clear()
@@ -777,10 +768,10 @@ class _Loader:
             # them once the trace showed device activity, else with them (deleted at the end if it
             # shows some later, _drop_plain_ops); parsing it again cost more (11 ms a small file)
             for files, used, events in parsed.batches:
-                batch = count_batch(con, events, files)
+                (batch,) = count_batches(con, events, [files])
                 policy.saw(batch.gpu)  # before the writes: the reader cuts its next batch by it
                 keep_ops = used and policy.all_ops  # parsed with them, and still no device activity
-                n_names += write_batch(con, events, trace_id, n_names, fill, keep_ops)
+                n_names += write_parts(con, events, [Part(files, trace_id, n_names, fill, keep_ops)])
                 files.remove()
                 counts.add_batch(batch, keep_ops)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
@@ -883,25 +874,40 @@ class _Loader:
 
 
 class _Regroup(Exception):
-    """A file cannot be written in the open transaction of :class:`_Together` (it needs another
-    reading, or it failed): the transaction is rolled back and its files are ingested one by one."""
+    """A file cannot be written in the transaction of :class:`_Together` (it needs another reading,
+    or it failed): the transaction is rolled back and its files are ingested one by one."""
+
+
+@dataclass
+class _Held:
+    """A small file parsed ahead, waiting for its group's writes (:class:`_Together`)."""
+
+    path: Path
+    size: int
+    digest: _Digest
+    parse: _FileParse
+    batch: Batch
+    started: float
+    seconds: float  # spent on it before the group's writes
+    result: FileResult | None = None  # once written
 
 
 class _Together:
-    """Small files written in one transaction, their steps derived for all of them at once
-    (:func:`_derive`): a statement costs milliseconds whatever its rows, and a file's steps take
-    several (BENCHMARKS.md, many files). Each file still leaves nothing behind when it fails: a file
-    that cannot be written with the others (:class:`_Regroup`), or a group whose steps clash, rolls
-    the transaction back and its files are ingested again one by one, each in its own transaction.
+    """Small files written in one transaction, with one statement per table for all of them
+    (:func:`traceq.ingest.native.write_parts`), their steps derived at once (:func:`_derive`): a
+    statement costs milliseconds whatever its rows, and a file takes about ten (BENCHMARKS.md, many
+    files). The parsed rows of a group's files are held until it is full. Each file still leaves
+    nothing behind when it fails: a file that cannot be written with the others (:class:`_Regroup`),
+    or a group whose steps clash, rolls the transaction back and its files are ingested again one by
+    one, each in its own transaction.
     """
 
     FILES = 16  # files to a transaction, at most
-    BYTES = 64 << 20  # bytes of JSON to a transaction, at most
+    BYTES = 32 << 20  # bytes of JSON to a transaction, at most (their parsed rows are held)
 
     def __init__(self, loader: _Loader) -> None:
         self.loader = loader
-        self.paths: list[Path] = []
-        self.results: list[FileResult] = []
+        self.entries: list[_Held | FileResult] = []  # in input order; a result: a file not to be read
         self.bytes = 0
         self.open = False
 
@@ -911,64 +917,133 @@ class _Together:
         return not self.loader.force and json_bytes <= WHOLE_FILE_BATCH_BYTES
 
     def add(self, path: Path, parse: _FileParse, digest: str | None, json_bytes: int) -> Iterator[FileResult]:
-        """Write ``path`` in the open transaction (opened for it if none is); yields the results of
-        the group once it is committed (full), or of its files ingested one by one."""
-        loader = self.loader
-        if not self.open:
-            loader.con.begin()
-            self.open = True
-        self.paths.append(path)
-        self.bytes += json_bytes
+        """Hold ``path``'s parsed batch for the group (``parse`` is this group's to close); yields
+        the group's results once it is full and committed, or of its files ingested one by one."""
+        started = time.perf_counter()
+        owned: _FileParse | None = parse
         try:
-            self.results.append(loader._load(path, parse, digest, together=True))
-        except Exception:  # _Regroup, or an error the file raises alone too, after the files before it
-            yield from self._one_by_one()
+            ready = self.loader._before_reading(path, digest)
+            if isinstance(ready, FileResult):
+                self.entries.append(ready)
+            else:
+                batch = _single_batch(parse)
+                self.entries.append(_Held(path, *ready, parse, batch, started, time.perf_counter() - started))
+                owned = None  # closed with the group
+                self.bytes += json_bytes
+        except (NotNative, _Regroup, TraceqError):  # it needs another reading, or fails: alone, after the group
+            parse.close()
+            owned = None
+            yield from self.commit()
+            yield self.loader._load(path)
             return
         except BaseException:
             self.close()
             raise
-        if len(self.paths) >= self.FILES or self.bytes >= self.BYTES:
+        finally:
+            if owned is not None:
+                owned.close()
+        if len(self.entries) >= self.FILES or self.bytes >= self.BYTES:
             yield from self.commit()
 
     def commit(self) -> Iterator[FileResult]:
-        """Derive the group's steps and commit it; yields its files' results."""
-        if not self.open:
+        """Write the group's files, derive their steps and commit; yields its files' results."""
+        if not self.entries:
             return
         loader = self.loader
         started = time.perf_counter()
         try:
-            loader.derive_pending()
-        except Exception:  # steps that clash (which file keeps them), a side file, an error: one by one
-            yield from self._one_by_one()
+            held = [e for e in self.entries if isinstance(e, _Held)]
+            if held:
+                loader.con.begin()
+                self.open = True
+                self._write(held)
+                loader.derive_pending()
+        except Exception:  # a file that needs another reading, steps that clash (which file keeps
+            yield from self._one_by_one()  # them), a side file, an error: one by one
             return
         except BaseException:
             self.close()
             raise
-        loader.con.commit()
-        self.open = False
+        if self.open:
+            loader.con.commit()
+            self.open = False
         for size, digest in loader.uncommitted:
             loader.known.add(size, digest)
         loader.uncommitted.clear()
-        share = (time.perf_counter() - started) / len(self.results)
-        results, self.results, self.paths, self.bytes = self.results, [], [], 0
-        for result in results:
-            if result.status == "ingested":
-                loader.runs.add(result.run)
-                result.seconds += share
-        yield from results
+        share = (time.perf_counter() - started) / max(1, len(held))
+        entries = self.entries
+        self.close()
+        for entry in entries:
+            if isinstance(entry, FileResult):
+                yield entry
+                continue
+            result = entry.result
+            assert result is not None
+            loader.runs.add(result.run)
+            result.seconds = entry.seconds + share
+            yield result
+
+    def _write(self, held: list[_Held]) -> None:
+        """The rows of the ``held`` files (one statement per table for all), then each file's traces
+        row; :class:`_Regroup` where a file needs another reading (decoding, every CPU operator) or
+        is a copy of one before it."""
+        loader, con = self.loader, self.loader.con
+        rows = rows_of(con, [h.batch[2] for h in held])
+        try:
+            counts = count_batches(con, rows, [h.batch[0] for h in held])
+        except NotNative as exc:
+            raise _Regroup from exc
+        parts, totals = [], []
+        for h, batch in zip(held, counts):
+            files, used, _ = h.batch
+            h.parse.policy.saw(batch.gpu)
+            keep_ops = used and h.parse.policy.all_ops  # parsed with them, and still no device activity
+            total = _Counts()
+            total.add_batch(batch, keep_ops)
+            totals.append(total)
+            parts.append(Part(files, loader._next_trace_id(), 0, _leading_rank(h.parse.header), keep_ops))
+        write_parts(con, rows, parts)
+        del rows
+        for h, part, total in zip(held, parts, totals):
+            try:
+                with too_deep_is_not_json(h.path):
+                    result = loader._finish_file(
+                        h.path, part.trace_id, h.parse.header, h.digest, h.size, total, part.fill_rank, h.started)
+            except (_NeedsOps, TraceqError) as exc:
+                raise _Regroup from exc
+            if result.status != "ingested":  # a copy of a file earlier in this group
+                raise _Regroup
+            loader.uncommitted.append((h.size, h.digest.value()))
+            h.result = result
 
     def _one_by_one(self) -> Iterator[FileResult]:
-        paths = self.paths
+        entries = self.entries
         self.close()
-        for path in paths:
-            yield self.loader._load(path)
+        for entry in entries:
+            yield entry if isinstance(entry, FileResult) else self.loader._load(entry.path)
 
     def close(self) -> None:
-        """Roll back what is not committed (an error, an interrupt)."""
-        if self.open:
-            self.loader._roll_back()
-            self.open = False
-        self.paths, self.results, self.bytes = [], [], 0
+        """Roll back what is not committed (an error, an interrupt), and let go of the parsed files."""
+        entries, self.entries, self.bytes = self.entries, [], 0
+        try:
+            if self.open:
+                self.open = False
+                self.loader._roll_back()
+        finally:
+            for entry in entries:
+                if isinstance(entry, _Held):
+                    entry.parse.close()
+
+
+def _single_batch(parse: _FileParse) -> Batch:
+    """The one batch of a small file (:data:`WHOLE_FILE_BATCH_BYTES`); :class:`_Regroup` where it has
+    none (no events: it fails alone) or, against expectation, more."""
+    batches = list(parse.batches)
+    if len(batches) != 1:
+        for files, _, _ in batches:
+            files.remove()
+        raise _Regroup
+    return batches[0]
 
 
 Batch = tuple[BatchFiles, bool, Any]  # batch files, all_ops they were parsed with, the parsed rows
@@ -1069,18 +1144,20 @@ class _ReadAhead:
     boundaries (:meth:`_Loader.load`). Items come in file order: for each file ``deferred`` (it is
     in the warehouse already: the writer skips it) or ``stop`` (it could not be read), else
     ``start``, its ``batch``es and ``end`` (``stop`` if a batch could not be cut or parsed: the
-    exception is raised where the writer takes that batch). At most :data:`AHEAD_BATCHES` parsed
-    batches wait for the writer, as within one file; the markers do not count.
+    exception is raised where the writer takes that batch). Parsed batches wait for the writer
+    (:class:`_Ahead`): two, as within one file, or small ones up to :data:`AHEAD_BYTES` of JSON (the
+    writer holds a group's before it writes them, :class:`_Together`); the markers do not count.
     """
 
     AHEAD_BATCHES = 2
+    AHEAD_BYTES = _Together.BYTES
 
     def __init__(self, loader: _Loader, paths: list[Path]) -> None:
         self.loader = loader
         self.cursor = parser(loader.con)
         self._abandoned: set[Path] = set()  # files the writer stopped reading: cut no more of them
         self._abandoned_lock = threading.Lock()
-        self.slots = threading.Semaphore(self.AHEAD_BATCHES)  # one taken per batch the writer has not taken
+        self.ahead = _Ahead(self.AHEAD_BATCHES, self.AHEAD_BYTES)
         self.closed = threading.Event()
         self.items = prefetch(self._produce(paths), ahead=0, discard=_discard_item)
 
@@ -1095,39 +1172,103 @@ class _ReadAhead:
 
     def _produce(self, paths: list[Path]) -> Iterator[tuple[str, Path, Any]]:
         loader = self.loader
-        for path in paths:
-            size = file_size(path)
-            try:
-                known, digest = self._known(path, size)
+        run: list[_RunFile] = []  # small files cut, to be parsed in one statement
+        try:
+            for path in paths:
+                size = file_size(path)
+                try:
+                    known, digest = self._known(path, size)
+                    if not known:
+                        header, chunks = read_trace_ranges(path, loader.chunk_bytes_for(path))
+                        json_bytes = json_size(path)
+                except TraceqError as exc:
+                    yield from self._parse_run(run)
+                    yield "stop", path, exc
+                    continue
                 if known:
+                    yield from self._parse_run(run)
                     yield "deferred", path, digest
                     continue
-                header, chunks = read_trace_ranges(path, loader.chunk_bytes_for(path))
-            except TraceqError as exc:
-                yield "stop", path, exc
-                continue
-            policy = OpsPolicy(header.leading, loader.marker)
-            directory = None
-            handed = False  # once the writer has the scratch directory, it removes it
-            try:
-                directory = loader.scratch_dir()
-                yield "start", path, (header, policy, directory.cleanup, digest)
-                handed = True
-                batches = _cut(chunks, loader.notify, path, size, directory.name, policy)
-                while True:
-                    self.slots.acquire()  # before the batch's files are written: they take room too
-                    files = None if self.closed.is_set() or self._is_abandoned(path) else next(batches, None)
-                    if files is None:
-                        self.slots.release()
-                        break
-                    yield "batch", path, _parsed(self.cursor, files, policy)
-            except (NotNative, TraceqError) as exc:
-                yield "stop", path, exc
-                continue
-            finally:
-                if not handed and directory is not None:
-                    directory.cleanup()
-            yield "end", path, None
+                policy = OpsPolicy(header.leading, loader.marker)
+                if json_bytes > WHOLE_FILE_BATCH_BYTES:
+                    yield from self._parse_run(run)
+                    yield from self._one_file(path, size, header, chunks, policy, digest)
+                    continue
+                if not run:
+                    self.ahead.wait()  # before its files are written: they take room too
+                if self.closed.is_set():
+                    return
+                run.append(_RunFile(path, header, policy, loader.scratch_dir(), digest, json_bytes))
+                try:
+                    run[-1].batches = list(_cut(chunks, loader.notify, path, size, run[-1].directory.name, policy))
+                except (NotNative, TraceqError) as exc:
+                    run[-1].error = exc
+                if len(run) >= _Together.FILES or sum(f.json_bytes for f in run) >= _Together.BYTES:
+                    yield from self._parse_run(run)
+            yield from self._parse_run(run)
+        finally:
+            for f in run:  # not handed to the writer
+                f.directory.cleanup()
+
+    def _parse_run(self, run: list[_RunFile]) -> Iterator[tuple[str, Path, Any]]:
+        """The items of the small files ``run`` (emptied), their batches parsed in one statement
+        (:func:`traceq.ingest.native.parse_batches`). Where DuckDB cannot parse them, each file's
+        batch ends in that error: the writer reads each file again on its own (and the file it
+        could not parse with the decoder)."""
+        files = list(run)
+        run.clear()
+        handed = 0  # files whose directory the writer has (it removes them)
+        try:
+            cut = [(f, batch, f.policy.all_ops) for f in files if f.error is None for batch in f.batches]
+            events = None
+            if cut:
+                try:
+                    events = parse_batches(self.cursor, [(batch, used) for _, batch, used in cut], self.loader.marker)
+                except NotNative as exc:
+                    for f in files:
+                        f.error = f.error or exc
+            for f in files:
+                yield "start", f.path, (f.header, f.policy, f.directory.cleanup, f.digest)
+                handed += 1
+                if f.error is not None:
+                    yield "stop", f.path, f.error
+                    continue
+                for batch, used in ((b, u) for g, b, u in cut if g is f):
+                    self.ahead.add(batch.bytes)
+                    yield "batch", f.path, (batch, used, events)
+                yield "end", f.path, None
+        finally:
+            for f in files[handed:]:
+                f.directory.cleanup()
+
+    def _one_file(
+        self, path: Path, size: int, header: TraceHeader, chunks: Iterator[FileRange], policy: OpsPolicy,
+        digest: str | None,
+    ) -> Iterator[tuple[str, Path, Any]]:
+        """The items of a file parsed batch by batch, each batch while the writer takes the one before."""
+        loader = self.loader
+        directory = None
+        handed = False  # once the writer has the scratch directory, it removes it
+        try:
+            directory = loader.scratch_dir()
+            yield "start", path, (header, policy, directory.cleanup, digest)
+            handed = True
+            batches = _cut(chunks, loader.notify, path, size, directory.name, policy)
+            while True:
+                self.ahead.wait()  # before the batch's files are written: they take room too
+                files = None if self.closed.is_set() or self._is_abandoned(path) else next(batches, None)
+                if files is None:
+                    break
+                batch = _parsed(self.cursor, files, policy)
+                self.ahead.add(files.bytes)
+                yield "batch", path, batch
+        except (NotNative, TraceqError) as exc:
+            yield "stop", path, exc
+            return
+        finally:
+            if not handed and directory is not None:
+                directory.cleanup()
+        yield "end", path, None
 
     def _is_abandoned(self, path: Path) -> bool:
         with self._abandoned_lock:
@@ -1139,7 +1280,7 @@ class _ReadAhead:
         except StopIteration:  # ended by an error already raised (an interrupt): nothing more comes
             raise RuntimeError(f"read-ahead ended before {path} was read") from None
         if kind == "batch":
-            self.slots.release()
+            self.ahead.taken(value[0].bytes)
         if item_path != path:  # the writer takes files in the order they were given
             raise RuntimeError(f"read-ahead out of order: {item_path} where {path} was expected")
         return kind, value
@@ -1185,11 +1326,58 @@ class _ReadAhead:
 
     def close(self) -> None:
         self.closed.set()
-        self.slots.release(self.AHEAD_BATCHES + 1)  # a reader waiting for a slot sees `closed`
+        self.ahead.close()  # a reader waiting for room sees `closed`
         try:
             self.items.close()
         finally:
             self.cursor.close()
+
+
+@dataclass
+class _RunFile:
+    """A small file cut by :class:`_ReadAhead`, to be parsed with the files beside it."""
+
+    path: Path
+    header: TraceHeader
+    policy: OpsPolicy
+    directory: scratch.ScratchDir
+    digest: str | None
+    json_bytes: int
+    batches: list[BatchFiles] = field(default_factory=list)
+    error: Exception | None = None  # it could not be cut
+
+
+class _Ahead:
+    """How far the reader thread runs ahead of the writer: it cuts another batch while fewer than
+    ``batches`` parsed batches wait, or fewer than ``json_bytes`` of JSON."""
+
+    def __init__(self, batches: int, json_bytes: int) -> None:
+        self._room = threading.Condition()
+        self._limits = (batches, json_bytes)
+        self._batches = self._bytes = 0
+        self._closed = False
+
+    def wait(self) -> None:
+        """Wait for room (or :meth:`close`)."""
+        batches, json_bytes = self._limits
+        with self._room:
+            self._room.wait_for(lambda: self._closed or self._batches < batches or self._bytes < json_bytes)
+
+    def add(self, json_bytes: int) -> None:
+        with self._room:
+            self._batches += 1
+            self._bytes += json_bytes
+
+    def taken(self, json_bytes: int) -> None:
+        with self._room:
+            self._batches -= 1
+            self._bytes -= json_bytes
+            self._room.notify_all()
+
+    def close(self) -> None:
+        with self._room:
+            self._closed = True
+            self._room.notify_all()
 
 
 def _remove_batch(batch: Batch) -> None:

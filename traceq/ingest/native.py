@@ -3,7 +3,9 @@
 The reader (:mod:`traceq.ingest.reader`) cuts a trace's event array into chunks of whole events; here a
 batch of chunks becomes JSON array files that DuckDB parses on every core (``sql/read_events.sql``)
 into rows held in memory, then written as rows (``sql/batch_*.sql``) while the next batch is
-parsed: no Python touches an event. Every chunk reaches DuckDB as a scratch file (in memory where
+parsed: no Python touches an event. A statement costs milliseconds whatever its rows: the batches of
+several small files are parsed in one statement (:func:`parse_batches`) and written in one per table
+(:func:`write_parts`), each row carrying its batch's number (``part``). Every chunk reaches DuckDB as a scratch file (in memory where
 ``/dev/shm`` has room): a range of an uncompressed trace is copied by ``sendfile`` (the bytes stay in
 the kernel), decompressed bytes are written. (Named pipes filled by ``splice`` saved the copy, for
 threads, pipes and a second transport: 5 % of the CPU, BENCHMARKS.md.)
@@ -15,6 +17,8 @@ every case.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import mmap
 import os
 import queue
@@ -37,7 +41,7 @@ from traceq.store.schema import execute_over
 # batches through named pipes took 456 (BENCHMARKS.md, issue 23).
 BATCH_BYTES = 96 << 20
 # Traces of 2021 spell it "external id" on some events; one struct type cannot hold both spellings: a
-# batch file with events whose args lack "External id" is searched for the other (count_batch).
+# batch file with events whose args lack "External id" is searched for the other (count_batches).
 _LOWERCASE_EXTERNAL_ID = b'"external id"'
 
 
@@ -98,16 +102,23 @@ def scratch_dir() -> scratch.ScratchDir:
     return scratch.scratch_dir(scratch_base())
 
 
+# batch numbers: each batch's rows carry its own (read_events.sql's `part`)
+_BATCH_NUMBERS = itertools.count()
+
+
 @dataclass
 class BatchFiles:
     """One batch of chunks as the JSON array files DuckDB parses (``names``), deleted by :meth:`remove`."""
 
     names: list[str] = field(default_factory=list)
     largest: int = 0  # bytes of the largest file: no event is larger
+    bytes: int = 0  # of all its files
+    part: int = field(default_factory=lambda: next(_BATCH_NUMBERS))  # its number, unique in the process
 
     def add(self, name: str, size: int) -> None:
         self.names.append(name)
         self.largest = max(self.largest, size)
+        self.bytes += size
 
     def holds(self, name: str, text: bytes) -> bool:
         """Whether the JSON of file ``name`` holds ``text``: looked for in place (mapped, not read
@@ -263,9 +274,21 @@ def parse_batch(con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker =
 
     Raises :class:`NotNative` when DuckDB cannot parse them.
     """
+    return parse_batches(con, [(files, all_ops)], marker)
+
+
+def parse_batches(con: Any, batches: list[tuple[BatchFiles, bool]], marker: StepMarker = StepMarker()) -> Any:
+    """Parse several batches (their files, and ``all_ops`` for each) in one statement, as
+    :func:`parse_batch`: each row's ``part`` tells its batch. A statement costs milliseconds
+    whatever its rows: the batches of small files are parsed several at a time (12 ms a 1.3 MB
+    file alone, BENCHMARKS.md)."""
+    names = [name for files, _ in batches for name in files.names]
     read = sql_text("read_events.sql")
     params = {
-        "files": files.names, "all_ops": all_ops, "max_object_bytes": files.largest + 1,
+        "files": names,
+        "file_parts": [files.part for files, _ in batches for _ in files.names],
+        "file_all_ops": [all_ops for files, all_ops in batches for _ in files.names],
+        "max_object_bytes": max(files.largest for files, _ in batches) + 1,
         **event_categories().sql_params(), **marker.sql_params(),
     }
     try:
@@ -274,31 +297,73 @@ def parse_batch(con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker =
         raise _not_native(exc) from None
 
 
-def count_batch(con: Any, events: Any, files: BatchFiles) -> BatchCounts:
-    """What the parsed ``events`` (of ``files``) hold.
+@dataclass
+class Part:
+    """How to write the rows of one parsed batch (:func:`write_parts`): as rows of trace ``trace_id``;
+    ``next_name_id``, the trace's next name id (the names of its earlier batches are in); ``fill_rank``,
+    the rank of events that name none (None: filled later); ``keep_plain_ops``: False leaves out the
+    CPU operators parsed with ``all_ops`` (the trace showed device activity since; their names are
+    still written, as when they are deleted later)."""
+
+    files: BatchFiles
+    trace_id: int
+    next_name_id: int = 0
+    fill_rank: int | None = None
+    keep_plain_ops: bool = True
+
+
+def rows_of(con: Any, batches: list[Any]) -> Any:
+    """The parsed rows of ``batches`` (:func:`parse_batch`, :func:`parse_batches`) as one relation that
+    statements on ``con`` read: the relation itself where they were parsed together, else their rows
+    copied into one (each batch read in its
+    own part of a statement costs milliseconds: 16 small files' batches, 85 ms to count where their
+    copy took 34 and its count 6)."""
+    distinct = list({id(events): events for events in batches}.values())  # batches parsed together are one
+    if len(distinct) == 1:
+        return distinct[0]
+    return functools.reduce(lambda a, b: a.union(b), (_on(con, events) for events in distinct)).materialize()
+
+
+def _on(con: Any, rows: Any) -> Any:
+    """A relation of ``con`` over ``rows`` (a relation of the parse cursor, which may be parsing the
+    next batch meanwhile: a step on the relation itself would wait for it, and refuses)."""
+    _rows = rows  # read by DuckDB's replacement scan
+    return con.sql("select * from _rows")
+
+
+def count_batches(con: Any, rows: Any, batches: list[BatchFiles]) -> list[BatchCounts]:
+    """What each batch (``batches``, parsed into ``rows``: :func:`rows_of`) holds, in one statement
+    for them all (``sql/batch_counts.sql``).
 
     Raises :class:`NotNative` when a row needs :mod:`traceq.ingest.decode`.
     """
-    counts = BatchCounts(*_run(con, sql_text("batch_counts.sql"), {}, events)[0])
-    for name in counts.unsure_files:
-        if files.holds(name, _LOWERCASE_EXTERNAL_ID):
-            raise NotNative('args with "external id" (2021 traces), which the JSON reader does not read')
-    if counts.odd:
-        raise NotNative("values that DuckDB's JSON reader would read differently (e.g. epoch microseconds with a fraction)")
+    by_part = {row[0]: BatchCounts(*row[1:]) for row in _run(con, sql_text("batch_counts.sql"), {}, rows)}
+    counts = [by_part.get(files.part) or BatchCounts(0, 0, 0, 0, 0, 0, 0, 0, 0, [], False) for files in batches]
+    for files, c in zip(batches, counts):
+        for name in c.unsure_files:
+            if files.holds(name, _LOWERCASE_EXTERNAL_ID):
+                raise NotNative('args with "external id" (2021 traces), which the JSON reader does not read')
+        if c.odd:
+            raise NotNative("values that DuckDB's JSON reader would read differently (e.g. epoch microseconds with a fraction)")
     return counts
 
 
-def write_batch(
-    con: Any, events: Any, trace_id: int, next_name_id: int, fill_rank: int | None, keep_plain_ops: bool = True
-) -> int:
-    """Write the parsed ``events`` as rows of ``trace_id``; returns how many new names it added.
-    ``keep_plain_ops``: False leaves out the CPU operators parsed with ``all_ops`` (the trace showed
-    device activity since; their names are still written, as when they are deleted later)."""
+def write_parts(con: Any, rows: Any, parts: list[Part]) -> int:
+    """Write the parsed ``rows`` (:func:`rows_of`) of the batches ``parts``, one statement per table for
+    them all; returns how many new names they added. One batch per trace: the name ids of a
+    trace's batch depend on the names written before it."""
+    if len({p.trace_id for p in parts}) != len(parts):
+        raise ValueError("write_parts: two batches of one trace (write them one after the other)")
     params = {
-        "trace_id": trace_id, "next_name_id": next_name_id, "fill_rank": fill_rank, "keep_plain_ops": keep_plain_ops,
+        "parts": [p.files.part for p in parts],
+        "trace_ids": [p.trace_id for p in parts],
+        "next_name_ids": [p.next_name_id for p in parts],
+        "fill_ranks": [p.fill_rank for p in parts],
+        "keep_plain_ops": [p.keep_plain_ops for p in parts],
+        "first_trace": min(p.trace_id for p in parts), "last_trace": max(p.trace_id for p in parts),
         **event_categories().sql_params(),
     }
-    added = _run(con, f"insert into names by name {sql_text('batch_names.sql')}", params, events)[0][0]
-    for table, rows in _BATCH_ROWS:
-        _run(con, f"insert into {table} by name {sql_text(rows)}", params, events)
+    added = _run(con, f"insert into names by name {sql_text('batch_names.sql')}", params, rows)[0][0]
+    for table, statement in _BATCH_ROWS:
+        _run(con, f"insert into {table} by name {sql_text(statement)}", params, rows)
     return added
