@@ -67,3 +67,32 @@ def test_a_top_level_object_cut_short_after_the_array_is_truncated_not_malformed
             reader._parse_header(b'{"schemaVersion": 1, "traceEvents": ', tail, Path("t.json"), False)
     with pytest.raises(TraceFormatError, match="malformed"):
         reader._parse_header(b'{"traceEvents": ', b', "x": 1} junk', Path("t.json"), False)
+
+
+def test_duckdb_words_an_interrupted_statement_as_ingest_reads_it() -> None:
+    """SIGINT while a statement runs ends it with a bare RuntimeError that traceq.ingest.native
+    .is_interrupt recognizes by its text: this fails the day DuckDB words it otherwise (ingest would
+    then take Ctrl-C for an error of the files it was writing, and read them again one by one)."""
+    import os
+    import signal
+    import threading
+
+    import duckdb
+
+    from traceq.ingest.native import is_interrupt
+
+    con = duckdb.connect()
+    for _ in range(3):  # the signal may come before the statement starts, on a loaded machine: again
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            con.execute("select sum(range) from range(10000000000000)").fetchall()
+        except KeyboardInterrupt:
+            timer.join()
+            continue
+        except RuntimeError as exc:
+            assert is_interrupt(exc), repr(exc)
+            timer.join()
+            return
+        pytest.fail("the statement ran to its end")
+    pytest.fail("SIGINT never reached the statement")

@@ -218,6 +218,20 @@ def test_a_progress_callback_that_raises_stops_the_reading_thread_at_once(tmp_pa
 
 
 @pytest.fixture
+def alone(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files ingested in a transaction of their own (read again), by name."""
+    names: list[str] = []
+    load = ingest._Loader._load
+
+    def recording(self: ingest._Loader, path: Path, *args: object) -> ingest.FileResult:
+        names.append(Path(path).name)
+        return load(self, path, *args)
+
+    monkeypatch.setattr(ingest._Loader, "_load", recording)
+    return names
+
+
+@pytest.fixture
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[list[bool]]:
     """Each statement the reader thread parsed small files in: the all_ops of each batch in it."""
     calls: list[list[bool]] = []
@@ -269,11 +283,12 @@ def test_small_files_parsed_in_one_statement_keep_their_own_cpu_operators(
 
 
 def test_a_file_duckdb_cannot_parse_among_small_files_is_parsed_alone(
-    tmp_path: Path, parses: list[list[bool]]
+    tmp_path: Path, parses: list[list[bool]], derive_sizes: list[int], alone: list[str]
 ) -> None:
     """An element that is no object makes DuckDB's reader fail the statement that parses the run of
-    small files it is in: each file of the run is read again on its own, the odd one by
-    traceq.ingest.decode, and the warehouse is as if each file had been ingested alone."""
+    small files it is in: the run's files are parsed one by one then, the files before the odd one
+    are committed as a group, the odd one is read by traceq.ingest.decode, the files after it make
+    a group, and the warehouse is as if each file had been ingested alone."""
     job = tmp_path / "job" / "a"
     job.mkdir(parents=True)
     paths = []
@@ -284,10 +299,88 @@ def test_a_file_duckdb_cannot_parse_among_small_files_is_parsed_alone(
         paths.append(job / f"rank{rank}.json")
         paths[-1].write_text(json.dumps(doc))
     together = ingest_traces(paths, tmp_path / "together.duckdb")
+    assert parses == [[True] * 5], parses  # tried together first (no deviceProperties: every CPU operator)
+    assert derive_sizes == [2, 1, 2] and alone == ["rank2.json"], (derive_sizes, alone)
     alone = _one_by_one(paths, tmp_path / "alone.duckdb")
-    assert parses and len(parses[0]) == 5, parses  # tried together first
     assert [f.status for f in together.files] == ["ingested"] * 5
     assert together.files[2].message.startswith("read by traceq.ingest.decode: Invalid Input Error: JSON transform error")
     scratch = re.compile(r"traceq-\d+-[^/]+/")  # DuckDB's message names the batch file it read
     assert [scratch.sub("", str(o)) for o in _outcome(together.files)] == [scratch.sub("", str(o)) for o in _outcome(alone)]
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
+
+
+def test_a_group_of_files_parsed_in_two_statements_is_written_as_one(tmp_path: Path, alone: list[str]) -> None:
+    """A file without events ends a group (it fails alone), so the next group takes the rest of the
+    first run of small files and the start of the second: its rows come from two parse statements,
+    copied into one relation (native.rows_of) with the rows of its files only."""
+    job = tmp_path / "job" / "a"
+    paths = [_rank_trace(r, r * 10_000, 2 + r % 5).write(job / f"rank{r}.json") for r in range(24)]
+    paths[3].write_text(json.dumps({"traceEvents": []}))
+    relations: list[int] = []
+    rows_of = native.rows_of
+
+    def recording(con: object, batches: list) -> object:
+        relations.append(len({id(events) for events, _ in batches}))
+        return rows_of(con, batches)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ingest, "rows_of", recording)
+        together = ingest_traces(paths, tmp_path / "together.duckdb")
+    assert relations == [1, 2, 1], relations  # rank0-2 | rank4-19 (two runs) | rank20-23
+    assert alone == ["rank3.json"]
+    assert [f.status for f in together.files] == ["ingested"] * 3 + ["failed"] + ["ingested"] * 20
+    assert _outcome(together.files) == _outcome(_one_by_one(paths, tmp_path / "alone.duckdb"))
+    _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
+
+
+def test_a_copy_inside_a_group_is_skipped_as_alone(
+    tmp_path: Path, alone: list[str], derive_sizes: list[int]
+) -> None:
+    """Two copies of a file in one group, whose digests are taken before they are read (a file of
+    their size is in the warehouse, so the copy is found only once the first is written): the
+    group is rolled back and read again one by one, and the second is skipped as a copy of the
+    first, as alone."""
+    text = json.dumps(_rank_trace(0, 0, 4).document())
+    other = text.replace("sgemm_0", "sgemm_9")  # the same size, other content
+    assert len(other) == len(text) and other != text
+    (tmp_path / "stored" / "rank0.json").parent.mkdir(parents=True)
+    (tmp_path / "stored" / "rank0.json").write_text(other)
+    for run in ("a", "b"):
+        (tmp_path / "job" / run).mkdir(parents=True)
+        (tmp_path / "job" / run / "rank0.json").write_text(text)
+    paths = [tmp_path / "job" / "a" / "rank0.json", tmp_path / "job" / "b" / "rank0.json"]
+    for db in ("together.duckdb", "alone.duckdb"):
+        assert ingest_traces([tmp_path / "stored" / "rank0.json"], tmp_path / db).ok
+    del alone[:], derive_sizes[:]
+    together = ingest_traces(paths, tmp_path / "together.duckdb")
+    assert [f.status for f in together.files] == ["ingested", "skipped"], [f.message for f in together.files]
+    assert together.files[1].message == f"{paths[1]}: already ingested (as {paths[0]}, run a)"
+    assert alone == ["rank0.json"] * 2 and derive_sizes == [1], (alone, derive_sizes)  # its rows were written: read again
+    assert _outcome(together.files) == _outcome(_one_by_one(paths, tmp_path / "alone.duckdb"))
+    _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
+
+
+def test_ctrl_c_in_a_statement_of_a_group_write_stops_the_ingest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DuckDB ends a statement that SIGINT reaches with a RuntimeError (its wording is checked in
+    tests/test_reader_wording.py): inside a group's writes it is an interrupt, not an error of the
+    group's files to read again one by one."""
+    job = tmp_path / "job" / "a"
+    paths = [_rank_trace(r, r * 10_000, 4).write(job / f"rank{r}.json") for r in range(4)]
+
+    write_parts = ingest.write_parts
+    calls = []
+
+    def interrupted(*args: object) -> int:
+        calls.append(args)
+        if len(calls) == 1:  # the group's: read one by one, each file's would succeed
+            raise RuntimeError(native.DUCKDB_INTERRUPTED)
+        return write_parts(*args)
+
+    monkeypatch.setattr(ingest, "write_parts", interrupted)
+    base = native.scratch_base()
+    before = {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")}
+    with pytest.raises(KeyboardInterrupt):
+        ingest_traces(paths, tmp_path / "w.duckdb")
+    assert len(calls) == 1
+    assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(0,)]
+    assert {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")} - before == set()

@@ -44,6 +44,7 @@ from traceq.ingest.native import (
     BatchFiles,
     NotNative,
     Part,
+    is_interrupt,
     batch_files,
     count_batches,
     parse_batch,
@@ -186,8 +187,8 @@ def ingest_traces(
             for result in results:
                 summary.files.append(result)
                 notify("done", {"result": result})
-    except RuntimeError as exc:  # DuckDB stops a query on SIGINT with "Query interrupted"
-        if "interrupted" in str(exc).lower():
+    except RuntimeError as exc:
+        if is_interrupt(exc):
             raise KeyboardInterrupt from None
         raise
     finally:
@@ -830,10 +831,10 @@ class _Loader:
         _require_events(path, counts)
         if counts.skipped_ops and not counts.gpu:
             raise _NeedsOps
-        # taken beside the parse: the file may be in the warehouse after all, where a file of its
-        # size and content went in since (in this transaction, or an earlier one of this ingest)
-        if not digest.checked and (
-            digest.value() in self.known.of_size(size) or (size, digest.value()) in self.uncommitted
+        # the file may be in the warehouse after all: a copy earlier in this transaction, or (its
+        # digest taken beside the parse) a file of its size and content an earlier one committed
+        if (size, digest.value()) in self.uncommitted or (
+            not digest.checked and digest.value() in self.known.of_size(size)
         ):
             skipped = self._already(path, digest.value())
             if skipped is not None:
@@ -874,8 +875,9 @@ class _Loader:
 
 
 class _Regroup(Exception):
-    """A file cannot be written in the transaction of :class:`_Together` (it needs another reading,
-    or it failed): the transaction is rolled back and its files are ingested one by one."""
+    """A file of a :class:`_Together` group cannot be written with the others (it needs another
+    reading, it is a copy of one before it, or it failed): the group's transaction is rolled back
+    and its files are ingested one by one."""
 
 
 @dataclass
@@ -887,7 +889,6 @@ class _Held:
     digest: _Digest
     parse: _FileParse
     batch: Batch
-    started: float
     seconds: float  # spent on it before the group's writes
     result: FileResult | None = None  # once written
 
@@ -896,10 +897,13 @@ class _Together:
     """Small files written in one transaction, with one statement per table for all of them
     (:func:`traceq.ingest.native.write_parts`), their steps derived at once (:func:`_derive`): a
     statement costs milliseconds whatever its rows, and a file takes about ten (BENCHMARKS.md, many
-    files). The parsed rows of a group's files are held until it is full. Each file still leaves
-    nothing behind when it fails: a file that cannot be written with the others (:class:`_Regroup`),
-    or a group whose steps clash, rolls the transaction back and its files are ingested again one by
-    one, each in its own transaction.
+    files). The parsed rows of a group's files are held until it is full.
+
+    Each file still leaves nothing behind when it fails. A file that cannot be held (it needs
+    decoding, it has no events, it could not be cut) ends the group: the files before it are
+    committed, then it is ingested alone. A file that cannot be written with the others
+    (:class:`_Regroup`), or a group whose steps clash, rolls the group back, and its files are
+    ingested again one by one, each in its own transaction. Ctrl-C rolls the group back and stops.
     """
 
     FILES = 16  # files to a transaction, at most
@@ -918,30 +922,30 @@ class _Together:
 
     def add(self, path: Path, parse: _FileParse, digest: str | None, json_bytes: int) -> Iterator[FileResult]:
         """Hold ``path``'s parsed batch for the group (``parse`` is this group's to close); yields
-        the group's results once it is full and committed, or of its files ingested one by one."""
+        the group's results once it is full and committed, and those of a file ingested alone."""
         started = time.perf_counter()
-        owned: _FileParse | None = parse
         try:
             ready = self.loader._before_reading(path, digest)
-            if isinstance(ready, FileResult):
-                self.entries.append(ready)
-            else:
-                batch = _single_batch(parse)
-                self.entries.append(_Held(path, *ready, parse, batch, started, time.perf_counter() - started))
-                owned = None  # closed with the group
-                self.bytes += json_bytes
+            batch = None if isinstance(ready, FileResult) else _single_batch(parse)
         except (NotNative, _Regroup, TraceqError):  # it needs another reading, or fails: alone, after the group
             parse.close()
-            owned = None
             yield from self.commit()
-            yield self.loader._load(path)
+            yield self.loader._load(path, None, digest)
             return
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            parse.close()
+            if is_interrupt(exc) or not isinstance(exc, Exception):
+                self.close()
+            else:  # an error that is no file's: the files before it are in, as when each is committed alone
+                yield from self.commit()
             raise
-        finally:
-            if owned is not None:
-                owned.close()
+        if batch is None:
+            parse.close()
+            self.entries.append(ready)  # type: ignore[arg-type]
+        else:
+            size, taken = ready  # type: ignore[misc]
+            self.entries.append(_Held(path, size, taken, parse, batch, time.perf_counter() - started))
+            self.bytes += json_bytes
         if len(self.entries) >= self.FILES or self.bytes >= self.BYTES:
             yield from self.commit()
 
@@ -951,19 +955,26 @@ class _Together:
             return
         loader = self.loader
         started = time.perf_counter()
+        held = [e for e in self.entries if isinstance(e, _Held)]
+        failed = False
         try:
-            held = [e for e in self.entries if isinstance(e, _Held)]
             if held:
                 loader.con.begin()
                 self.open = True
                 self._write(held)
                 loader.derive_pending()
-        except Exception:  # a file that needs another reading, steps that clash (which file keeps
-            yield from self._one_by_one()  # them), a side file, an error: one by one
-            return
+        except Exception as exc:  # a file that needs another reading, steps that clash (which file
+            if is_interrupt(exc):  # keeps them), a side file, an error: one by one, below
+                self.close()
+                raise
+            failed = True
         except BaseException:
             self.close()
             raise
+        if failed:  # out of the except block: its traceback held the group's rows
+            del held
+            yield from self._one_by_one()
+            return
         if self.open:
             loader.con.commit()
             self.open = False
@@ -971,16 +982,15 @@ class _Together:
             loader.known.add(size, digest)
         loader.uncommitted.clear()
         share = (time.perf_counter() - started) / max(1, len(held))
-        entries = self.entries
+        results = [e if isinstance(e, FileResult) else e.result for e in self.entries]
+        seconds = [0.0 if isinstance(e, FileResult) else e.seconds + share for e in self.entries]
+        del held
         self.close()
-        for entry in entries:
-            if isinstance(entry, FileResult):
-                yield entry
-                continue
-            result = entry.result
+        for result, spent in zip(results, seconds):
             assert result is not None
-            loader.runs.add(result.run)
-            result.seconds = entry.seconds + share
+            if result.status == "ingested":
+                loader.runs.add(result.run)
+                result.seconds = spent
             yield result
 
     def _write(self, held: list[_Held]) -> None:
@@ -988,7 +998,7 @@ class _Together:
         row; :class:`_Regroup` where a file needs another reading (decoding, every CPU operator) or
         is a copy of one before it."""
         loader, con = self.loader, self.loader.con
-        rows = rows_of(con, [h.batch[2] for h in held])
+        rows = rows_of(con, [(h.batch[2], h.batch[0].part) for h in held])
         try:
             counts = count_batches(con, rows, [h.batch[0] for h in held])
         except NotNative as exc:
@@ -1007,8 +1017,9 @@ class _Together:
         for h, part, total in zip(held, parts, totals):
             try:
                 with too_deep_is_not_json(h.path):
-                    result = loader._finish_file(
-                        h.path, part.trace_id, h.parse.header, h.digest, h.size, total, part.fill_rank, h.started)
+                    result = loader._finish_file(  # its parse time: its own, not its group's wait
+                        h.path, part.trace_id, h.parse.header, h.digest, h.size, total, part.fill_rank,
+                        time.perf_counter() - h.seconds)
             except (_NeedsOps, TraceqError) as exc:
                 raise _Regroup from exc
             if result.status != "ingested":  # a copy of a file earlier in this group
@@ -1017,10 +1028,10 @@ class _Together:
             h.result = result
 
     def _one_by_one(self) -> Iterator[FileResult]:
-        entries = self.entries
-        self.close()
-        for entry in entries:
-            yield entry if isinstance(entry, FileResult) else self.loader._load(entry.path)
+        todo = [e if isinstance(e, FileResult) else e.path for e in self.entries]
+        self.close()  # the group's parsed rows go before its files are read again
+        for entry in todo:
+            yield entry if isinstance(entry, FileResult) else self.loader._load(entry)
 
     def close(self) -> None:
         """Roll back what is not committed (an error, an interrupt), and let go of the parsed files."""
@@ -1144,9 +1155,10 @@ class _ReadAhead:
     boundaries (:meth:`_Loader.load`). Items come in file order: for each file ``deferred`` (it is
     in the warehouse already: the writer skips it) or ``stop`` (it could not be read), else
     ``start``, its ``batch``es and ``end`` (``stop`` if a batch could not be cut or parsed: the
-    exception is raised where the writer takes that batch). Parsed batches wait for the writer
-    (:class:`_Ahead`): two, as within one file, or small ones up to :data:`AHEAD_BYTES` of JSON (the
-    writer holds a group's before it writes them, :class:`_Together`); the markers do not count.
+    exception is raised where the writer takes that batch). Small files come in runs of up to a
+    group's (:class:`_Together`), their batches parsed in one statement. Parsed batches wait for the
+    writer (:class:`_Ahead`): two, as within one file, or runs of small files up to
+    :data:`AHEAD_BYTES` of JSON; the markers do not count.
     """
 
     AHEAD_BATCHES = 2
@@ -1190,12 +1202,12 @@ class _ReadAhead:
                     yield "deferred", path, digest
                     continue
                 policy = OpsPolicy(header.leading, loader.marker)
-                if json_bytes > WHOLE_FILE_BATCH_BYTES:
+                if json_bytes > WHOLE_FILE_BATCH_BYTES or loader.force:  # --force: each file alone
                     yield from self._parse_run(run)
                     yield from self._one_file(path, size, header, chunks, policy, digest)
                     continue
                 if not run:
-                    self.ahead.wait()  # before its files are written: they take room too
+                    self.ahead.wait(small=True)  # before its files are written: they take room too
                 if self.closed.is_set():
                     return
                 run.append(_RunFile(path, header, policy, loader.scratch_dir(), digest, json_bytes))
@@ -1212,30 +1224,33 @@ class _ReadAhead:
 
     def _parse_run(self, run: list[_RunFile]) -> Iterator[tuple[str, Path, Any]]:
         """The items of the small files ``run`` (emptied), their batches parsed in one statement
-        (:func:`traceq.ingest.native.parse_batches`). Where DuckDB cannot parse them, each file's
-        batch ends in that error: the writer reads each file again on its own (and the file it
-        could not parse with the decoder)."""
+        (:func:`traceq.ingest.native.parse_batches`); where DuckDB cannot parse them together, each
+        file's on its own, so that only the file it cannot read ends in that error."""
         files = list(run)
         run.clear()
         handed = 0  # files whose directory the writer has (it removes them)
         try:
             cut = [(f, batch, f.policy.all_ops) for f in files if f.error is None for batch in f.batches]
             events = None
-            if cut:
+            if len(cut) > 1:
                 try:
                     events = parse_batches(self.cursor, [(batch, used) for _, batch, used in cut], self.loader.marker)
-                except NotNative as exc:
-                    for f in files:
-                        f.error = f.error or exc
+                except NotNative:
+                    pass  # one by one, below
             for f in files:
                 yield "start", f.path, (f.header, f.policy, f.directory.cleanup, f.digest)
                 handed += 1
                 if f.error is not None:
                     yield "stop", f.path, f.error
                     continue
-                for batch, used in ((b, u) for g, b, u in cut if g is f):
-                    self.ahead.add(batch.bytes)
-                    yield "batch", f.path, (batch, used, events)
+                try:
+                    for batch, used in ((b, u) for g, b, u in cut if g is f):
+                        parsed = (batch, used, events) if events is not None else _parsed(self.cursor, batch, f.policy)
+                        self.ahead.add(batch.bytes)
+                        yield "batch", f.path, parsed
+                except NotNative as exc:
+                    yield "stop", f.path, exc
+                    continue
                 yield "end", f.path, None
         finally:
             for f in files[handed:]:
@@ -1348,8 +1363,11 @@ class _RunFile:
 
 
 class _Ahead:
-    """How far the reader thread runs ahead of the writer: it cuts another batch while fewer than
-    ``batches`` parsed batches wait, or fewer than ``json_bytes`` of JSON."""
+    """How far the reader thread runs ahead of the writer: it cuts another batch of a file while
+    fewer than ``batches`` parsed batches wait for the writer, and starts another run of small files
+    (:meth:`_ReadAhead._parse_run`) while fewer than ``batches`` or ``json_bytes`` of JSON wait. The
+    writer holds a group's batches before it writes them (:class:`_Together`): with a run being cut
+    and parsed, up to three groups' rows are in memory."""
 
     def __init__(self, batches: int, json_bytes: int) -> None:
         self._room = threading.Condition()
@@ -1357,18 +1375,21 @@ class _Ahead:
         self._batches = self._bytes = 0
         self._closed = False
 
-    def wait(self) -> None:
-        """Wait for room (or :meth:`close`)."""
+    def wait(self, small: bool = False) -> None:
+        """Wait for room for another batch (``small``: another run of small files), or :meth:`close`."""
         batches, json_bytes = self._limits
         with self._room:
-            self._room.wait_for(lambda: self._closed or self._batches < batches or self._bytes < json_bytes)
+            self._room.wait_for(
+                lambda: self._closed or self._batches < batches or (small and self._bytes < json_bytes))
 
     def add(self, json_bytes: int) -> None:
+        """A batch of ``json_bytes`` waits for the writer."""
         with self._room:
             self._batches += 1
             self._bytes += json_bytes
 
     def taken(self, json_bytes: int) -> None:
+        """The writer took a batch of ``json_bytes``."""
         with self._room:
             self._batches -= 1
             self._bytes -= json_bytes

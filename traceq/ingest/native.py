@@ -5,8 +5,9 @@ batch of chunks becomes JSON array files that DuckDB parses on every core (``sql
 into rows held in memory, then written as rows (``sql/batch_*.sql``) while the next batch is
 parsed: no Python touches an event. A statement costs milliseconds whatever its rows: the batches of
 several small files are parsed in one statement (:func:`parse_batches`) and written in one per table
-(:func:`write_parts`), each row carrying its batch's number (``part``). Every chunk reaches DuckDB as a scratch file (in memory where
-``/dev/shm`` has room): a range of an uncompressed trace is copied by ``sendfile`` (the bytes stay in
+(:func:`write_parts`), each row carrying its batch's number (``part``).
+
+Every chunk reaches DuckDB as a scratch file (in memory where ``/dev/shm`` has room): a range of an uncompressed trace is copied by ``sendfile`` (the bytes stay in
 the kernel), decompressed bytes are written. (Named pipes filled by ``splice`` saved the copy, for
 threads, pipes and a second transport: 5 % of the CPU, BENCHMARKS.md.)
 Whatever that path would read differently from :mod:`traceq.ingest.decode` (an element that is not an
@@ -65,6 +66,11 @@ class BatchCounts:
     unsure_files: list[str]  # files with events whose args lack "External id"
     odd: bool
 
+    @classmethod
+    def empty(cls) -> BatchCounts:
+        """A batch without rows (its files hold an empty array)."""
+        return cls(0, 0, 0, 0, 0, 0, 0, 0, 0, [], False)
+
 
 # the tables one parsed batch writes besides names, and the SELECT of their rows (columns by name)
 _BATCH_ROWS = (
@@ -81,6 +87,17 @@ def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -
         return execute_over(con, statement, params_of(statement, params), events)
     except duckdb.Error as exc:
         raise _not_native(exc) from None
+
+
+# what DuckDB's RuntimeError says when SIGINT stopped a statement
+DUCKDB_INTERRUPTED = "Query interrupted"
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether DuckDB stopped a statement for Ctrl-C: SIGINT while it runs ends it with a bare
+    RuntimeError (``duckdb.InterruptException`` is for ``interrupt()``). Its wording is read, and
+    tests/test_reader_wording.py fails the day it changes."""
+    return isinstance(exc, duckdb.InterruptException) or (type(exc) is RuntimeError and str(exc) == DUCKDB_INTERRUPTED)
 
 
 def _not_native(exc: duckdb.Error) -> BaseException:
@@ -312,16 +329,18 @@ class Part:
     keep_plain_ops: bool = True
 
 
-def rows_of(con: Any, batches: list[Any]) -> Any:
-    """The parsed rows of ``batches`` (:func:`parse_batch`, :func:`parse_batches`) as one relation that
-    statements on ``con`` read: the relation itself where they were parsed together, else their rows
-    copied into one (each batch read in its
-    own part of a statement costs milliseconds: 16 small files' batches, 85 ms to count where their
-    copy took 34 and its count 6)."""
-    distinct = list({id(events): events for events in batches}.values())  # batches parsed together are one
-    if len(distinct) == 1:
-        return distinct[0]
-    return functools.reduce(lambda a, b: a.union(b), (_on(con, events) for events in distinct)).materialize()
+def rows_of(con: Any, batches: list[tuple[Any, int]]) -> Any:
+    """The parsed rows of ``batches`` (each its relation from :func:`parse_batch` or
+    :func:`parse_batches`, and its ``part``) as one relation that statements on ``con`` read: the
+    relation itself where they were all parsed together, else the rows of their parts copied into
+    one (16 relations read in one statement took 85 ms to count where their copy took 34 and its
+    count 6)."""
+    relations = {id(events): events for events, _ in batches}  # batches parsed together share one
+    if len(relations) == 1:
+        return batches[0][0]
+    _rows = functools.reduce(lambda a, b: a.union(b), (_on(con, events) for events in relations.values()))
+    parts = [part for _, part in batches]  # not the other parts of those relations (other groups')
+    return con.sql("select * from _rows where list_contains($parts, part)", params={"parts": parts}).materialize()
 
 
 def _on(con: Any, rows: Any) -> Any:
@@ -338,7 +357,9 @@ def count_batches(con: Any, rows: Any, batches: list[BatchFiles]) -> list[BatchC
     Raises :class:`NotNative` when a row needs :mod:`traceq.ingest.decode`.
     """
     by_part = {row[0]: BatchCounts(*row[1:]) for row in _run(con, sql_text("batch_counts.sql"), {}, rows)}
-    counts = [by_part.get(files.part) or BatchCounts(0, 0, 0, 0, 0, 0, 0, 0, 0, [], False) for files in batches]
+    if None in by_part:  # a row of no batch: DuckDB named a file otherwise than it was given
+        raise NotNative("rows DuckDB's JSON reader gave no batch file's name")
+    counts = [by_part.get(files.part) or BatchCounts.empty() for files in batches]
     for files, c in zip(batches, counts):
         for name in c.unsure_files:
             if files.holds(name, _LOWERCASE_EXTERNAL_ID):
