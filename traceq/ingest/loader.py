@@ -84,8 +84,7 @@ INGEST_CHUNK_BYTES = 8 << 20
 MIN_CHUNK_BYTES = 1 << 20
 # DuckDB's buffer pool while ingesting: room for a batch's parse beside the one being written; row
 # groups go to the file as they fill. 1.5 GB traces, 96 MB batches: 225-310 MiB peak RSS at 160 MB,
-# 278-385 MiB at 384 MB, for 0-10 % more time (three trace shapes, BENCHMARKS.md, issue 23; with
-# 64 MB batches, 199-283 MiB at 160 MB).
+# 278-385 MiB at 384 MB, for 0-10 % more time (three trace shapes, BENCHMARKS.md, issue 23).
 INGEST_MEMORY_LIMIT_MB = 160
 INGEST_MEMORY_LIMIT = f"{INGEST_MEMORY_LIMIT_MB}MB"
 

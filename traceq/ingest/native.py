@@ -38,10 +38,10 @@ from traceq.store.schema import execute_over
 
 # Bytes of JSON parsed per statement: several files, so that DuckDB parses them on all its threads.
 # Every batch costs CPU of its own, each costs memory (its scratch files too, until it is written).
-# 64 MB: 199-283 MiB peak RSS on three 1.5 GB traces (with ingest's 160 MB buffer pool), where 96 MB
-# took 228-312 for about the same time and 192 MB batches through named pipes 456 at 500 MB
+# 96 MB: 208-300 MiB peak RSS on three 500 MB traces (with ingest's 160 MB buffer pool) where 192 MB
+# batches through named pipes took 456; 64 MB saves 25 MiB at 1.5 GB for 3.5-6 % more time
 # (BENCHMARKS.md, issue 23).
-BATCH_BYTES = 64 << 20
+BATCH_BYTES = 96 << 20
 # Traces of 2021 spell it "external id" on some events; one struct type cannot hold both spellings: a
 # batch file with events whose args lack "External id" is searched for the other (count_batches).
 _LOWERCASE_EXTERNAL_ID = b'"external id"'
