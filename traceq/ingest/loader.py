@@ -1048,11 +1048,10 @@ class _Together:
 
 def _single_batch(parse: _FileParse) -> Batch:
     """The one batch of a small file (:data:`WHOLE_FILE_BATCH_BYTES`); :class:`_Regroup` where it has
-    none (no events: it fails alone) or, against expectation, more."""
+    none (no events: it fails alone) or, against expectation, more (their files go with ``parse``'s
+    scratch directory)."""
     batches = list(parse.batches)
     if len(batches) != 1:
-        for files, _, _ in batches:
-            files.remove()
         raise _Regroup
     return batches[0]
 
