@@ -628,10 +628,9 @@ class _Loader:
                     yield FileResult(str(path), "failed", str(exc))
                     continue
                 try:
-                    json_bytes = json_size(path) if parse is not None else 0
-                    if parse is not None and together.takes(json_bytes):
+                    if parse is not None and together.takes(parse.json_bytes):
                         taken, parse = parse, None  # together closes it
-                        yield from together.add(path, taken, digest, json_bytes)
+                        yield from together.add(path, taken, digest)
                     else:
                         yield from together.commit()
                         yield self._load(path, parse, digest)
@@ -746,10 +745,10 @@ class _Loader:
         self.uncommitted.clear()
         rollback(self.con)
 
-    def chunk_bytes_for(self, path: Path) -> int:
+    def chunk_bytes_for(self, json_bytes: int) -> int:
         """The chunk size for ``path``: a small file is cut finer, so that DuckDB still parses it on
         every thread."""
-        return min(self.chunk_bytes, max(MIN_CHUNK_BYTES, json_size(path) // (2 * self.threads)))
+        return min(self.chunk_bytes, max(MIN_CHUNK_BYTES, json_bytes // (2 * self.threads)))
 
     def _native(
         self, path: Path, digest: _Digest, size: int, all_ops: bool | None = None,
@@ -780,17 +779,18 @@ class _Loader:
     def _parse_file(self, path: Path, size: int, all_ops: bool | None) -> _FileParse:
         """The batches of ``path`` alone, each parsed (on a cursor, in a reader thread) while the one
         before is written."""
-        header, chunks = read_trace_ranges(path, self.chunk_bytes_for(path))
+        json_bytes = json_size(path)
+        header, chunks = read_trace_ranges(path, self.chunk_bytes_for(json_bytes))
         policy = OpsPolicy(header.leading, self.marker, all_ops)
         directory = self.scratch_dir()
         cursor = self._parse_cursor()
 
         def parsed() -> Iterator[Batch]:
-            for files in _cut(chunks, self.notify, path, size, directory.name, policy):
+            for files in _cut(chunks, self.notify, path, size, json_bytes, directory.name, policy):
                 yield _parsed(cursor, files, policy)
 
         ready = prefetch(parsed(), discard=_remove_batch)
-        return _FileParse(header, policy, ready, stop=ready.close, remove_scratch=directory.cleanup)
+        return _FileParse(header, policy, json_bytes, ready, stop=ready.close, remove_scratch=directory.cleanup)
 
     def _chunked(self, path: Path, digest: _Digest, size: int, all_ops: bool | None = None) -> FileResult:
         """Decode ``path`` chunk by chunk with :mod:`traceq.ingest.decode` in this process."""
@@ -920,7 +920,7 @@ class _Together:
         where no earlier trace of it is to be replaced (``force``)."""
         return not self.loader.force and json_bytes <= WHOLE_FILE_BATCH_BYTES
 
-    def add(self, path: Path, parse: _FileParse, digest: str | None, json_bytes: int) -> Iterator[FileResult]:
+    def add(self, path: Path, parse: _FileParse, digest: str | None) -> Iterator[FileResult]:
         """Hold ``path``'s parsed batch for the group (``parse`` is this group's to close); yields
         the group's results once it is full and committed, and those of a file ingested alone."""
         started = time.perf_counter()
@@ -945,7 +945,7 @@ class _Together:
         else:
             size, taken = ready  # type: ignore[misc]
             self.entries.append(_Held(path, size, taken, parse, batch, time.perf_counter() - started))
-            self.bytes += json_bytes
+            self.bytes += parse.json_bytes
         if len(self.entries) >= self.FILES or self.bytes >= self.BYTES:
             yield from self.commit()
 
@@ -1065,11 +1065,12 @@ WHOLE_FILE_BATCH_BYTES = 16 << 20
 
 
 def _cut(
-    chunks: Iterator[bytes | FileRange], notify: Progress, path: Path, size: int, directory: str, policy: OpsPolicy
+    chunks: Iterator[bytes | FileRange], notify: Progress, path: Path, size: int, json_bytes: int, directory: str,
+    policy: OpsPolicy,
 ) -> Iterator[BatchFiles]:
     """A file's ``chunks`` as batch files in ``directory``, counted for progress; small batches
-    while ``policy`` may still switch, unless the file is small."""
-    if json_size(path) <= WHOLE_FILE_BATCH_BYTES:
+    while ``policy`` may still switch, unless the file is small (``json_bytes`` of JSON)."""
+    if json_bytes <= WHOLE_FILE_BATCH_BYTES:
         return batch_files(_counting(chunks, notify, path, size), directory)
     return batch_files(_counting(chunks, notify, path, size), directory, small=policy.undecided)
 
@@ -1089,6 +1090,7 @@ class _FileParse:
 
     header: TraceHeader
     policy: OpsPolicy
+    json_bytes: int  # of the file (inputs.json_size), taken once by whoever reads it
     batches: Iterator[Batch]
     stop: Callable[[], None]
     remove_scratch: Callable[[], Any]
@@ -1190,8 +1192,8 @@ class _ReadAhead:
                 try:
                     known, digest = self._known(path, size)
                     if not known:
-                        header, chunks = read_trace_ranges(path, loader.chunk_bytes_for(path))
                         json_bytes = json_size(path)
+                        header, chunks = read_trace_ranges(path, loader.chunk_bytes_for(json_bytes))
                 except TraceqError as exc:
                     yield from self._parse_run(run)
                     yield "stop", path, exc
@@ -1203,7 +1205,7 @@ class _ReadAhead:
                 policy = OpsPolicy(header.leading, loader.marker)
                 if json_bytes > WHOLE_FILE_BATCH_BYTES or loader.force:  # --force: each file alone
                     yield from self._parse_run(run)
-                    yield from self._one_file(path, size, header, chunks, policy, digest)
+                    yield from self._one_file(path, size, json_bytes, header, chunks, policy, digest)
                     continue
                 if not run:
                     self.ahead.wait(small=True)  # before its files are written: they take room too
@@ -1211,7 +1213,8 @@ class _ReadAhead:
                     return
                 run.append(_RunFile(path, header, policy, loader.scratch_dir(), digest, json_bytes))
                 try:
-                    run[-1].batches = list(_cut(chunks, loader.notify, path, size, run[-1].directory.name, policy))
+                    run[-1].batches = list(
+                        _cut(chunks, loader.notify, path, size, json_bytes, run[-1].directory.name, policy))
                 except (NotNative, TraceqError) as exc:
                     run[-1].error = exc
                 if len(run) >= _Together.FILES or sum(f.json_bytes for f in run) >= _Together.BYTES:
@@ -1237,7 +1240,7 @@ class _ReadAhead:
                 except NotNative:
                     pass  # one by one, below
             for f in files:
-                yield "start", f.path, (f.header, f.policy, f.directory.cleanup, f.digest)
+                yield "start", f.path, (f.header, f.policy, f.json_bytes, f.directory.cleanup, f.digest)
                 handed += 1
                 if f.error is not None:
                     yield "stop", f.path, f.error
@@ -1256,8 +1259,8 @@ class _ReadAhead:
                 f.directory.cleanup()
 
     def _one_file(
-        self, path: Path, size: int, header: TraceHeader, chunks: Iterator[FileRange], policy: OpsPolicy,
-        digest: str | None,
+        self, path: Path, size: int, json_bytes: int, header: TraceHeader, chunks: Iterator[FileRange],
+        policy: OpsPolicy, digest: str | None,
     ) -> Iterator[tuple[str, Path, Any]]:
         """The items of a file parsed batch by batch, each batch while the writer takes the one before."""
         loader = self.loader
@@ -1265,9 +1268,9 @@ class _ReadAhead:
         handed = False  # once the writer has the scratch directory, it removes it
         try:
             directory = loader.scratch_dir()
-            yield "start", path, (header, policy, directory.cleanup, digest)
+            yield "start", path, (header, policy, json_bytes, directory.cleanup, digest)
             handed = True
-            batches = _cut(chunks, loader.notify, path, size, directory.name, policy)
+            batches = _cut(chunks, loader.notify, path, size, json_bytes, directory.name, policy)
             while True:
                 self.ahead.wait()  # before the batch's files are written: they take room too
                 files = None if self.closed.is_set() or self._is_abandoned(path) else next(batches, None)
@@ -1307,7 +1310,7 @@ class _ReadAhead:
             return None, value
         if kind == "stop":
             raise value
-        header, policy, remove_scratch, digest = value
+        header, policy, json_bytes, remove_scratch, digest = value
         done = False
 
         def batches() -> Iterator[Batch]:
@@ -1336,7 +1339,7 @@ class _ReadAhead:
             except (NotNative, TraceqError):
                 pass  # the file is given up already
 
-        return _FileParse(header, policy, batches(), stop=drain, remove_scratch=remove_scratch), digest
+        return _FileParse(header, policy, json_bytes, batches(), stop=drain, remove_scratch=remove_scratch), digest
 
     def close(self) -> None:
         self.closed.set()
@@ -1409,7 +1412,7 @@ def _discard_item(item: tuple[str, Path, Any]) -> None:
     """What :class:`_ReadAhead` made and the writer will not take: scratch directories and files go."""
     kind, _, value = item
     if kind == "start":
-        value[2]()  # the file's scratch directory
+        value[3]()  # the file's scratch directory
     elif kind == "batch":
         _remove_batch(value)
 
