@@ -15,7 +15,7 @@
 --   unsure_file: 2021 traces spell the key "external id" on some events, which one struct type cannot
 --     hold beside "External id": the batch file of a row whose args lack "External id" is searched for it.
 --   odd: a kept row that traceq.ingest.decode would read differently: a name or cat that is not a string,
---     an id with a fraction, a time float64 may not hold to the ns (|ts| >= 2**43 us written with a
+--     an id or a collective's size or sequence number with a fraction (json_int rounds it, decode reads none), a time float64 may not hold to the ns (|ts| >= 2**43 us written with a
 --     fraction or exponent: epoch microseconds with ns). A batch with an odd row goes to
 --     traceq.ingest.decode instead.
 with raw as (
@@ -107,6 +107,8 @@ final as (
             coalesce(valid and abs(ts_us) >= 8796093022208 and (contains(ts, '.') or contains(ts, 'e') or contains(ts, 'E')), false)
             or contains(args.correlation, '.') or contains(args."External id", '.')
             or contains(args.stream, '.') or contains(args.device, '.') or contains(args.rank, '.')
+            or contains(args."Group size", '.') or contains(args."In msg nelems", '.')
+            or contains(args."Out msg nelems", '.') or contains(args."Seq", '.')
         end as odd
     from spans
 )

@@ -116,6 +116,8 @@ def test_native_rows_equal_decode_rows_on_odd_values(tmp_path: Path, device_prop
         ("epoch microseconds with a fraction", {"ts": 1712195495519689.047}),
         ("args that are not an object", {"args": 5}),
         ("a fractional id", {"args": {"correlation": 7.5}}),
+        ("a collective's fractional size", {"args": {"Collective name": "allreduce", "In msg nelems": 2.5}}),
+        ("a collective's sequence number as a fraction", {"args": {"Collective name": "allreduce", "Seq": "4.5"}}),
     ],
 )
 def test_what_duckdb_would_read_differently_goes_to_decode(tmp_path: Path, label: str, event: dict) -> None:

@@ -333,29 +333,31 @@ def test_a_group_of_files_parsed_in_two_statements_is_written_as_one(tmp_path: P
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
 
 
+@pytest.mark.parametrize("size_stored", [True, False], ids=["digests-before-reading", "digests-beside"])
 def test_a_copy_inside_a_group_is_skipped_as_alone(
-    tmp_path: Path, alone: list[str], derive_sizes: list[int]
+    tmp_path: Path, alone: list[str], derive_sizes: list[int], size_stored: bool
 ) -> None:
-    """Two copies of a file in one group, whose digests are taken before they are read (a file of
-    their size is in the warehouse, so the copy is found only once the first is written): the
-    group is rolled back and read again one by one, and the second is skipped as a copy of the
-    first, as alone."""
+    """Two copies of a file in one group: the second is skipped as a copy of the first, as alone,
+    without rolling the group back. Their digests are taken before they are read where a file of
+    their size is in the warehouse (``size_stored``: the copy is found only once the first is in),
+    else beside the parse."""
     text = json.dumps(_rank_trace(0, 0, 4).document())
     other = text.replace("sgemm_0", "sgemm_9")  # the same size, other content
     assert len(other) == len(text) and other != text
     (tmp_path / "stored" / "rank0.json").parent.mkdir(parents=True)
-    (tmp_path / "stored" / "rank0.json").write_text(other)
+    (tmp_path / "stored" / "rank0.json").write_text(other if size_stored else other + " ")
     for run in ("a", "b"):
         (tmp_path / "job" / run).mkdir(parents=True)
         (tmp_path / "job" / run / "rank0.json").write_text(text)
-    paths = [tmp_path / "job" / "a" / "rank0.json", tmp_path / "job" / "b" / "rank0.json"]
+    (tmp_path / "job" / "b" / "rank1.json").write_text(json.dumps(_rank_trace(1, 0, 3).document()))
+    paths = [tmp_path / "job" / "a" / "rank0.json", tmp_path / "job" / "b" / "rank0.json", tmp_path / "job" / "b" / "rank1.json"]
     for db in ("together.duckdb", "alone.duckdb"):
         assert ingest_traces([tmp_path / "stored" / "rank0.json"], tmp_path / db).ok
     del alone[:], derive_sizes[:]
     together = ingest_traces(paths, tmp_path / "together.duckdb")
-    assert [f.status for f in together.files] == ["ingested", "skipped"], [f.message for f in together.files]
+    assert [f.status for f in together.files] == ["ingested", "skipped", "ingested"], [f.message for f in together.files]
     assert together.files[1].message == f"{paths[1]}: already ingested (as {paths[0]}, run a)"
-    assert alone == ["rank0.json"] * 2 and derive_sizes == [1], (alone, derive_sizes)  # its rows were written: read again
+    assert alone == [] and derive_sizes == [2], (alone, derive_sizes)  # one group, the copy not written
     assert _outcome(together.files) == _outcome(_one_by_one(paths, tmp_path / "alone.duckdb"))
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
 

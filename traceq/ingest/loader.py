@@ -681,8 +681,6 @@ class _Loader:
                 result = self._in_transaction(path, digest, size, parse)
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
-        if result.status == "ingested":
-            self.known.add(size, digest.value())
         result.seconds = time.perf_counter() - started
         return result
 
@@ -734,10 +732,18 @@ class _Loader:
                 self._roll_back()
             else:
                 con.commit()
-                self.runs.add(result.run)
+                self.committed([(size, digest.value())], [result.run])
                 if not native:
                     result.message = f"read by traceq.ingest.decode: {reason}"
             return result
+
+    def committed(self, files: Iterable[tuple[int, str]], runs: Iterable[str]) -> None:
+        """A transaction stored ``files`` (their size and digest: a copy of one is skipped from now
+        on) in ``runs``."""
+        for size, digest in files:
+            self.known.add(size, digest)
+        self.runs.update(runs)
+        self.uncommitted.clear()
 
     def _roll_back(self) -> None:
         """Roll back the open transaction, and forget what it stored."""
@@ -772,6 +778,7 @@ class _Loader:
                 policy.saw(batch.gpu)  # before the writes: the reader cuts its next batch by it
                 keep_ops = used and policy.all_ops  # parsed with them, and still no device activity
                 n_names += write_parts(con, events, [Part(files, trace_id, n_names, fill, keep_ops)])
+                del events  # written: its rows go before the next batch is waited for
                 files.remove()
                 counts.add_batch(batch, keep_ops)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
@@ -876,8 +883,8 @@ class _Loader:
 
 class _Regroup(Exception):
     """A file of a :class:`_Together` group cannot be written with the others (it needs another
-    reading, it is a copy of one before it, or it failed): the group's transaction is rolled back
-    and its files are ingested one by one."""
+    reading, or it failed): the group's transaction is rolled back and its files are ingested one by
+    one."""
 
 
 @dataclass
@@ -890,7 +897,7 @@ class _Held:
     parse: _FileParse
     batch: Batch
     seconds: float  # spent on it before the group's writes
-    result: FileResult | None = None  # once written
+    result: FileResult | None = None  # once written, or skipped as a copy
 
 
 class _Together:
@@ -901,9 +908,10 @@ class _Together:
 
     Each file still leaves nothing behind when it fails. A file that cannot be held (it needs
     decoding, it has no events, it could not be cut) ends the group: the files before it are
-    committed, then it is ingested alone. A file that cannot be written with the others
-    (:class:`_Regroup`), or a group whose steps clash, rolls the group back, and its files are
-    ingested again one by one, each in its own transaction. Ctrl-C rolls the group back and stops.
+    committed, then it is ingested alone. A copy of a file before it in the group is skipped, as
+    alone. A file that cannot be written with the others (:class:`_Regroup`), or a group whose steps
+    clash, rolls the group back, and its files are ingested again one by one, each in its own
+    transaction. Ctrl-C rolls the group back and stops.
     """
 
     FILES = 16  # files to a transaction, at most
@@ -975,36 +983,39 @@ class _Together:
             del held
             yield from self._one_by_one()
             return
+        results = [e if isinstance(e, FileResult) else e.result for e in self.entries]
         if self.open:
             loader.con.commit()
             self.open = False
-        for size, digest in loader.uncommitted:
-            loader.known.add(size, digest)
-        loader.uncommitted.clear()
+            loader.committed(loader.uncommitted, [r.run for r in results if r is not None and r.status == "ingested"])
         share = (time.perf_counter() - started) / max(1, len(held))
-        results = [e if isinstance(e, FileResult) else e.result for e in self.entries]
         seconds = [0.0 if isinstance(e, FileResult) else e.seconds + share for e in self.entries]
         del held
         self.close()
         for result, spent in zip(results, seconds):
             assert result is not None
             if result.status == "ingested":
-                loader.runs.add(result.run)
                 result.seconds = spent
             yield result
 
     def _write(self, held: list[_Held]) -> None:
         """The rows of the ``held`` files (one statement per table for all), then each file's traces
-        row; :class:`_Regroup` where a file needs another reading (decoding, every CPU operator) or
-        is a copy of one before it."""
+        row; :class:`_Regroup` where a file needs another reading (decoding, every CPU operator). A
+        copy of a file before it in the group is not written: it is skipped as a copy of that one, as
+        it would be alone."""
         loader, con = self.loader, self.loader.con
-        rows = rows_of(con, [(h.batch[2], h.batch[0].part) for h in held])
+        writers, copies, seen = [], [], set()
+        for h in held:  # their digests: taken by now where the files are small
+            key = (h.size, h.digest.value())
+            (copies if key in seen else writers).append(h)
+            seen.add(key)
+        rows = rows_of(con, [(h.batch[2], h.batch[0].part) for h in writers])
         try:
-            counts = count_batches(con, rows, [h.batch[0] for h in held])
+            counts = count_batches(con, rows, [h.batch[0] for h in writers])
         except NotNative as exc:
             raise _Regroup from exc
         parts, totals = [], []
-        for h, batch in zip(held, counts):
+        for h, batch in zip(writers, counts):
             files, used, _ = h.batch
             h.parse.policy.saw(batch.gpu)
             keep_ops = used and h.parse.policy.all_ops  # parsed with them, and still no device activity
@@ -1014,7 +1025,7 @@ class _Together:
             parts.append(Part(files, loader._next_trace_id(), 0, _leading_rank(h.parse.header), keep_ops))
         write_parts(con, rows, parts)
         del rows
-        for h, part, total in zip(held, parts, totals):
+        for h, part, total in zip(writers, parts, totals):
             try:
                 with too_deep_is_not_json(h.path):
                     result = loader._finish_file(  # its parse time: its own, not its group's wait
@@ -1022,10 +1033,14 @@ class _Together:
                         time.perf_counter() - h.seconds)
             except (_NeedsOps, TraceqError) as exc:
                 raise _Regroup from exc
-            if result.status != "ingested":  # a copy of a file earlier in this group
+            if result.status != "ingested":  # in the warehouse after all: not expected, read alone
                 raise _Regroup
             loader.uncommitted.append((h.size, h.digest.value()))
             h.result = result
+        for h in copies:  # the traces row of the file it copies is in now
+            h.result = loader._already(h.path, h.digest.value())
+            if h.result is None:  # not expected (--force files are read alone): read alone
+                raise _Regroup
 
     def _one_by_one(self) -> Iterator[FileResult]:
         todo = [e if isinstance(e, FileResult) else e.path for e in self.entries]
@@ -1279,6 +1294,7 @@ class _ReadAhead:
                 batch = _parsed(self.cursor, files, policy)
                 self.ahead.add(files.bytes)
                 yield "batch", path, batch
+                del batch  # the writer's now: not held while the next is cut and parsed
         except (NotNative, TraceqError) as exc:
             yield "stop", path, exc
             return
@@ -1323,6 +1339,7 @@ class _ReadAhead:
                     raise
                 if kind == "batch":
                     yield value
+                    del value  # the writer's now: not held while the next is awaited
                 else:
                     done = True
                     if kind == "stop":

@@ -227,6 +227,7 @@ def prefetch(items: Iterator[Any], ahead: int = 1, discard: Callable[[Any], None
                 else:
                     discard(item)
                     return
+                del item  # not held while the next is produced (a parsed batch is ~100 MB)
             q.put(("end", None))
         except BaseException as exc:  # handed to the consumer, raised there
             q.put(("error", exc))
@@ -243,6 +244,7 @@ def prefetch(items: Iterator[Any], ahead: int = 1, discard: Callable[[Any], None
             if kind == "error":
                 raise value
             yield value
+            del value  # nor while the consumer waits for the next
     finally:
         stop.set()
         taken: list[Any] = []  # discarded once the producer is gone: it may still be writing into them
