@@ -45,17 +45,13 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def parse_forms() -> dict[str, tuple[str, bool]]:
-    """The four forms of sql/read_events.sql: name -> (statement, materialize)."""
-    full = sql_text("read_events.sql")
+def parse_forms(full: str, final_columns: list[str]) -> dict[str, tuple[str, bool]]:
+    """The four forms of ``full`` (sql/read_events.sql; ``final_columns``: the columns of its rows):
+    name -> (statement, materialize)."""
     end_of_raw = full.find("\n),\n\nclassified")
     if end_of_raw < 0 or "select * from final" not in full:
         raise SystemExit("sql/read_events.sql changed shape: update parse_forms()")
     raw = full[:end_of_raw] + "\n)\n"
-    final_columns = ["part", "kind", "no_phase", "plain_op", "meta", "span", "name", "cat", "rank", "pid", "tid",
-                     "device", "stream", "correlation", "external_id", "collective", "pg_name", "pg_desc", "pg_ranks",
-                     "group_size", "in_nelems", "out_nelems", "dtype", "seq", "meta_value", "unsure_file", "valid",
-                     "start_ns", "dur_ns", "odd"]
     counted = ", ".join(f"count({c})" for c in final_columns)
     return {
         "elements": (raw + "select count(*) from raw", False),
@@ -75,7 +71,8 @@ def time_forms(names: list[str], repeats: int) -> dict[str, float]:
         "max_object_bytes": max(Path(n).stat().st_size for n in names) + 1,
         **event_categories().sql_params(), **StepMarker().sql_params(),
     }
-    forms = parse_forms()
+    full = sql_text("read_events.sql")
+    forms = parse_forms(full, con.sql(full, params=params_of(full, params)).columns)  # bound, not run
     spent: dict[str, list[float]] = defaultdict(list)
     for _ in range(repeats):
         for name, (statement, materialize) in forms.items():

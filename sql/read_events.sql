@@ -15,9 +15,9 @@
 --   unsure_file: 2021 traces spell the key "external id" on some events, which one struct type cannot
 --     hold beside "External id": the batch file of a row whose args lack "External id" is searched for it.
 --   odd: a kept row that traceq.ingest.decode would read differently: a name or cat that is not a string,
---     an id or a collective's size or sequence number with a fraction (json_int rounds it, decode reads none), a time float64 may not hold to the ns (|ts| >= 2**43 us written with a
---     fraction or exponent: epoch microseconds with ns). A batch with an odd row goes to
---     traceq.ingest.decode instead.
+--     an id or a collective's size or sequence number with a fraction (json_int rounds it, decode reads
+--     none), a time float64 may not hold to the ns (|ts| >= 2**43 us written with a fraction or exponent:
+--     epoch microseconds with ns). A batch with an odd row goes to traceq.ingest.decode instead.
 with raw as (
     select *, list_position($files, filename) as file_no
     from read_json(
