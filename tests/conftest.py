@@ -35,10 +35,14 @@ def require_module(name: str, reason: str) -> ModuleType:
 
 
 def corpus_files() -> list[Path]:
-    """Every trace file of ../shared/corpus (empty when the corpus is absent)."""
+    """Every trace file of ../shared/corpus as ``traceq ingest`` sees the folder (empty when the corpus is
+    absent): the collectors' side files beside a trace (``rank0.run.json``, ``rank0.power.jsonl``) are
+    side files, not traces."""
     if not CORPUS.is_dir():
         return []
-    return sorted(p for p in CORPUS.rglob("*") if p.name.endswith((".json", ".json.gz")))
+    from traceq.ingest.inputs import expand_inputs
+
+    return expand_inputs([CORPUS])
 
 
 def corpus_path(relative: str) -> Path:

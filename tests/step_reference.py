@@ -797,7 +797,8 @@ def _check_hand_made(tmp: Path) -> None:
 def _check_corpus(corpus: Path) -> list[dict]:
     import time
 
-    files = sorted(p for p in corpus.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz")))
+    files = sorted(p for p in corpus.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz"))
+                   and not p.name.endswith(".run.json"))  # a collector's side file, not a trace
     rows = []
     for f in files:
         clear_caches()

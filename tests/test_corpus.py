@@ -51,7 +51,7 @@ def trace_ids(db: Path) -> dict[str, int]:
     return {str(Path(p).relative_to(CORPUS.resolve())): t for p, t in rows}
 
 
-@pytest.mark.parametrize("path", corpus_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", corpus_files(), ids=lambda p: str(p.relative_to(CORPUS)))
 def test_gpu_events_are_stored_to_the_exact_nanosecond(corpus_db: Path, path: Path) -> None:
     events = load_json(path)
     expected = Counter(
