@@ -2,7 +2,10 @@
 -- Steps are numbered by their order within the trace and rank (ordinal 1, 2, ...).
 -- $skip_steps: leading steps to skip (warm-up); null = the run's warmup_steps metadata, else 0.
 -- $step_min/$step_max: step numbers to keep (inclusive; null = no bound).
--- $drop_incomplete: drop a last step that the end of the trace cut ($drop_last drops the last always).
+-- The last step of a rank is left out unless $include_last: its device window is open (no next step's
+-- first activity closes it, so it ends with the GPU's drain: DESIGN §3). A rank whose only step is the
+-- last keeps it (reports say so), unless $drop_last, which drops the last step always (what HTA does).
+-- $drop_incomplete: with $include_last, still drop a last step that the end of the trace cut.
 -- A rank without steps (its one window is the whole trace, step -1) is kept unless a step range is given.
 with ordered as (
     select
@@ -28,6 +31,7 @@ final as (
             and ($step_min is null or step >= $step_min)
             and ($step_max is null or step <= $step_max)
             and not (ordinal = n_steps and $drop_last)
+            and not (ordinal = n_steps and n_steps > 1 and not $include_last)
             and not (ordinal = n_steps and $drop_incomplete and launches_without_gpu_work > 0)
     end
 )

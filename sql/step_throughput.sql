@@ -9,8 +9,10 @@
 --   tflops                model TFLOP/s of one GPU: flops_per_step / world_size / step time / 1e12
 --   mfu                   tflops / peak_tflops (ratio, 0..1)
 --   power_source, power_gpus, power_w (W), energy_j (J), energy_source   from step_power
---   tokens_per_j          tokens of the GPUs in the power log / energy_j
---                         (= tokens_per_step × power_gpus / world_size / energy_j)
+--   tokens_per_j          tokens of the GPUs in the power log / energy_j (null at 0 J)
+--   power_tokens          those tokens (tokens_per_step × power_gpus / world_size), where energy_j is known:
+--                         a run's tokens_per_j is Σ power_tokens / Σ energy_j (a step whose counter did not
+--                         tick still counts its tokens)
 with base as (
     select
         s.trace_id,
@@ -55,7 +57,8 @@ final as (
         p.power_w,
         p.energy_j,
         p.energy_source,
-        b.tokens_per_step * p.power_gpus / b.world_size / nullif(p.energy_j, 0) as tokens_per_j
+        b.tokens_per_step * p.power_gpus / b.world_size / nullif(p.energy_j, 0) as tokens_per_j,
+        case when p.energy_j is not null then b.tokens_per_step * p.power_gpus / b.world_size end as power_tokens
     from base as b
     left join step_power as p on p.trace_id = b.trace_id and p.rank = b.rank and p.step = b.step
 )

@@ -30,7 +30,7 @@ ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4
 ALL_GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 SEND = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
 GEMM = "ampere_sgemm_128x64_nn"
-EVERY_STEP = StepSelection(skip_steps=0, drop_incomplete=False)
+EVERY_STEP = StepSelection(skip_steps=0, include_last=True, drop_incomplete=False)
 SPLIT = ("comm_wait_us", "comm_transfer_us", "exposed_comm_wait_us", "exposed_comm_transfer_us")
 
 

@@ -18,7 +18,7 @@ from traceq.report.selection import StepSelection, query_params
 from traceq.store.warehouse import connect
 
 US = 1_000
-ALL = StepSelection(skip_steps=0, drop_incomplete=False)
+ALL = StepSelection(skip_steps=0, include_last=True, drop_incomplete=False)
 
 
 def test_idle_parts_by_hand(tmp_path: Path) -> None:

@@ -362,3 +362,26 @@ def test_import_loads_no_heavy_dependency():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_breakdown_clips_intervals_to_the_window():
+    # comm [0, 100), compute [50, 300), window [0, 200): compute counts [50, 200) only, by hand:
+    # comm 100, compute 150, overlapped [50, 100) = 50, exposed [0, 50) = 50, busy [0, 200) = 200, idle 0
+    got = intervals.breakdown(([0], [100]), ([50], [300]), ([], []), window=(0, 200))
+    assert got == {"comm_ns": 100, "compute_ns": 150, "overlapped_comm_ns": 50, "exposed_comm_ns": 50,
+                   "exposed_memcpy_ns": 0, "busy_ns": 200, "window_ns": 200, "idle_ns": 0}
+    # wholly outside the window: no length; a memcpy straddling the end counts up to it
+    got = intervals.breakdown(([300], [400]), ([-50], [20]), ([180], [260]), window=(0, 200))
+    assert (got["comm_ns"], got["compute_ns"], got["exposed_memcpy_ns"], got["idle_ns"]) == (0, 20, 20, 160)
+
+
+@PROPERTY
+@given(interval_sets(), interval_sets(), interval_sets(), st.integers(0, LIMIT), st.integers(0, LIMIT))
+def test_breakdown_identity_holds_in_any_window(comm, compute, memcpy, a, b):
+    lo, hi = min(a, b), max(a, b)
+    got = intervals.breakdown(comm, compute, memcpy, window=(lo, hi))
+    assert got["compute_ns"] + got["exposed_comm_ns"] + got["exposed_memcpy_ns"] + got["idle_ns"] == hi - lo
+    assert 0 <= got["idle_ns"] <= hi - lo and got["busy_ns"] <= hi - lo
+    # the same as clipping by hand first
+    clip = lambda pair: ([min(max(s, lo), hi) for s in pair[0]], [min(max(e, lo), hi) for e in pair[1]])  # noqa: E731
+    assert got == intervals.breakdown(clip(comm), clip(compute), clip(memcpy), window=(lo, hi))

@@ -20,7 +20,7 @@ from traceq.report.kernels import kernel_table
 from traceq.report.selection import StepSelection
 
 US = 1_000
-ALL = StepSelection(skip_steps=0, drop_incomplete=False)
+ALL = StepSelection(skip_steps=0, include_last=True, drop_incomplete=False)
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_kernels_by_hand(db: Path) -> None:
     unknown = kernel_table(db, unclassified=True, selection=ALL)
     assert unknown["name"].to_list() == ["my_custom_op"]
     assert unknown["share_pct"].to_list() == [pytest.approx(20 / 120 * 100)]  # of all kernel time, not of the unknown
-    assert kernel_table(db, selection=StepSelection(step_min=2, step_max=2))["count"].to_list() == [1, 1]
+    assert kernel_table(db, selection=StepSelection(step_min=2, step_max=2, include_last=True))["count"].to_list() == [1, 1]
 
 
 def test_bad_arguments(db: Path) -> None:

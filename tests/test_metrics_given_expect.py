@@ -100,10 +100,14 @@ def test_kernels_belong_to_the_step_that_launched_them(tmp_path: Path) -> None:
 def test_step_selection_and_whole_trace_window(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     ingest_traces([two_step_trace().write(tmp_path / "job" / "rank0.json")], db, workers=0)
-    per_step = compute_metric(db, "exposed_comm", by=["run", "rank", "step"])
+    # by default the last step (its device window open) is left out
+    assert compute_metric(db, "exposed_comm", by=["run", "rank", "step"])["step"].to_list() == [1]
+    every = StepSelection(include_last=True)
+    per_step = compute_metric(db, "exposed_comm", by=["run", "rank", "step"], selection=every)
     assert per_step["step"].to_list() == [1, 2]
     assert per_step["exposed_comm_us"].to_list() == [0.0, 15.0]
-    skipped = compute_metric(db, "exposed_comm", by=["run", "rank", "step"], selection=StepSelection(skip_steps=1))
+    skipped = compute_metric(db, "exposed_comm", by=["run", "rank", "step"],
+                             selection=StepSelection(skip_steps=1, include_last=True))
     assert skipped["step"].to_list() == [2]
     only_1 = compute_metric(db, "exposed_comm", by=["run", "rank", "step"], selection=StepSelection.parse("1:1"))
     assert only_1["step"].to_list() == [1]
@@ -113,7 +117,7 @@ def test_step_selection_and_whole_trace_window(tmp_path: Path) -> None:
     whole = compute_metric(db, "comm", by=["run", "rank"], whole_trace=True)
     assert whole["comm_us"].to_list() == [20.0]
     # mean over the two steps of exposed comm (0 and 15 us)
-    agg = compute_metric(db, "exposed_comm", by=["run", "rank"])
+    agg = compute_metric(db, "exposed_comm", by=["run", "rank"], selection=every)
     assert agg.select("steps", "exposed_comm_us", "exposed_comm_us_median").row(0) == (2, 7.5, 7.5)
 
 

@@ -44,7 +44,7 @@ from traceq.report.selection import StepSelection, query_params
 from traceq.store.warehouse import opened
 
 BINARY = ROOT.parent / "shared" / "bin" / "trace_processor_shell"
-EVERY_STEP = StepSelection(skip_steps=0, drop_incomplete=False)
+EVERY_STEP = StepSelection(skip_steps=0, include_last=True, drop_incomplete=False)
 KEYS = ["rank", "device", "step"]
 FLOAT_NOTE = "more digits than a 64-bit float holds"
 

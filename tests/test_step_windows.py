@@ -26,7 +26,7 @@ US = 1000
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 METRICS = ("comm_kernel_ns", "compute_kernel_ns", "comm_ns", "compute_ns", "overlapped_comm_ns", "exposed_comm_ns",
            "exposed_memcpy_ns", "busy_ns", "window_ns", "idle_ns")
-EVERY_STEP = StepSelection(skip_steps=0, drop_incomplete=False)
+EVERY_STEP = StepSelection(skip_steps=0, include_last=True, drop_incomplete=False)
 
 
 def lagging_trace() -> TraceBuilder:

@@ -39,7 +39,7 @@ def two_steps(path: Path) -> Path:
 def test_summary_by_hand(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
-    table, _ = summary(db, selection=StepSelection(skip_steps=0))
+    table, _ = summary(db, selection=StepSelection(skip_steps=0, include_last=True))
     row = table.row(0, named=True)
     window = 140  # us, over both steps
     expected = {
@@ -61,8 +61,8 @@ def test_summary_straight_from_trace_files(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     assert ingest_traces([trace], db, workers=0).ok
     runner = CliRunner()
-    from_db = runner.invoke(app, ["summary", "--db", str(db), "--skip-steps", "0", "--format", "csv"])
-    from_files = runner.invoke(app, ["summary", str(trace), "--skip-steps", "0", "--format", "csv",
+    from_db = runner.invoke(app, ["summary", "--db", str(db), "--skip-steps", "0", "--include-last", "--format", "csv"])
+    from_files = runner.invoke(app, ["summary", str(trace), "--skip-steps", "0", "--include-last", "--format", "csv",
                                      "--db", str(tmp_path / "not-made.duckdb")])
     assert from_db.exit_code == 0 and from_files.exit_code == 0, from_files.stderr
     assert from_files.stdout == from_db.stdout
@@ -77,7 +77,7 @@ def test_summary_says_what_it_cannot_group_by(tmp_path: Path) -> None:
 
 
 def test_shares_of_the_window_add_up_on_every_corpus_trace(corpus_db: Path) -> None:
-    table, notes = summary(corpus_db, by="run,rank,device", selection=StepSelection(skip_steps=0))
+    table, notes = summary(corpus_db, by="run,rank,device", selection=StepSelection(skip_steps=0, include_last=True))
     measured = table.filter(pl.col("device").is_not_null())
     assert measured.height > 20
     total = measured["compute_pct"] + measured["exposed_comm_pct"] + measured["exposed_memcpy_pct"] + measured["idle_pct"]
@@ -91,11 +91,11 @@ def test_several_metrics_side_by_side(tmp_path: Path) -> None:
 
     db = tmp_path / "w.duckdb"
     assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
-    both = compute_metric(db, "compute,idle", by="run,rank,step", selection=StepSelection(skip_steps=0))
+    both = compute_metric(db, "compute,idle", by="run,rank,step", selection=StepSelection(skip_steps=0, include_last=True))
     assert both.select("step", "compute_us", "idle_us").rows() == [(1, 30.0, 50.0), (2, 40.0, 0.0)]  # by hand
-    by_run = compute_metric(db, ["exposed_comm", "idle_us", "step_time"], by="run", selection=StepSelection(skip_steps=0))
+    by_run = compute_metric(db, ["exposed_comm", "idle_us", "step_time"], by="run", selection=StepSelection(skip_steps=0, include_last=True))
     for name in ("exposed_comm_us", "idle_us", "step_time_ms"):
-        alone = compute_metric(db, name, by="run", selection=StepSelection(skip_steps=0))
+        alone = compute_metric(db, name, by="run", selection=StepSelection(skip_steps=0, include_last=True))
         own = [c for c in alone.columns if c.startswith(name)]
         assert by_run.select("run", *own).equals(alone.select("run", *own)), name
     with pytest.raises(ConfigError, match="reported alone"):

@@ -15,8 +15,11 @@ from traceq.cli import app
 from traceq.errors import ConfigError
 from traceq.ingest import ingest_traces
 from traceq.report.metrics import compute_metric, metric_report
+from traceq.report.selection import StepSelection
 from traceq.store.run_metadata import set_run_metadata
 from traceq.store.warehouse import connect
+
+EVERY = StepSelection(include_last=True)  # these hand-made traces' figures are worked out for every step
 
 MS = 1_000_000
 US = 1_000
@@ -56,19 +59,19 @@ def test_every_new_metric_is_listed() -> None:
 
 
 def test_tokens_per_second_per_gpu_and_global_by_hand(two_runs: Path) -> None:
-    steps = compute_metric(two_runs, "tokens_per_s", by=["run", "rank", "step"], runs=["job"])
+    steps = compute_metric(two_runs, "tokens_per_s", by=["run", "rank", "step"], runs=["job"], selection=EVERY)
     # 2000 tokens per GPU per step over 0.1, 0.2 s (rank 0) and 0.1, 0.4 s (rank 1)
     assert steps["tokens_per_s"].to_list() == pytest.approx([20_000, 10_000, 20_000, 5_000])
-    glob = compute_metric(two_runs, "global_tokens_per_s", by=["run", "rank", "step"], runs=["job"])
+    glob = compute_metric(two_runs, "global_tokens_per_s", by=["run", "rank", "step"], runs=["job"], selection=EVERY)
     assert glob["global_tokens_per_s"].to_list() == pytest.approx([40_000, 20_000, 40_000, 10_000])
 
 
 def test_tflops_and_mfu_follow_the_flops_convention_and_the_peak(two_runs: Path) -> None:
     set_run_metadata(two_runs, "job", {"peak_tflops": 0.5})
-    rows = compute_metric(two_runs, "tflops", by=["run", "rank", "step"], runs=["job"])
+    rows = compute_metric(two_runs, "tflops", by=["run", "rank", "step"], runs=["job"], selection=EVERY)
     # 2.46144e10 FLOPs per step / 2 GPUs / 0.1 s = 1.23072e11 FLOP/s = 0.123072 TFLOP/s
     assert rows["tflops"].to_list() == pytest.approx([0.123072, 0.061536, 0.123072, 0.030768])
-    mfu, notes = metric_report(two_runs, "mfu", by=["run", "rank", "step"], runs=["job"])
+    mfu, notes = metric_report(two_runs, "mfu", by=["run", "rank", "step"], runs=["job"], selection=EVERY)
     assert mfu["mfu"].to_list() == pytest.approx([0.246144, 0.123072, 0.246144, 0.061536])
     text = "\n".join(notes)
     assert "6·N + 12·L·H·Q·T" in text and "H100 SXM 989" in text and "A100 312" in text
@@ -77,7 +80,7 @@ def test_tflops_and_mfu_follow_the_flops_convention_and_the_peak(two_runs: Path)
 
 def test_user_flops_replace_the_convention(two_runs: Path) -> None:
     set_run_metadata(two_runs, "job", {"flops_per_step": 2e11, "peak_tflops": 1.0})
-    rows = compute_metric(two_runs, "tflops", by=["run", "rank", "step"], runs=["job"])
+    rows = compute_metric(two_runs, "tflops", by=["run", "rank", "step"], runs=["job"], selection=EVERY)
     assert rows["tflops"][0] == pytest.approx(2e11 / 2 / 0.1 / 1e12)  # 1.0 TFLOP/s
     set_run_metadata(two_runs, "job2", {"model_flops_per_token": 1e6, "gpu_model": "NVIDIA A100-SXM4-80GB"})
     mfu, notes = metric_report(two_runs, "mfu", by=["run", "rank", "step"], runs=["job2"])
@@ -87,34 +90,38 @@ def test_user_flops_replace_the_convention(two_runs: Path) -> None:
 
 
 def test_steps_then_ranks_then_runs(two_runs: Path) -> None:
-    per_rank = compute_metric(two_runs, "tokens_per_s", by=["run", "rank"], runs=["job"])
+    per_rank = compute_metric(two_runs, "tokens_per_s", by=["run", "rank"], runs=["job"], selection=EVERY)
     assert per_rank.select("rank", "steps", "tokens_per_s", "tokens_per_s_median", "tokens_per_s_p10",
                            "tokens_per_s_p90").rows() == [
-        (0, 2, pytest.approx(15_000), pytest.approx(15_000), pytest.approx(11_000), pytest.approx(19_000)),
-        (1, 2, pytest.approx(12_500), pytest.approx(12_500), pytest.approx(6_500), pytest.approx(18_500)),
+        # a rate over steps is total tokens / total time (DESIGN §5): 2 x 2000 / 0.3 s, 2 x 2000 / 0.5 s;
+        # the spread stays per step (20,000 and 10,000; 20,000 and 5,000 tokens/s)
+        (0, 2, pytest.approx(4000 / 0.3), pytest.approx(15_000), pytest.approx(11_000), pytest.approx(19_000)),
+        (1, 2, pytest.approx(8_000), pytest.approx(12_500), pytest.approx(6_500), pytest.approx(18_500)),
     ]
-    per_run = compute_metric(two_runs, "tokens_per_s", by=["run"])
+    per_run = compute_metric(two_runs, "tokens_per_s", by=["run"], selection=EVERY)
     job = per_run.filter(per_run["run"] == "job").row(0, named=True)
+    # the run: 4 rank-steps x 2000 tokens / (0.1 + 0.2 + 0.1 + 0.4 s); min and max over the ranks' figures
     assert (job["ranks"], job["tokens_per_s"], job["tokens_per_s_min"], job["tokens_per_s_max"]) == (
-        2, pytest.approx(13_750), pytest.approx(12_500), pytest.approx(15_000))
+        2, pytest.approx(10_000), pytest.approx(8_000), pytest.approx(4000 / 0.3))
     assert (job["slowest_rank"], job["slowest_step_time_ms"]) == (1, pytest.approx(250.0))
-    # --by a metadata column: run means (13,750 and 20,000) aggregated over the runs of world size 2
-    by_ws = compute_metric(two_runs, "tokens_per_s", by=["world_size"]).row(0, named=True)
+    # --by a metadata column: job (10,000) and job2 (2 x 2000 / 0.2 s = 20,000) over world size 2:
+    # 6 rank-steps x 2000 tokens / (0.8 + 0.2 s)
+    by_ws = compute_metric(two_runs, "tokens_per_s", by=["world_size"], selection=EVERY).row(0, named=True)
     assert (by_ws["world_size"], by_ws["runs"], by_ws["ranks"]) == (2, 2, 3)
-    assert by_ws["tokens_per_s"] == pytest.approx(16_875)
-    assert (by_ws["tokens_per_s_min"], by_ws["tokens_per_s_max"]) == (pytest.approx(13_750), pytest.approx(20_000))
+    assert by_ws["tokens_per_s"] == pytest.approx(12_000)
+    assert (by_ws["tokens_per_s_min"], by_ws["tokens_per_s_max"]) == (pytest.approx(10_000), pytest.approx(20_000))
     assert (by_ws["slowest_run"], by_ws["slowest_rank"]) == ("job", 1)
-    with_meta = compute_metric(two_runs, "step_time_ms", by=["run", "model", "tp"])
+    with_meta = compute_metric(two_runs, "step_time_ms", by=["run", "model", "tp"], selection=EVERY)
     assert with_meta.select("run", "model", "tp", "step_time_ms").rows() == [
         ("job", "tiny", 1, pytest.approx(200.0)), ("job2", "tiny", 1, pytest.approx(100.0))]
 
 
 def test_report_by_metadata_from_the_cli_and_bad_columns(two_runs: Path) -> None:
     runner = CliRunner()
-    ok = runner.invoke(app, ["report", "--metric", "tokens_per_s", "--by", "world_size,model", "--format", "json",
+    ok = runner.invoke(app, ["report", "--include-last", "--metric", "tokens_per_s", "--by", "world_size,model", "--format", "json",
                              "--db", str(two_runs)])
     assert ok.exit_code == 0, ok.output
-    assert json.loads(ok.stdout)[0]["tokens_per_s"] == pytest.approx(16_875)
+    assert json.loads(ok.stdout)[0]["tokens_per_s"] == pytest.approx(12_000)  # as test_steps_then_ranks_then_runs
     assert "steps used: run job: steps 1..2" in ok.stderr
     bad = runner.invoke(app, ["report", "--by", "colour", "--db", str(two_runs)])
     assert bad.exit_code == 1 and "unknown column(s) ['colour']" in bad.stderr
@@ -127,7 +134,7 @@ def test_missing_tokens_per_step_is_said_not_guessed(tmp_path: Path) -> None:
     assert frame["tokens_per_s"].to_list() == [None]
     assert any("traceq runs set bare --tokens-per-step N" in n for n in notes)
     set_run_metadata(db, "bare", {"tokens_per_step": 500, "world_size": 1})
-    assert compute_metric(db, "tokens_per_s", by=["run"])["tokens_per_s"].to_list() == [pytest.approx(5_000)]
+    assert compute_metric(db, "tokens_per_s", by=["run"], selection=EVERY)["tokens_per_s"].to_list() == [pytest.approx(5_000)]
 
 
 NCCL_AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -161,16 +168,16 @@ def collective_trace() -> TraceBuilder:
 def test_exposed_comm_by_collective_and_process_group_by_hand(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     ingest_traces([collective_trace().write(tmp_path / "job" / "rank0.json")], db, workers=0)
-    total = compute_metric(db, "exposed_comm", by=["run", "rank", "step"])
+    total = compute_metric(db, "exposed_comm", by=["run", "rank", "step"], selection=EVERY)
     assert total["exposed_comm_us"].to_list() == [45.0, 10.0]
-    by_type = compute_metric(db, "exposed_comm_by_collective", by=["run", "rank", "step"])
+    by_type = compute_metric(db, "exposed_comm_by_collective", by=["run", "rank", "step"], selection=EVERY)
     assert by_type.select("step", "collective_type", "exposed_comm_by_collective_us").rows() == [
         (1, "AllGather", 30.0), (1, "AllReduce", 25.0), (2, "AllGather", 10.0), (2, "AllReduce", 0.0)]
-    by_pg = compute_metric(db, "exposed_comm_by_pg", by=["run", "rank", "step"])
+    by_pg = compute_metric(db, "exposed_comm_by_pg", by=["run", "rank", "step"], selection=EVERY)
     assert by_pg.select("step", "process_group", "exposed_comm_by_pg_us").rows() == [
         (1, "default_pg (0)", 20.0), (1, "tp (1)", 35.0), (2, "default_pg (0)", 0.0), (2, "tp (1)", 10.0)]
     # mean over both steps, absent collectives counting as 0
-    mean, notes = metric_report(db, "exposed_comm_by_collective", by=["run", "rank"])
+    mean, notes = metric_report(db, "exposed_comm_by_collective", by=["run", "rank"], selection=EVERY)
     assert mean.select("collective_type", "exposed_comm_by_collective_us").rows() == [("AllGather", 20.0), ("AllReduce", 12.5)]
     assert any("can sum to more than exposed_comm_us" in n for n in notes)
 
@@ -205,5 +212,5 @@ def test_a_run_json_of_traceq_0_1_still_ingests(tmp_path: Path) -> None:
     run = list_runs(db).row(0, named=True)
     assert (run["device_type"], run["gpu_model"], run["peak_tflops"]) == ("cuda", "NVIDIA H100 80GB HBM3", 989.0)
     # 2000 tokens in 100 ms on one GPU: 20,000 tokens/s; 6,153,600 FLOPs per token -> 123.072 TFLOP/s
-    mfu = compute_metric(db, "mfu", by="run")["mfu"][0]
+    mfu = compute_metric(db, "mfu", by="run", selection=EVERY)["mfu"][0]
     assert mfu == pytest.approx(20_000 * 6_153_600 / 989e12)

@@ -216,6 +216,23 @@ CROSS_RANK = ("comm_wait_us", "comm_transfer_us", "exposed_comm_wait_us", "expos
 # metrics over a step's CPU span (throughput, power): they have no whole-trace value
 PER_STEP_METRICS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
                     "tokens_per_j")
+# Ratios and rates aggregate as a ratio of sums (DESIGN §5): metric -> the column of a step row that is
+# its denominator, so that the aggregate over rows is Σ(value × weight) / Σ weight = Σ numerator /
+# Σ denominator (overlap_ratio = Σ overlapped / Σ comm; tokens_per_s = Σ tokens / Σ step time). Every
+# report (report, summary, scaling, diff, the HTML) aggregates through traceq.report.metrics.mean_of.
+RATE_WEIGHTS = {
+    "overlap_ratio": "comm_ns",
+    "arrived_last_share": "matched_count",
+    "tokens_per_s": "step_time_ns",
+    "global_tokens_per_s": "step_time_ns",
+    "tflops": "step_time_ns",
+    "mfu": "step_time_ns",
+    "power_w": "step_time_ns",
+    "tokens_per_j": "energy_j",
+}
+# Rates whose numerator is a column of its own rather than value × weight: a step whose energy counter did
+# not tick (0 J, tokens_per_j null) still adds its tokens to the run's Σ tokens / Σ energy.
+RATE_NUMERATORS = {"tokens_per_j": "power_tokens"}
 # `--metric exposed_comm` and `--metric exposed_comm_us` both work.
 _ALIASES = {m.name.removesuffix("_us").removesuffix("_ms"): m.name for m in METRICS}
 # Run metadata columns that can group a report (see sql/run_metadata.sql).

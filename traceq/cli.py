@@ -44,7 +44,8 @@ class Format(str, Enum):
 # the step selection and output options the reports share
 StepsOption = Annotated[Optional[str], typer.Option("--steps", help="Step numbers to use, inclusive, e.g. 11:60.")]
 SkipStepsOption = Annotated[Optional[int], typer.Option("--skip-steps", help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")]
-DropLastOption = Annotated[bool, typer.Option("--drop-last/--no-drop-last", help="Always drop each rank's last step.")]
+DropLastOption = Annotated[bool, typer.Option("--drop-last/--no-drop-last", help="Drop each rank's last step always, even a rank's only step (what HTA does).")]
+IncludeLastOption = Annotated[bool, typer.Option("--include-last", help="Keep each rank's last step. By default it is left out: its device window is open (it ends with the GPU's drain, so it holds the backlog of earlier steps); a rank whose only step is the last keeps it.")]
 RunOption = Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")]
 FormatOption = Annotated[Format, typer.Option("--format", help="Output format.")]
 WholeTraceOption = Annotated[bool, typer.Option("--whole-trace", help="Every collective of the trace, not only the selected steps'.")]
@@ -159,7 +160,8 @@ def report(
     whole_trace: Annotated[bool, typer.Option("--whole-trace", help="Report the whole timeline and every kernel, not the selected steps' windows.")] = False,
     steps: Annotated[Optional[str], typer.Option(help="Step numbers to use (N of ProfilerStep#N, or of --step-marker), inclusive, e.g. 11:60 or 5: .")] = None,
     skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
-    drop_last: Annotated[bool, typer.Option(help="Always drop each rank's last step (what HTA does); by default only a cut last step is dropped.")] = False,
+    drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
     run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     html: Annotated[Optional[Path], typer.Option(help="Also write a self-contained HTML report (plots, tables) of the selected runs and steps to this file.")] = None,
@@ -201,7 +203,7 @@ def report(
     from traceq.report.selection import StepSelection
 
     try:
-        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
         if engine is Engine.perfetto or traces:
             result = _perfetto_report(traces, engine, metric, by, whole_trace, selection, run, rank, html, trace_processor,
                                       step_marker)
@@ -316,6 +318,7 @@ def summary(
     steps: StepsOption = None,
     skip_steps: SkipStepsOption = None,
     drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
@@ -338,7 +341,7 @@ def summary(
     from traceq.report.summary import summary as summarise
 
     try:
-        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
         with tempfile.TemporaryDirectory(prefix="traceq-summary-") as scratch:
             if traces:
                 from traceq.ingest import ingest_traces
@@ -371,6 +374,7 @@ def kernels(
     steps: StepsOption = None,
     skip_steps: SkipStepsOption = None,
     drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
@@ -390,7 +394,7 @@ def kernels(
     from traceq.report.selection import StepSelection
 
     try:
-        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
         table = kernel_table(db, by=by, level=level, top=top, selection=selection, runs=run, unclassified=unclassified)
     except TraceqError as exc:
         _fail(exc)
@@ -411,6 +415,7 @@ def collectives(
     steps: StepsOption = None,
     skip_steps: SkipStepsOption = None,
     drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
@@ -433,7 +438,7 @@ def collectives(
     from traceq.report.selection import StepSelection
 
     try:
-        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
         if instances:
             table, notes = instance_table(db, runs=run), []
         else:
@@ -457,6 +462,7 @@ def stragglers(
     steps: StepsOption = None,
     skip_steps: SkipStepsOption = None,
     drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
@@ -477,7 +483,7 @@ def stragglers(
     from traceq.report.selection import StepSelection
 
     try:
-        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
         table, notes = stragglers_table(db, by_step=by_step, selection=selection, whole_trace=whole_trace, runs=run)
     except TraceqError as exc:
         _fail(exc)
@@ -496,6 +502,7 @@ def diff(
     b: Annotated[str, typer.Argument(help="Side B, the same way.")],
     db: DbOption = Path(DEFAULT_DB),
     skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip on both sides (default: each run's warmup_steps metadata, else 0).")] = None,
+    include_last: IncludeLastOption = False,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     html: Annotated[Optional[Path], typer.Option(help="Also write the diff as a self-contained HTML page.")] = None,
 ) -> None:
@@ -515,12 +522,13 @@ def diff(
     from traceq.report.diff import diff as compare
     from traceq.report.diff import write_diff_html
 
-    notes = ["a, b: means over each side's selected rank-steps; p10/p90: the spread of its steps; "
+    notes = ["a, b: means over each side's selected rank-steps (ratios and rates: their sums' ratio); "
+             "each rank's open last step left out unless --include-last; p10/p90: the spread of its steps; "
              "beyond_spread: |delta| > the wider p90 - p10 of the two sides",
              "metric rows are in each metric's unit; collective rows: exposed comm (us) per collective type; "
              "category rows: kernel time (us) launched per step, per kernel category"]
     try:
-        table = compare(db, a, b, skip_steps=skip_steps)
+        table = compare(db, a, b, skip_steps=skip_steps, include_last=include_last)
         if html is not None:
             write_diff_html(table, str(html), a, b, notes)
     except TraceqError as exc:
@@ -540,7 +548,9 @@ def _steps_note(selection: Any) -> str:
     parts = [f"warm-up steps skipped: {skip}"]
     if selection.step_min is not None or selection.step_max is not None:
         parts.append(f"steps {selection.step_min or ''}:{selection.step_max or ''}")
-    parts.append("dropping every last step" if selection.drop_last else "dropping a cut last step")
+    parts.append("dropping every last step" if selection.drop_last
+                 else "keeping the last step" if selection.include_last
+                 else "leaving out the open last step (--include-last keeps it)")
     return ", ".join(parts)
 
 
@@ -801,6 +811,7 @@ def scaling(
     steps: StepsOption = None,
     skip_steps: SkipStepsOption = None,
     drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
     html: Annotated[Optional[Path], typer.Option(help="Also write the HTML report (scaling curves with the ideal line) to this file.")] = None,
@@ -823,7 +834,7 @@ def scaling(
     from traceq.report.selection import StepSelection
 
     try:
-        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
         if metric is not None:
             from traceq.report.collectives import collective_scaling
 
@@ -905,6 +916,7 @@ def export(
     steps: StepsOption = None,
     skip_steps: SkipStepsOption = None,
     drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
     ranks: Annotated[Optional[str], typer.Option("--ranks", help="--perfetto: only these ranks, e.g. 0-7 or 0,2,5 (default: every rank).")] = None,
 ) -> None:
     """Write the warehouse as Parquet (partitioned by run and rank), or runs as an annotated
@@ -932,7 +944,7 @@ def export(
     if parquet is not None:
         chosen = [o for o, given in (("--run", run is not None), ("--steps", steps is not None),
                                      ("--skip-steps", skip_steps is not None), ("--drop-last", drop_last),
-                                     ("--ranks", ranks is not None)) if given]
+                                     ("--include-last", include_last), ("--ranks", ranks is not None)) if given]
         if chosen:
             _fail(f"{', '.join(chosen)}: only with --perfetto (they choose what the trace holds); --parquet writes the whole warehouse")
         from traceq.store.export import export_parquet
@@ -949,7 +961,7 @@ def export(
     from traceq.report.timeline import export_perfetto
 
     try:
-        selection = StepSelection.parse(steps, skip_steps, drop_last)
+        selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
         done = export_perfetto(db, perfetto, runs=run, selection=selection, ranks=ranks, overwrite=overwrite)
     except TraceqError as exc:
         _fail(exc)

@@ -162,19 +162,22 @@ def breakdown(
         memcpy: ``(starts, ends)`` of memcpy and memset activity, integer ns.
         window: ``(start, end)`` of the device window in ns; when None, the earliest start to the
             latest end over all three sets (zero-length intervals included), or empty when all
-            three are empty. Intervals are not clipped to a given window: clip them first.
+            three are empty. Intervals are clipped to a given window: only their time inside it
+            counts, so ``idle_ns`` is never negative nor longer than the window.
 
     Returns:
         ``comm_ns`` |U(comm)|, ``compute_ns`` |U(compute)|, ``overlapped_comm_ns``
         |U(comm) ∩ U(compute)|, ``exposed_comm_ns`` |U(comm) − U(compute)|, ``exposed_memcpy_ns``
         |U(memcpy) − U(compute) − U(comm)|, ``busy_ns`` |U(all)|, ``window_ns``, ``idle_ns``
-        (window − busy). When every interval lies in the window,
-        ``compute_ns + exposed_comm_ns + exposed_memcpy_ns + idle_ns == window_ns``.
+        (window − busy); always ``compute_ns + exposed_comm_ns + exposed_memcpy_ns + idle_ns == window_ns``.
     """
     raw = {
         name: _validate(*_as_pair(pair, name), name)
         for name, pair in (("comm", comm), ("compute", compute), ("memcpy", memcpy))
     }
+    if window is not None:
+        lo, hi = _window_pair(window)
+        raw = {name: _clip(spans, lo, hi) for name, spans in raw.items()}
     comm_u = _union(*raw["comm"])
     compute_u = _union(*raw["compute"])
     memcpy_u = _union(*raw["memcpy"])
@@ -243,6 +246,13 @@ def _as_pair(pair: Any, name: str) -> tuple[Any, Any]:
     except (TypeError, ValueError) as exc:
         raise IntervalError(f"{name}: expected a (starts, ends) pair; got {type(pair).__name__}") from exc
     return starts, ends
+
+
+def _clip(spans: Spans, lo: int, hi: int) -> Spans:
+    """The parts of ``spans`` inside [lo, hi); an interval wholly outside keeps no length."""
+    s, e = spans
+    s, e = np.clip(s, lo, hi), np.clip(e, lo, hi)
+    return s, e
 
 
 def _union(s: np.ndarray, e: np.ndarray) -> Spans:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from traceq import query
-from traceq.catalog import BREAKDOWNS, METRIC_NAMES
+from traceq.catalog import BREAKDOWNS, METRIC_NAMES, RATE_WEIGHTS
 from traceq.errors import ConfigError, EmptySelection
-from traceq.report.metrics import breakdown_metrics, nothing_selected, require_runs, step_metrics
+from traceq.report.metrics import breakdown_metrics, nothing_selected, rate_parts, require_runs, step_metrics
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -58,6 +58,7 @@ class Side:
 
 def diff(
     db: Warehouse = DEFAULT_DB, a: str | Side = "", b: str | Side = "", *, skip_steps: int | None = None,
+    include_last: bool = False,
 ) -> pl.DataFrame:
     """One row per quantity: ``section`` (:data:`SECTIONS`), ``name``, ``a``, ``b``
     (means over each side's rank-steps), ``delta`` (b − a), ``delta_pct``, the step-to-step spread of
@@ -69,7 +70,7 @@ def diff(
 
     sides = [s if isinstance(s, Side) else Side.parse(s) for s in (a, b)]
     with opened(db) as con:
-        frames = [_side_rows(con, side, skip_steps) for side in sides]
+        frames = [_side_rows(con, side, skip_steps, include_last) for side in sides]
     parts = [_compare(SECTIONS[0], frames[0][0], frames[1][0])]
     # a collective type or kernel category seen on one side only is 0 on every step of the other
     for index, section, keys in ((1, SECTIONS[1], ["rank", "device", "step"]), (2, SECTIONS[2], ["rank", "step"])):
@@ -90,13 +91,15 @@ def diff(
     ).select("section", "name", "a", "b", "delta", "delta_pct", "beyond_spread", "a_p10", "a_p90", "b_p10", "b_p90")
 
 
-def _side_rows(con: duckdb.DuckDBPyConnection, side: Side, skip_steps: int | None) -> tuple[pl.DataFrame, ...]:
+def _side_rows(
+    con: duckdb.DuckDBPyConnection, side: Side, skip_steps: int | None, include_last: bool
+) -> tuple[pl.DataFrame, ...]:
     """One side's rows in long form (name, value per rank-step): the metrics, the collective types and
     the kernel categories (each where seen), and the side's (rank, device, step) keys."""
     import polars as pl
 
     require_runs(con, [side.run])
-    selection = StepSelection.parse(side.steps, skip_steps, False)
+    selection = StepSelection.parse(side.steps, skip_steps, include_last=include_last)
     steps = step_metrics(con, selection=selection, runs=[side.run], idle_parts=True, cross_rank=True)
     if side.rank is not None:
         steps = steps.filter(pl.col("rank") == side.rank)
@@ -106,6 +109,10 @@ def _side_rows(con: duckdb.DuckDBPyConnection, side: Side, skip_steps: int | Non
                              + nothing_selected(con, selection, [side.run]))
     keys = ["rank", "device", "step"]
     metrics = steps.unpivot(index=keys, on=list(SCALARS), variable_name="name", value_name="value")
+    # rates carry their numerator and denominator: a side's figure is their ratio of sums (DESIGN §5)
+    rates = [steps.select(*keys, pl.lit(m).alias("name"), num.alias("num"), den.alias("den"))
+             for m in RATE_WEIGHTS if m in SCALARS and RATE_WEIGHTS[m] in steps.columns for num, den in [rate_parts(m)]]
+    metrics = metrics.join(pl.concat(rates), on=[*keys, "name"], how="left", nulls_equal=True)
     collectives = breakdown_metrics(con, "exposed_comm_by_collective_us", selection=selection, runs=[side.run])
     if side.rank is not None:
         collectives = collectives.filter(pl.col("rank") == side.rank)
@@ -125,8 +132,11 @@ def _compare(section: str, rows_a: pl.DataFrame, rows_b: pl.DataFrame) -> pl.Dat
     import polars as pl
 
     def stats(rows: pl.DataFrame, side: str) -> pl.DataFrame:
+        mean = pl.col("value").mean()
+        if "den" in rows.columns:  # a rate: the ratio of its sums (traceq.report.metrics.mean_of)
+            mean = pl.when(pl.col("den").sum() > 0).then(pl.col("num").sum() / pl.col("den").sum()).otherwise(mean)
         return rows.group_by("name").agg(
-            pl.col("value").mean().alias(side),
+            mean.alias(side),
             pl.col("value").quantile(0.1, "linear").alias(f"{side}_p10"),
             pl.col("value").quantile(0.9, "linear").alias(f"{side}_p90"),
         )

@@ -21,6 +21,7 @@ from traceq.report import crossrank
 from traceq.report.collectives import MATCHED, collectives_table
 from traceq.report.metrics import (
     breakdown_metrics,
+    mean_of,
     nothing_selected,
     require_runs,
     step_metrics,
@@ -218,7 +219,7 @@ def summary(steps: pl.DataFrame) -> pl.DataFrame:
     return (
         per_step.group_by("run")
         .agg(pl.col("world_size").first(), pl.col("rank").n_unique().alias("ranks"),
-             pl.len().alias("rank_steps"), *[pl.col(c).mean() for c in present])
+             pl.len().alias("rank_steps"), *[mean_of(c).alias(c) for c in present])
         .sort("run")
     )
 

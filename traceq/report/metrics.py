@@ -25,12 +25,14 @@ from traceq.catalog import (
     META_COLUMNS,
     METRICS,
     PER_STEP_METRICS,
+    RATE_NUMERATORS,
+    RATE_WEIGHTS,
     columns,
     resolve_metric,
 )
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
-from traceq.report.notes import metric_notes, step_window_notes
+from traceq.report.notes import metric_notes, selection_notes, step_window_notes
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import import_in_background, to_polars
 from traceq.store.schema import require_side_tables
@@ -60,7 +62,7 @@ NS_COLUMN_OF = {  # metric (us) -> its column in ns
     "wait_caused_us": "wait_caused_ns",
 }
 _THROUGHPUT_COLUMNS = (
-    "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j", "tokens_per_j",
+    "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j", "tokens_per_j", "power_tokens",
     "power_source", "power_gpus", "energy_source", "flops_per_step", "flops_source", "peak_tflops", "peak_tflops_source",
     "peak_gpu",
 )
@@ -298,6 +300,7 @@ def step_report(
         if set(names) & set(CROSS_RANK):
             notes.extend(crossrank.matching_notes(con, runs))
         if not whole_trace:
+            notes.extend(selection_notes(con, selection, runs))
             notes.extend(step_window_notes(con, rows, selection))
     return StepReport(tuple(names), rows, side_by_side(rows, names, grain), notes)
 
@@ -380,6 +383,44 @@ def _listing(items: Sequence[str], most: int = 20) -> str:
     return shown + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
+def mean_of(metric: str, value: str | None = None, weight: str | None = None) -> pl.Expr:
+    """The one formula by which ``metric`` aggregates over step rows (DESIGN §5): a ratio or rate
+    (:data:`~traceq.catalog.RATE_WEIGHTS`) as a ratio of sums, Σ numerator / Σ denominator over the rows
+    where both are known (null where the denominators sum to 0); any other metric as the plain mean.
+    ``value``/``weight``: other column names holding the value and its denominator."""
+    import polars as pl
+
+    if metric not in RATE_WEIGHTS:
+        return pl.col(value or metric).mean()
+    num, den = rate_parts(metric, value, weight)
+    return pl.when(den.sum() > 0).then(num.sum() / den.sum())
+
+
+def rate_parts(metric: str, value: str | None = None, weight: str | None = None) -> tuple[pl.Expr, pl.Expr]:
+    """A rate's numerator and denominator per row, null where either is unknown."""
+    import polars as pl
+
+    w = pl.col(weight or RATE_WEIGHTS[metric]).cast(pl.Float64)
+    if value is None and metric in RATE_NUMERATORS:
+        n = pl.col(RATE_NUMERATORS[metric]).cast(pl.Float64)
+    else:
+        n = pl.col(value or metric) * w
+    known = n.is_not_null() & w.is_not_null()
+    return pl.when(known).then(n), pl.when(known).then(w)
+
+
+def _sums_of(metric: str) -> list[pl.Expr]:
+    """Σ numerator and Σ denominator of a rate metric (as _num, _den), for aggregating further up."""
+    num, den = rate_parts(metric)
+    return [num.sum().alias("_num"), den.sum().alias("_den")]
+
+
+def _ratio_of_sums() -> pl.Expr:
+    import polars as pl
+
+    return pl.when(pl.col("_den").sum() > 0).then(pl.col("_num").sum() / pl.col("_den").sum())
+
+
 def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFrame:
     """Aggregate step rows of :func:`step_metrics` for ``metric`` to the grain ``by``.
 
@@ -392,24 +433,29 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
         keep = [*by, metric] + (["step_time_ms"] if metric != "step_time_ms" else [])
         return rows.select(keep).sort(by, maintain_order=True)
     value = pl.col(metric)
+    rate = metric in RATE_WEIGHTS
     others = [c for c in by if c not in ("run", "rank")]
     per_rank = rows.group_by(["run", "rank", *others]).agg(
         pl.len().alias("steps"),
-        value.mean().alias(metric),
+        mean_of(metric).alias(metric),
+        *(_sums_of(metric) if rate else []),
         value.median().alias(f"{metric}_median"),
         value.quantile(0.1, "linear").alias(f"{metric}_p10"),
         value.quantile(0.9, "linear").alias(f"{metric}_p90"),
         pl.col("step_time_ms").mean().alias("step_time_ms_mean"),
     )
     if "rank" in by:  # runs apart within a rank: group_by's order is not the same every time
-        return per_rank.sort(list(dict.fromkeys([*by, "run"])))
+        return per_rank.drop("_num", "_den", strict=False).sort(list(dict.fromkeys([*by, "run"])))
+    # a rate over ranks and runs is still the ratio of all their sums; other metrics: the mean of the means
+    mean = _ratio_of_sums() if rate else pl.col(metric).mean()
     per_run = (
         # ties go to the lowest rank, so the answer does not change between runs
         per_rank.sort(["step_time_ms_mean", "rank"], descending=[True, False], nulls_last=True)
         .group_by(["run", *others], maintain_order=True)
         .agg(
             pl.len().alias("ranks"),
-            pl.col(metric).mean().alias(metric),
+            mean.alias(metric),
+            *([pl.col("_num").sum(), pl.col("_den").sum()] if rate else []),
             pl.col(metric).min().alias(f"{metric}_min"),
             pl.col(metric).max().alias(f"{metric}_max"),
             pl.col("rank").first().alias("slowest_rank"),
@@ -417,6 +463,7 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
         )
     )
     if "run" in by or not others:
+        per_run = per_run.drop("_num", "_den", strict=False)
         return per_run.select([c for c in by if c in per_run.columns] + [c for c in per_run.columns if c not in by]).sort(
             [c for c in by if c in per_run.columns] or ["run"]
         )
@@ -426,12 +473,13 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
         .agg(
             pl.len().alias("runs"),
             pl.col("ranks").sum().alias("ranks"),
-            pl.col(metric).mean().alias(metric),
+            mean.alias(metric),
             pl.col(metric).min().alias(f"{metric}_min"),
             pl.col(metric).max().alias(f"{metric}_max"),
             pl.col("run").first().alias("slowest_run"),
             pl.col("slowest_rank").first().alias("slowest_rank"),
             pl.col("slowest_step_time_ms").first().alias("slowest_step_time_ms"),
         )
+        .drop("_num", "_den", strict=False)
         .sort(others, nulls_last=True)
     )

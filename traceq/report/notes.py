@@ -165,3 +165,55 @@ def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, select
             notes.append(f"run {r['run']} rank {r['rank']} device {r['device']}: communication but no compute kernel "
                          "in the selected steps, so all of it is exposed (did the trace keep only NCCL kernels?)")
     return notes
+
+
+def selection_notes(
+    con: duckdb.DuckDBPyConnection, selection: StepSelection, runs: Sequence[str] | None = None
+) -> list[str]:
+    """What the step selection left out, per run of ``runs`` (None: every run): a run it left with no
+    step at all (never dropped silently), the open last step left out by default, and a rank whose only
+    step is the last, kept with its open window (DESIGN §3)."""
+    selected = query.run(con, "selected_steps", query_params(selection)).set_alias("sel")
+    rel = con.sql(
+        """
+        select t.run, s.rank, count(*) filter (where s.source <> 'whole_trace') as n_steps,
+               min(s.step) as first_step, max(s.step) as last_step,
+               count(sel.step) as n_selected, bool_or(sel.step is not null and s.step = s.last) as last_selected
+        from (select *, max(step) over (partition by trace_id, rank) as last from steps) as s
+        inner join traces as t using (trace_id)
+        left join selected as sel on sel.trace_id = s.trace_id and sel.rank = s.rank and sel.step = s.step
+        where $runs is null or list_contains($runs, t.run)
+        group by all
+        order by t.run, s.rank
+        """,
+        params={"runs": list(runs) if runs else None},
+    )
+    names = rel.columns
+    notes: list[str] = []
+    by_run: dict[str, list[dict]] = {}
+    for row in rel.fetchall():
+        r = dict(zip(names, row))
+        by_run.setdefault(r["run"], []).append(r)
+    for run, ranks in by_run.items():
+        if not any(r["n_selected"] for r in ranks):
+            steps = [r for r in ranks if r["n_steps"]]
+            held = (f"it has steps {min(r['first_step'] for r in steps)}..{max(r['last_step'] for r in steps)}" if steps
+                    else "it has no step marker (one whole-trace window per rank)")
+            notes.append(f"run {run}: no step left by the selection ({selection.describe()}); {held}: "
+                         "it is not in this report")
+            continue
+        if selection.include_last or selection.drop_last:
+            continue
+        left_out = [r for r in ranks if r["n_steps"] > 1 and r["n_selected"] and not r["last_selected"]
+                    and (selection.step_max is None or r["last_step"] <= selection.step_max)]
+        if left_out:
+            lasts = sorted({r["last_step"] for r in left_out})
+            which = f"step {lasts[0]}" if len(lasts) == 1 else f"steps {lasts[0]}..{lasts[-1]}"
+            notes.append(f"run {run}: the last step of each rank ({which}) is left out: its device window is open "
+                         "(it ends with the GPU's drain); --include-last keeps it")
+        alone = [r for r in ranks if r["n_steps"] == 1 and r["last_selected"]]
+        if alone:
+            notes.append(f"run {run}: rank {', '.join(str(r['rank']) for r in alone)} has one step, also its last, "
+                         "kept: its device window is open (it ends with the GPU's drain, so it may hold work "
+                         "launched before it, or lack its trailing idle)")
+    return notes

@@ -1,8 +1,9 @@
 """Scaling across runs: global tokens/s against world size, the ideal linear line, efficiency,
 marginal tokens/s per added GPU, MFU and tokens per joule (README: Metrics).
 
-Per run, over its selected steps: step_time_ms is the mean over ranks of each rank's mean step time,
-global_tokens_per_s = tokens_per_step / step time (total tokens over total time, not a mean of rates).
+Per run, over its selected steps: step_time_ms is the mean step time over its rank-steps, and every rate
+(global_tokens_per_s, tokens_per_s, tflops, mfu, power_w, tokens_per_j) the ratio of sums over them: total
+tokens over total time, not a mean of rates, by the same formula as every other report.
 Within each group of runs (``by``: metadata columns such as model or tp; default: all runs), the
 smallest run is the base of the ideal line: ideal = base global tokens/s × world_size / base world_size.
 """
@@ -14,8 +15,8 @@ from collections.abc import Sequence
 import polars as pl
 
 from traceq.catalog import META_COLUMNS, columns
-from traceq.report.metrics import selected_step_rows
-from traceq.report.notes import power_notes
+from traceq.report.metrics import mean_of, selected_step_rows
+from traceq.report.notes import power_notes, selection_notes
 from traceq.report.selection import StepSelection
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
@@ -28,40 +29,25 @@ SCALING_NOTES = (
 
 
 def per_run(rows: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
-    """One row per run from :func:`traceq.report.metrics.step_metrics` rows: run-level throughput, MFU, power."""
+    """One row per run from :func:`traceq.report.metrics.step_metrics` rows: run-level throughput, MFU,
+    power, each the ratio of sums over the run's rank-steps (:func:`traceq.report.metrics.mean_of`, the
+    formula every report uses); power_w per GPU of the power log."""
     steps = rows.unique(subset=["run", "rank", "step"], keep="first")  # one row per rank-step, not per device
-    ranks = steps.group_by("run", "rank").agg(
-        pl.col("step_time_ms").mean().alias("rank_step_time_ms"),
-        pl.col("power_w").mean().alias("rank_power_w"),
-        (pl.col("power_w") / pl.col("power_gpus")).mean().alias("rank_power_w_per_gpu"),
-    )
-    tokens_share = pl.col("tokens_per_step") * pl.col("power_gpus") / pl.col("world_size")
-    energy = steps.filter(pl.col("energy_j").is_not_null()).group_by("run").agg(
-        (tokens_share.sum() / pl.col("energy_j").sum()).alias("tokens_per_j")
-    )
+    steps = steps.with_columns((pl.col("power_w") / pl.col("power_gpus")).alias("power_w_per_gpu"))
+    rates = ("global_tokens_per_s", "tokens_per_s", "tflops", "mfu", "tokens_per_j")
     comm = rows.group_by("run").agg(pl.col("exposed_comm_us").mean().alias("exposed_comm_us"))
-    facts = steps.group_by("run").agg(
-        *[pl.col(c).first() for c in ("world_size", "tokens_per_step", "flops_per_step", "peak_tflops",
-                                      *[m for m in by if m not in ("world_size", "tokens_per_step")])],
-        pl.col("step").n_unique().alias("steps"),
-    )
-    runs = (
-        ranks.group_by("run")
+    return (
+        steps.group_by("run")
         .agg(
+            *[pl.col(c).first() for c in ("world_size", "tokens_per_step", "flops_per_step", "peak_tflops",
+                                          *[m for m in by if m not in ("world_size", "tokens_per_step")])],
+            pl.col("step").n_unique().alias("steps"),
             pl.col("rank").n_unique().alias("ranks"),
-            pl.col("rank_step_time_ms").mean().alias("step_time_ms"),
-            pl.col("rank_power_w_per_gpu").mean().alias("power_w"),
+            pl.col("step_time_ms").mean(),
+            *[mean_of(c).alias(c) for c in rates],
+            mean_of("power_w", value="power_w_per_gpu").alias("power_w"),
         )
-        .join(facts, on="run", how="left")
-        .join(energy, on="run", how="left")
         .join(comm, on="run", how="left")
-    )
-    step_s = pl.col("step_time_ms") / 1e3
-    return runs.with_columns(
-        (pl.col("tokens_per_step") / step_s).alias("global_tokens_per_s"),
-        (pl.col("tokens_per_step") / step_s / pl.col("world_size")).alias("tokens_per_s"),
-        (pl.col("flops_per_step") / pl.col("world_size") / step_s / 1e12).alias("tflops"),
-        (pl.col("flops_per_step") / pl.col("world_size") / step_s / 1e12 / pl.col("peak_tflops")).alias("mfu"),
     )
 
 
@@ -141,6 +127,7 @@ def scaling_report(
     with opened(db) as con:
         rows = selected_step_rows(con, selection, runs)
         power = power_notes(con, sorted(rows["run"].unique().to_list()))
+        left_out = selection_notes(con, selection, runs)
     table = scaling_from_runs(per_run(rows, by), by)
     notes = list(SCALING_NOTES)
     missing = table.filter(pl.col("tokens_per_step").is_null())["run"].to_list()
@@ -148,4 +135,4 @@ def scaling_report(
         notes.append(f"no tokens_per_step for {', '.join(missing)}: set it with `traceq runs set RUN --tokens-per-step N`")
     if table["mfu"].is_null().all():
         notes.append("mfu is empty: no run has a peak (traceq runs set RUN --gpu-model NAME or --peak-tflops P)")
-    return table, [*notes, *power], rows
+    return table, [*left_out, *notes, *power], rows

@@ -18,15 +18,24 @@ class StepSelection:
     Args:
         skip_steps: leading profiled steps to skip; None = the run's ``warmup_steps`` metadata, else 0.
         step_min, step_max: keep step numbers (N of ProfilerStep#N) in [step_min, step_max] (None = unbounded).
-        drop_incomplete: drop a last step that the end of the trace cut.
-        drop_last: drop the last step always (what HTA does).
+        include_last: keep each rank's last step. By default it is left out: its device window is open
+            (nothing closes it but the GPU's drain, so it holds the backlog of earlier steps on a GPU that
+            lags its CPU, or loses its trailing idle on one that leads); a rank whose only step is the
+            last keeps it.
+        drop_incomplete: with ``include_last``, still drop a last step that the end of the trace cut.
+        drop_last: drop the last step always, even a rank's only step (what HTA does).
     """
 
     skip_steps: int | None = None
     step_min: int | None = None
     step_max: int | None = None
+    include_last: bool = False
     drop_incomplete: bool = True
     drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.include_last and self.drop_last:
+            raise ConfigError("include_last keeps each rank's last step and drop_last drops it: give one of them")
 
     def describe(self) -> str:
         """The selection in words, e.g. 'steps 900..1000, warm-up: the run's warmup_steps'."""
@@ -36,11 +45,13 @@ class StepSelection:
         parts.append("warm-up: the run's warmup_steps, 0 if unset" if self.skip_steps is None
                      else f"skipping the first {self.skip_steps} step(s)")
         parts.append("dropping every last step" if self.drop_last
-                     else "dropping a cut last step" if self.drop_incomplete else "keeping the last step")
+                     else ("keeping the last step (open window)" + (" unless cut" if self.drop_incomplete else ""))
+                     if self.include_last else "leaving out the open last step (--include-last keeps it)")
         return ", ".join(parts)
 
     @classmethod
-    def parse(cls, steps: str | None = None, skip_steps: int | None = None, drop_last: bool = False) -> StepSelection:
+    def parse(cls, steps: str | None = None, skip_steps: int | None = None, drop_last: bool = False,
+              include_last: bool = False) -> StepSelection:
         """From CLI text: ``steps`` as "a:b" (inclusive step numbers; either side may be empty)."""
         lo = hi = None
         if steps:
@@ -56,7 +67,7 @@ class StepSelection:
                 raise ConfigError("the end is before the start", param="steps", value=steps)
         if skip_steps is not None and skip_steps < 0:
             raise ConfigError("must be 0 or more", param="skip_steps", value=skip_steps)
-        return cls(skip_steps=skip_steps, step_min=lo, step_max=hi, drop_last=drop_last)
+        return cls(skip_steps=skip_steps, step_min=lo, step_max=hi, drop_last=drop_last, include_last=include_last)
 
 
 def query_params(selection: StepSelection = StepSelection()) -> dict[str, object]:
@@ -70,6 +81,7 @@ def query_params(selection: StepSelection = StepSelection()) -> dict[str, object
         "skip_steps": selection.skip_steps,
         "step_min": selection.step_min,
         "step_max": selection.step_max,
+        "include_last": selection.include_last,
         "drop_incomplete": selection.drop_incomplete,
         "drop_last": selection.drop_last,
         **event_categories().sql_params(),

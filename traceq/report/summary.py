@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from traceq.catalog import GROUP_COLUMNS, columns
-from traceq.report.metrics import selected_step_rows
-from traceq.report.notes import metric_notes, step_window_notes, steps_used
+from traceq.report.metrics import mean_of, selected_step_rows
+from traceq.report.notes import metric_notes, selection_notes, step_window_notes, steps_used
 from traceq.report.selection import StepSelection
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
@@ -35,14 +35,15 @@ def summary(
     Columns: ``steps`` (device-steps averaged), ``step_time_ms`` (mean), for each part of the window
     ``<part>_ms`` (mean per step) and ``<part>_pct`` (its share of the device window: the part summed
     over the steps over the windows summed, so that compute, exposed comm, exposed memcpy and idle add
-    up to 100), then ``tokens_per_s``, ``mfu`` and ``power_w`` (means; empty where unknown).
+    up to 100), then ``tokens_per_s``, ``mfu`` and ``power_w`` (ratios of sums over the steps, as every report
+    aggregates them; empty where unknown).
     """
     import polars as pl
 
     grain = columns(by, [c for c in GROUP_COLUMNS if c != "step"])
     with opened(db) as con:
         rows = selected_step_rows(con, selection, runs)
-        notes = steps_used(rows) + step_window_notes(con, rows, selection)
+        notes = steps_used(rows) + selection_notes(con, selection, runs) + step_window_notes(con, rows, selection)
         for name in ("mfu", "power_w"):  # their full notes where they have values, else one line for all
             if rows[name].is_not_null().any():
                 notes += [n for n in metric_notes(con, rows, name) if n not in notes]
@@ -57,6 +58,6 @@ def summary(
             (pl.col(f"{part}_us").mean() / 1000).alias(f"{part}_ms"),
             (pl.col(f"{part}_us").sum() / window * 100).alias(f"{part}_pct"),
         )],
-        *[pl.col(name).mean() for name in KNOWN_WHERE_GIVEN],
+        *[mean_of(name).alias(name) for name in KNOWN_WHERE_GIVEN],  # ratios of sums (DESIGN §5)
     )
     return table.sort(grain, nulls_last=True), notes
