@@ -1,6 +1,7 @@
 -- run_metadata: one row per run, its metadata (runs.metadata: the collector's run.json merged with
 -- `traceq runs set` values) as typed columns.
---   world_size          ranks: metadata, else distributedInfo world_size, else ranks seen in steps
+--   world_size          ranks: metadata, else distributedInfo world_size, else ranks seen in steps (a run of one
+--                       file that names no rank is one rank)
 --   nodes, gpus_per_node, tp, pp, cp, dp, model, seq_len (tokens)
 --   gpu_model           GPU model: metadata gpu_model, else the device name in the traces'
 --                       deviceProperties (the most common over the run's traces)
@@ -20,7 +21,7 @@ with traced as (
         max(t.world_size) as trace_world_size,
         mode(t.gpu_model) as trace_gpu,
         (select count(distinct s.rank) from steps as s
-         inner join traces as t2 using (trace_id) where t2.run = t.run and s.rank >= 0) as ranks_seen
+         inner join traces as t2 using (trace_id) where t2.run = t.run) as ranks_seen
     from traces as t
     group by t.run
 ),

@@ -214,3 +214,24 @@ def test_a_run_json_of_traceq_0_1_still_ingests(tmp_path: Path) -> None:
     # 2000 tokens in 100 ms on one GPU: 20,000 tokens/s; 6,153,600 FLOPs per token -> 123.072 TFLOP/s
     mfu = compute_metric(db, "mfu", by="run", selection=EVERY)["mfu"][0]
     assert mfu == pytest.approx(20_000 * 6_153_600 / 989e12)
+
+
+def test_flops_per_step_alone_gives_tflops_and_mfu_and_a_missing_input_is_named(tmp_path: Path) -> None:
+    """A model without tokens (ResNet, recsys): FLOPs per step and a peak are enough (DESIGN §5)."""
+    from traceq.report.scaling import scaling_table
+
+    db = tmp_path / "w.duckdb"
+    ingest_traces([write_rank(tmp_path / "resnet", 0, [100, 300, 100], None)], db, workers=0)
+    set_run_metadata(db, "resnet", {"flops_per_step": 4e11})
+    table, notes = metric_report(db, "tflops,mfu", by="run")
+    # world size 2 (distributedInfo), steps 1 and 2 (the last left out): 2 x 4e11 / 2 / 0.4 s = 1 TFLOP/s
+    assert table["tflops"].to_list() == [pytest.approx(1.0)]
+    assert table["mfu"].to_list() == [None]
+    text = "\n".join(notes)
+    assert "tokens_per_step unknown" not in text
+    assert "run resnet: 4e+11 FLOPs/step (flops_per_step); GPU unknown, so mfu is empty: traceq runs set resnet --gpu-model" in text
+    scaling_notes = "\n".join(scaling_table(db)[1])
+    assert "run resnet: GPU unknown, so mfu is empty" in scaling_notes and "no run has a peak" not in scaling_notes
+    set_run_metadata(db, "resnet", {"gpu_model": "NVIDIA A100-SXM4-80GB"})
+    assert compute_metric(db, "mfu", by="run")["mfu"].to_list() == [pytest.approx(1.0 / 312)]
+    assert scaling_table(db)[0]["mfu"].to_list() == [pytest.approx(1.0 / 312)]

@@ -52,7 +52,7 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
     if metric in BREAKDOWNS:
         notes.append(BREAKDOWN_NOTE)
     runs = _run_facts(rows)
-    if metric in TOKENS_METRICS:
+    if metric in TOKENS_METRICS and metric not in FLOPS_METRICS:
         for run in runs.filter(pl.col("tokens_per_step").is_null())["run"].to_list():
             notes.append(f"run {run}: tokens_per_step unknown, so {metric} is empty; "
                          f"set it: traceq runs set {run} --tokens-per-step N")
@@ -60,17 +60,7 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
         notes.append(FLOPS_CONVENTION)
         notes.append(PEAK_NOTE.format(table=peak_table_text()))
         for r in runs.iter_rows(named=True):
-            flops = (f"{r['flops_per_step']:.4g} FLOPs/step ({r['flops_source']})" if r["flops_per_step"] is not None
-                     else f"model FLOPs unknown (set --model-flops-per-token or the model dimensions: traceq runs set {r['run']} ...)")
-            if r["peak_tflops"] is not None:
-                named = f", {r['peak_gpu']} for {r['gpu_model']!r}" if r["peak_tflops_source"] == "table" else (f", {r['gpu_model']}" if r["gpu_model"] else "")
-                peak = f"peak {r['peak_tflops']:g} TFLOP/s ({r['peak_tflops_source']}{named})"
-            elif r["gpu_model"]:
-                peak = (f"GPU {r['gpu_model']!r} is not in the peak table, so mfu is empty; set its dense BF16 peak: "
-                        f"traceq runs set {r['run']} --peak-tflops P")
-            else:
-                peak = f"GPU unknown, so mfu is empty: traceq runs set {r['run']} --gpu-model NAME (or --peak-tflops P)"
-            notes.append(f"run {r['run']}: {flops}; {peak}")
+            notes.append(f"run {r['run']}: {flops_text(r)}; {peak_text(r)}")
     if metric in POWER_METRICS:
         notes.extend(power_notes(con, runs["run"].to_list()))
     return notes
@@ -124,10 +114,35 @@ def power_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str
     return notes
 
 
+def flops_text(r: dict) -> str:
+    """A run's FLOPs per step and where they come from, or the input that is missing (``r``: a row with
+    flops_per_step, flops_source, tokens_per_step, world_size and run)."""
+    run = r["run"]
+    if r["flops_per_step"] is None:
+        return (f"model FLOPs unknown, so tflops and mfu are empty: traceq runs set {run} --flops-per-step F "
+                "(or --model-flops-per-token F or the model dimensions, with --tokens-per-step N)")
+    text = f"{r['flops_per_step']:.4g} FLOPs/step ({r['flops_source']})"
+    if r.get("world_size") is None:
+        text += f", world size unknown, so tflops and mfu are empty: traceq runs set {run} --world-size N"
+    return text
+
+
+def peak_text(r: dict) -> str:
+    """A run's peak and where it comes from, or the input that is missing."""
+    if r["peak_tflops"] is not None:
+        named = (f", {r['peak_gpu']} for {r['gpu_model']!r}" if r["peak_tflops_source"] == "table"
+                 else (f", {r['gpu_model']}" if r["gpu_model"] else ""))
+        return f"peak {r['peak_tflops']:g} TFLOP/s ({r['peak_tflops_source']}{named})"
+    if r["gpu_model"]:
+        return (f"GPU {r['gpu_model']!r} is not in the peak table, so mfu is empty; set its dense BF16 peak: "
+                f"traceq runs set {r['run']} --peak-tflops P")
+    return f"GPU unknown, so mfu is empty: traceq runs set {r['run']} --gpu-model NAME (or --peak-tflops P)"
+
+
 def _run_facts(rows: pl.DataFrame) -> pl.DataFrame:
     import polars as pl
 
-    cols = ["run", "tokens_per_step", "flops_per_step", "flops_source", "peak_tflops", "peak_tflops_source", "peak_gpu", "gpu_model"]
+    cols = ["run", "world_size", "tokens_per_step", "flops_per_step", "flops_source", "peak_tflops", "peak_tflops_source", "peak_gpu", "gpu_model"]
     present = [c for c in cols if c in rows.columns]
     facts = rows.select(present).unique(subset=["run"], keep="first").sort("run")
     return facts.with_columns(*[pl.lit(None).alias(c) for c in cols if c not in present])

@@ -16,7 +16,7 @@ import polars as pl
 
 from traceq.catalog import META_COLUMNS, columns
 from traceq.report.metrics import mean_of, selected_step_rows
-from traceq.report.notes import power_notes, selection_notes
+from traceq.report.notes import flops_text, peak_text, power_notes, selection_notes
 from traceq.report.selection import StepSelection
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
@@ -133,6 +133,9 @@ def scaling_report(
     missing = table.filter(pl.col("tokens_per_step").is_null())["run"].to_list()
     if missing:
         notes.append(f"no tokens_per_step for {', '.join(missing)}: set it with `traceq runs set RUN --tokens-per-step N`")
-    if table["mfu"].is_null().all():
-        notes.append("mfu is empty: no run has a peak (traceq runs set RUN --gpu-model NAME or --peak-tflops P)")
+    facts = rows.unique(subset=["run"], keep="first")
+    for r in facts.filter(pl.col("run").is_in(table.filter(pl.col("mfu").is_null())["run"].to_list())).sort("run").iter_rows(named=True):
+        missing = [flops_text(r)] if r["flops_per_step"] is None or r["world_size"] is None else []
+        missing += [peak_text(r)] if r["peak_tflops"] is None else []
+        notes.append(f"run {r['run']}: " + "; ".join(missing or ["no step with a step time"]))
     return table, [*left_out, *notes, *power], rows
