@@ -28,6 +28,7 @@ from tests.conftest import corpus_path
 from tests.tracegen import TraceBuilder
 from traceq.cli import app
 from traceq.ingest import ingest_traces
+from traceq.store.warehouse import connect
 from traceq.ingest.decode import decode_chunk
 
 GOOD = "hta/trace_filter/sampled_rank-0.json.gz"
@@ -352,3 +353,31 @@ def test_directory_mixing_good_and_bad_files(db: Path, tmp_path: Path) -> None:
         assert sum(line.startswith(f"failed {run / name}: ") for line in err) == 1
     assert out[-1].startswith("2 ingested, 0 skipped, 5 failed")
     assert table_counts(db) == table_counts(reference)
+
+
+def test_a_step_marker_that_matches_nothing_names_the_file_and_its_markers(tmp_path: Path) -> None:
+    from tests.conftest import corpus_path
+
+    trace = corpus_path("hta/trace_filter/sampled_rank-0.json.gz")
+    summary = ingest_traces([trace], tmp_path / "w.duckdb", step_marker="^nomatch", workers=0)
+    (failed,) = summary.by_status("failed")
+    assert failed.message.startswith(f"{trace}: no event matches the step marker '^nomatch'; its annotations include")
+    assert "'ProfilerStep#N'" in failed.message and "'Optimizer.step#Shampoo.step'" in failed.message
+    with connect(tmp_path / "w.duckdb", read_only=True) as con:  # nothing half-written
+        assert con.sql("select count(*) from traces").fetchall() == [(0,)]
+    done = CliRunner().invoke(app, ["ingest", str(trace), "--db", str(tmp_path / "c.duckdb"), "--step-marker", "^nomatch"])
+    assert done.exit_code == 1 and "no event matches the step marker" in done.output
+
+
+def test_a_step_marker_inside_the_step_gets_a_note(tmp_path: Path) -> None:
+    """resnet50 (2021): Optimizer.step#SGD.step spans 20-37 ms of each ~150 ms step (6 spans, 150.6 ms
+    of 794.3 ms from the first start to the last end: 19 %)."""
+    from tests.conftest import corpus_path
+
+    trace = corpus_path("kineto_tb_plugin/2021-01_profiler_api/resnet50_profiler_api_num_workers_0/worker0.pt.trace.json.gz")
+    summary = ingest_traces([trace], tmp_path / "w.duckdb", step_marker="Optimizer.step#", workers=0)
+    assert summary.ok
+    notes = [n for f in summary.files for n in f.notes if "step marker" in n]
+    assert notes == [f"{trace}: the step marker's 6 spans (25.096 ms each on average) cover 19 % of the time from "
+                     "the first to the last: a marker inside the step? step_time_ms, the clock of throughput, is the "
+                     "marker's span"]
