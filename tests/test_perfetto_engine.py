@@ -108,9 +108,10 @@ def test_step_markers_with_case_and_groups_number_steps_as_at_ingest(tmp_path: P
     path = t.write(tmp_path / "job" / "rank0.json")
     db = tmp_path / "w.duckdb"
     for marker in (r"(?i)^train step (\d+)$", r"^(Train) Step (\d+)$", r"^Train Step \d+$"):
-        mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, marker=StepMarker.parse(marker))
+        mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, marker=StepMarker.parse(marker),
+                               selection=EVERY_STEP)
         assert ingest_traces([path], db, workers=0, step_marker=marker, force=True).ok
-        assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step").table), marker
+        assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table), marker
         assert mine.table["exposed_comm_us"].to_list() == [60.0, 0.0, 40.0], marker
 
 
@@ -326,12 +327,12 @@ def test_a_step_marker_names_the_steps_as_at_ingest(tmp_path: Path, binary: Path
             e["name"] = "train_step"  # no number: steps 1, 2, 3 in time order
     path = t.write(tmp_path / "job" / "rank0.json")
     marker = StepMarker.parse("^train_step")
-    mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, marker=marker)
+    mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, marker=marker, selection=EVERY_STEP)
     assert mine.table["step"].to_list() == [1, 2, 3]
     assert mine.table["exposed_comm_us"].to_list() == [EXPECTED[s]["exposed_comm"] for s in (1, 2, 3)]
     db = tmp_path / "w.duckdb"
     assert ingest_traces([path], db, workers=0, step_marker="^train_step").ok
-    assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step").table)
+    assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table)
 
 
 def test_two_files_holding_one_step_of_a_rank_are_refused_as_at_ingest(tmp_path: Path, binary: Path) -> None:

@@ -133,10 +133,10 @@ def test_step_marker_names_steps_that_are_not_profiler_steps(tmp_path: Path) -> 
     assert compute_metric(plain, "compute", by=["run", "rank", "step"])["step"].to_list() == [-1]
     result = CliRunner().invoke(app, ["ingest", str(path), "--db", str(marked), "--step-marker", r"^step\[DECODE", "-q"])
     assert result.exit_code == 0, result.output
-    steps = compute_metric(marked, "compute", by=["run", "rank", "step"])
+    steps = compute_metric(marked, "compute", by=["run", "rank", "step"], selection=EVERY_STEP)
     # numbered in time order; windows 20..120, 120..220, 220..250 us
     assert steps.select("step", "compute_us", "step_time_ms").rows() == [(1, 30.0, 0.08), (2, 30.0, 0.08), (3, 30.0, 0.08)]
-    assert compute_metric(marked, "idle", by=["run", "rank", "step"])["idle_us"].to_list() == [70.0, 70.0, 0.0]
+    assert compute_metric(marked, "idle", by=["run", "rank", "step"], selection=EVERY_STEP)["idle_us"].to_list() == [70.0, 70.0, 0.0]
     with connect(marked, read_only=True) as con:
         assert con.sql("select step_marker from traces").fetchall() == [(r"^step\[DECODE",)]
     bad = CliRunner().invoke(app, ["ingest", str(path), "--db", str(tmp_path / "x.duckdb"), "--step-marker", "step[("])
@@ -149,7 +149,7 @@ def test_a_step_marker_with_a_number_group_numbers_the_steps(tmp_path: Path) -> 
         e["name"] = f"train_step_{40 + i}"
     db = tmp_path / "w.duckdb"
     assert ingest_traces([t.write(tmp_path / "j" / "rank0.json")], db, workers=0, step_marker=r"^train_step_(\d+)$").ok
-    assert compute_metric(db, "compute", by=["run", "rank", "step"])["step"].to_list() == [40, 41, 42]
+    assert compute_metric(db, "compute", by=["run", "rank", "step"], selection=EVERY_STEP)["step"].to_list() == [40, 41, 42]
 
 
 def test_empty_selections_are_errors_that_say_what_exists(lagging_db: Path, tmp_path: Path) -> None:
