@@ -6,7 +6,7 @@
 -- else compute. The rules are traceq_kernel_rules (sql/kernel_rules.csv, passed in; a pattern that
 -- starts with (?i) is matched on the lower-cased name, ci = 1).
 -- collective_type (comm only): from the kernel's "Collective name", else from the record_param_comms
--- op around its launch, else from the rule, else Other.
+-- op around its launch, else from the nccl:<op> / c10d::<op> annotation around it, else from the rule, else Other.
 -- device, stream: args.device / args.stream, else the JSON pid / tid.
 include perfetto module traceq.events;
 include perfetto module traceq.functions;
@@ -82,7 +82,8 @@ classified as (
 
 select * from classified;
 
--- comm kernels without collective args: the innermost record_param_comms op around their launch. The
+-- comm kernels without collective args: the innermost record_param_comms op around their launch, else the
+-- innermost nccl:<op> / c10d::<op> annotation (as sql/gpu_activity.sql). The
 -- launch is carried to the kernels of its (rank, correlation) by a window, and the small tables are
 -- MATERIALIZED so that SQLite indexes them for the joins (a join of two Perfetto tables on these
 -- columns ran as a nested loop: 21 s on the 500 MB benchmark trace).
@@ -104,7 +105,13 @@ launch_params as materialized (
         where a.name = 'record_param_comms' and extract_arg(a.arg_set_id, 'args.Collective name') is not null
         order by a.depth desc
         limit 1
-    ) as collective
+    ) as collective, (
+        select traceq_collective_type(ltrim(substr(a.name, instr(a.name, ':') + 1), ':'))
+        from ancestor_slice(l.launch_id) as a
+        where a.name glob 'nccl:*' or a.name glob 'c10d::*'
+        order by a.depth desc
+        limit 1
+    ) as annotation
     from comm_launches as l
     where l.id is not null and l.launch_id is not null
 ),
@@ -125,7 +132,8 @@ final as (
         c.category,
         iif(
             c.class = 'comm',
-            coalesce(traceq_collective_type(coalesce(c.collective, lp.collective)), c.rule_collective, 'Other'),
+            coalesce(traceq_collective_type(coalesce(c.collective, lp.collective)), nullif(lp.annotation, 'Other'),
+                     c.rule_collective, 'Other'),
             null
         ) as collective_type
     from _traceq_classified as c
