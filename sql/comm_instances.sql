@@ -18,6 +18,12 @@
 --   transfer_ns     the shortest duration over the instance's ranks (the rank that arrived last waited least)
 --   wait_ns         dur_ns - transfer_ns: the first part of the kernel
 --   arrived_last    the kernel of the shortest duration (ties: the lowest rank) arrived last: the straggler
+--   arrival         how arrival was inferred: duration (the rule above) | start time | not inferable.
+--                   Rooted collectives (Broadcast, Reduce): the root's kernel can end long before the
+--                   receivers', so the shortest kernel is not the last to arrive (DESIGN §9). Where every
+--                   kernel of the instance is in one trace file (one host's clock) the last to start
+--                   arrived last and a kernel waits from its start to that start (transfer: the rest);
+--                   otherwise arrival is not inferable: no straggler, no wait, the kernel counts as transfer
 --   wait_caused_ns  on the straggler's row, the wait of every other rank of the instance; else 0
 --   size_bytes      message bytes (AllGather: output elements, others input elements, x dtype bytes);
 --                   matched: the largest over the instance's kernels
@@ -165,6 +171,7 @@ ordered as (
         f.members_reason,
         case when f.by_seq then c.seq else -1 end as key_seq,
         case when f.by_seq then '' else c.collective_type end as key_type,
+        c.start_ns + o.offset_ns as wall_start_ns,
         -- in wall-clock order: a rank's trace files (profiling cycles) each have a clock of their own
         row_number() over (
             partition by c.group_id, c.rank, key_seq, key_type
@@ -191,8 +198,22 @@ instances as (
         min(dur_ns) as transfer_ns,
         sum(dur_ns) as sum_dur_ns,
         max(bytes) as max_bytes,
-        arg_min(rank, (dur_ns, rank)) as last_rank
+        arg_min(rank, (dur_ns, rank)) as last_rank,
+        bool_or(collective_type in ('Broadcast', 'Reduce')) as rooted,
+        count(distinct trace_id) = 1 as one_clock,
+        max(wall_start_ns) as last_start_ns,
+        arg_max(rank, (wall_start_ns, -rank)) as last_start_rank
     from ordered
+    group by all
+),
+
+-- rooted instances on one clock: each kernel waits from its start to the last rank's start
+start_waits as (
+    select o.group_id, o.key_seq, o.key_type, o.ordinal,
+           sum(least(o.dur_ns, greatest(0, i.last_start_ns - o.wall_start_ns))) as start_wait_sum_ns
+    from ordered as o
+    inner join instances as i using (group_id, key_seq, key_type, ordinal)
+    where i.rooted and i.one_clock
     group by all
 ),
 
@@ -202,7 +223,11 @@ matched as (
         i.transfer_ns as instance_transfer_ns,
         i.sum_dur_ns,
         i.max_bytes,
-        i.last_rank,
+        case when i.rooted and i.one_clock then i.last_start_rank else i.last_rank end as last_rank,
+        case when not i.rooted then 'duration' when i.one_clock then 'start time' else 'not inferable' end as arrival,
+        case when i.rooted and i.one_clock then least(o.dur_ns, greatest(0, i.last_start_ns - o.wall_start_ns)) end
+            as start_wait_ns,
+        sw.start_wait_sum_ns,
         case
             when o.members_reason is not null then o.members_reason
             when o.present < o.n then format('the run holds {} of the group''s {} ranks', o.present, o.n)
@@ -215,6 +240,7 @@ matched as (
     from ordered as o
     inner join instances as i using (group_id, key_seq, key_type, ordinal)
     left join type_counts as tc on o.key_type <> '' and tc.group_id = o.group_id and tc.key_type = o.key_type
+    left join start_waits as sw using (group_id, key_seq, key_type, ordinal)
 ),
 
 -- names and labels join the rows last: the sorts above carry integers
@@ -228,18 +254,30 @@ final as (
         n as group_size, seq, ordinal,
         reason is null as matched,
         reason,
+        case when reason is null then arrival end as arrival,
         case when reason is null then hash(group_id, key_seq, key_type, ordinal) end as instance_id,
-        case when reason is null then dur_ns - instance_transfer_ns else 0 end as wait_ns,
-        case when reason is null then instance_transfer_ns else dur_ns end as transfer_ns,
-        reason is null and rank = last_rank as arrived_last,
-        case when reason is null and rank = last_rank then sum_dur_ns - n * instance_transfer_ns else 0 end
-            as wait_caused_ns,
+        case
+            when reason is not null or arrival = 'not inferable' then 0
+            when arrival = 'start time' then start_wait_ns
+            else dur_ns - instance_transfer_ns
+        end as wait_ns,
+        case
+            when reason is not null or arrival = 'not inferable' then dur_ns
+            when arrival = 'start time' then dur_ns - start_wait_ns
+            else instance_transfer_ns
+        end as transfer_ns,
+        reason is null and arrival <> 'not inferable' and rank = last_rank as arrived_last,
+        case
+            when reason is not null or arrival = 'not inferable' or rank <> last_rank then 0
+            when arrival = 'start time' then start_wait_sum_ns - start_wait_ns
+            else sum_dur_ns - n * instance_transfer_ns
+        end as wait_caused_ns,
         case when reason is null then max_bytes else bytes end as size_bytes
     from matched
     union all by name
     select
         trace_id, rank, device, stream, step, start_ns, end_ns, dur_ns, collective_type, group_id,
-        n as group_size, seq, null as ordinal, false as matched, reason0 as reason, null as instance_id,
+        n as group_size, seq, null as ordinal, false as matched, reason0 as reason, null as arrival, null as instance_id,
         0 as wait_ns, dur_ns as transfer_ns, false as arrived_last, 0 as wait_caused_ns, bytes as size_bytes
     from candidates
     where reason0 is not null

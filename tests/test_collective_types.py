@@ -64,3 +64,73 @@ def test_the_corpus_figures_by_hand() -> None:
     for rank in (0, 1):
         assert annotated_types(corpus_path(f"hta/trace_filter/sampled_rank-{rank}.json.gz")) == Counter(
             AllToAll=4, AllReduce=4, AllGather=2)
+
+
+# --- rooted collectives (DESIGN §9): the root's kernel ends first, so the shortest kernel is not the last
+# to arrive. The merged 4-rank RCCL file has every rank on one host's clock: arrival by start time.
+
+MERGED = "amd_hpctraining/fused_traces/merged_all_events.json.gz"
+
+
+def broadcasts_by_hand(path: Path) -> list[dict[int, tuple[int, int]]]:
+    """Per Broadcast instance (the k-th broadcast kernel of each rank in time order): rank -> (start_ns,
+    dur_ns), exact, from the raw JSON."""
+    from decimal import Decimal
+
+    doc = json.loads(gzip.decompress(path.read_bytes()), parse_float=Decimal)
+    per_rank: dict[int, list[tuple[int, int]]] = {}
+    for e in doc["traceEvents"]:
+        args = e.get("args", {})
+        if e.get("cat") == "kernel" and args.get("Collective name") == "broadcast":
+            per_rank.setdefault(args["rank"], []).append((int(e["ts"] * 1000), int(e["dur"] * 1000)))
+    lists = [sorted(v) for _, v in sorted(per_rank.items())]
+    assert len(lists) == 4 and len({len(v) for v in lists}) == 1
+    return [{r: lists[r][k] for r in range(4)} for k in range(len(lists[0]))]
+
+
+def test_rooted_collectives_on_one_clock_are_placed_by_start_time(tmp_path: Path) -> None:
+    path = corpus_path(MERGED)
+    instances = broadcasts_by_hand(path)
+    assert len(instances) == 6
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([path], db, workers=0).ok
+    from traceq.report.crossrank import matched
+
+    with connect(db, read_only=True) as con, matched(con, None) as table:
+        rows = con.sql(f"select rank, start_ns, wait_ns, transfer_ns, arrived_last, wait_caused_ns, arrival "
+                       f"from {table} where collective_type = 'Broadcast' order by start_ns").fetchall()
+    got = {(rank, start): (wait, transfer, last, caused, arrival) for rank, start, wait, transfer, last, caused, arrival in rows}
+    shortest_was_root = 0
+    for inst in instances:
+        last = max(inst, key=lambda r: (inst[r][0], -r))
+        assert last == 3  # the corpus README: rank 3 arrives last (by start, at every broadcast)
+        waits = {r: min(d, max(0, inst[last][0] - s)) for r, (s, d) in inst.items()}
+        for r, (s, d) in inst.items():
+            wait, transfer, arrived_last, caused, arrival = got[(r, s)]
+            assert (wait, transfer, arrived_last, arrival) == (waits[r], d - waits[r], r == last, "start time")
+            assert caused == (sum(waits.values()) - waits[r] if r == last else 0)
+        shortest_was_root += min(inst, key=lambda r: (inst[r][1], r)) == 0
+    assert shortest_was_root >= 4  # what the shortest-kernel rule would have blamed: the root, rank 0
+
+
+def test_rooted_collectives_on_clocks_of_their_own_are_not_inferable(tmp_path: Path) -> None:
+    from tests.tracegen import TraceBuilder
+    from traceq.report.crossrank import matched, matching_notes
+
+    files = []
+    for rank, (start, end) in enumerate([(10_000, 12_000), (10_000, 30_000)]):  # the root (rank 0) ends first
+        t = TraceBuilder(rank=rank)
+        t.step(1, 0, 50_000)
+        t.kernel("ncclDevKernel_Generic(ncclDevComm*)", start, end, launch_ns=1_000, **{
+            "Collective name": "broadcast", "Group size": 2, "Process Group Name": "0",
+            "Process Group Ranks": "[0, 1]", "In msg nelems": 1024, "dtype": "Float"})
+        files.append(t.write(tmp_path / "job" / f"rank{rank}.json"))
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces(files, db, workers=0).ok
+    with connect(db, read_only=True) as con:
+        with matched(con, None) as table:
+            rows = con.sql(f"select rank, matched, arrival, wait_ns, transfer_ns, arrived_last, wait_caused_ns "
+                           f"from {table} order by rank").fetchall()
+        notes = matching_notes(con)
+    assert rows == [(0, True, "not inferable", 0, 2_000, False, 0), (1, True, "not inferable", 0, 20_000, False, 0)]
+    assert any("2 kernels of rooted collectives on clocks of their own: arrival not inferable" in n for n in notes)

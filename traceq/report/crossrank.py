@@ -26,7 +26,9 @@ INSTANCES_TABLE = "traceq_comm_instances"
 SPLIT_NOTE = (
     "wait vs transfer: collectives are matched across the ranks of a run (by process group and Seq, else by "
     "collective type and order); an instance's transfer = its shortest kernel, each rank's wait = its kernel's "
-    "first (duration − transfer); an unmatched kernel counts as transfer"
+    "first (duration − transfer); an unmatched kernel counts as transfer. Rooted collectives (Broadcast, Reduce), "
+    "whose root can finish first: by start times where all ranks are in one file (one clock), else arrival is not "
+    "inferable and the kernel counts as transfer"
 )
 
 
@@ -92,7 +94,8 @@ def matching_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = 
         summary = con.execute(
             f"""
             select c.run, count(*), count(*) filter (where c.matched), count(distinct c.instance_id),
-                   count(distinct c.rank) filter (where c.matched), any_value(r.ranks), any_value(r.world_size)
+                   count(distinct c.rank) filter (where c.matched), any_value(r.ranks), any_value(r.world_size),
+                   count(*) filter (where c.arrival = 'start time'), count(*) filter (where c.arrival = 'not inferable')
             from {table} as c
             inner join (
                 select run, count(distinct s.rank) filter (where s.rank >= 0) as ranks, max(t.world_size) as world_size
@@ -113,10 +116,15 @@ def matching_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = 
             {"runs": list(runs) if runs else None},
         ).fetchall()
     notes = [SPLIT_NOTE] if summary else []
-    for run, kernels, n_matched, instances, ranks, run_ranks, world_size in summary:
+    for run, kernels, n_matched, instances, ranks, run_ranks, world_size, by_start, not_inferable in summary:
         line = f"run {run}: {n_matched} of {kernels} communication kernels matched"
         if n_matched:
             line += f", {instances} collective instances over {ranks} ranks"
+        if by_start:
+            line += f"; {by_start} kernels of rooted collectives (Broadcast, Reduce) placed by start time (one clock)"
+        if not_inferable:
+            line += (f"; {not_inferable} kernels of rooted collectives on clocks of their own: arrival not inferable, "
+                     "no straggler, counted as transfer")
         why = [f"{n} {reason} ({types})" for r, reason, types, n in reasons if r == run]
         if why:
             line += f"; unmatched (counted as transfer): {'; '.join(why)}"
