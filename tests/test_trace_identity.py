@@ -19,7 +19,7 @@ from traceq.catalog import peak_for
 from traceq.cli import app
 from traceq.ingest import ingest_traces
 from traceq.report.metrics import compute_metric, metric_report, step_metrics
-from traceq.report.selection import relation
+from traceq.report.selection import StepSelection, relation
 from traceq.store.schema import SCHEMA_VERSION, schema_version
 from traceq.store.warehouse import connect
 
@@ -33,15 +33,42 @@ def _anonymous(tag: str) -> TraceBuilder:
     return t
 
 
-def test_files_without_a_rank_get_ranks_of_their_own_with_a_note(tmp_path: Path) -> None:
-    paths = [_anonymous(tag).write(tmp_path / "resnet50" / f"worker{i}.json") for i, tag in enumerate("ab")]
-    result = CliRunner().invoke(app, ["ingest", *map(str, paths), "--db", str(tmp_path / "w.duckdb"), "-q"])
+def test_files_without_a_rank_or_a_job_are_runs_of_their_own_with_a_note(tmp_path: Path) -> None:
+    """DESIGN §1: two unrelated traces in one folder are never averaged as two ranks of one job."""
+    paths = [_anonymous(tag).write(tmp_path / "resnet50" / f"worker{i}.pt.trace.json") for i, tag in enumerate("ab")]
+    db = tmp_path / "w.duckdb"
+    result = CliRunner().invoke(app, ["ingest", *map(str, paths), "--db", str(db), "-q"])
     assert result.exit_code == 0, result.output
-    assert [line.split(": run ")[1].split(",")[1] for line in result.stdout.splitlines()[:2]] == [" rank -1", " rank -2"]
+    assert [line.split(": run ")[1].split(",")[:2] for line in result.stdout.splitlines()[:2]] == [
+        ["worker0", " rank -1"], ["worker1", " rank -1"]]
     notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
-    assert len(notes) == 2 and "stored as rank -2 of run resnet50; set one with --rank N" in notes[1]
-    frame = compute_metric(tmp_path / "w.duckdb", "comm", by=("run", "rank"))
-    assert frame.select("rank", "steps").rows() == [(-2, 3), (-1, 3)]  # apart, each with its own 3 steps
+    assert len(notes) == 2 and notes[1].endswith(
+        "worker1.pt.trace.json names no rank (no distributedInfo, event args or rank<N> in its name): a run of its own, "
+        "worker1, as rank -1; join it to others with --run NAME, name its rank with --rank N")
+    frame = compute_metric(db, "comm", by=("run", "rank"))
+    assert frame.select("run", "rank", "steps").rows() == [
+        ("worker0", -1, 2), ("worker1", -1, 2)]  # apart, each its own 3 steps less the open last one
+    # said to be one job with --run: ranks of their own in it, -1 and -2
+    joined = tmp_path / "j.duckdb"
+    assert ingest_traces(paths, joined, run="resnet50", workers=0).ok
+    assert compute_metric(joined, "comm", by=("run", "rank")).select("run", "rank").rows() == [
+        ("resnet50", -2), ("resnet50", -1)]
+
+
+def test_a_distributed_rank_out_of_range_is_no_rank_in_the_rows_as_in_the_notes(tmp_path: Path) -> None:
+    t = lagging_trace()
+    t.rank = -5  # distributedInfo.rank -5: a job (distributedInfo), no rank
+    path = t.write(tmp_path / "job" / "trace.json")
+    db = tmp_path / "w.duckdb"
+    summary = ingest_traces([path], db, workers=0)
+    assert summary.ok
+    notes = summary.files[0].notes
+    assert any("distributedInfo.rank -5 is not a rank" in n for n in notes)
+    assert any("stored as rank -1 of run job" in n for n in notes)
+    with connect(db, read_only=True) as con:
+        held = {t: ranks for t, ranks in con.sql(
+            "select 'gpu', list(distinct rank) from gpu_events union all select 'host', list(distinct rank) from host_events").fetchall()}
+    assert held == {"gpu": [-1], "host": [-1]}
 
 
 def test_the_same_rank_given_to_two_files_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -66,13 +93,16 @@ def test_files_of_one_rank_with_other_steps_are_one_rank(tmp_path: Path) -> None
     paths = [lagging_trace().write(tmp_path / "job" / "rank0.json"), later.write(tmp_path / "job" / "rank0.cycle1.json")]
     db = tmp_path / "w.duckdb"
     assert ingest_traces(paths, db, workers=0).ok
-    assert compute_metric(db, "comm", by=("run", "rank")).select("rank", "steps").rows() == [(0, 6)]
+    # one rank with 6 steps; each cycle's last step (3, 13) has an open window, left out by default
+    assert compute_metric(db, "comm", by=("run", "rank")).select("rank", "steps").rows() == [(0, 4)]
+    every = StepSelection(include_last=True)
+    assert compute_metric(db, "comm", by=("run", "rank"), selection=every).select("rank", "steps").rows() == [(0, 6)]
 
 
 def test_every_report_row_traces_back_to_its_file(tmp_path: Path) -> None:
     paths = [_anonymous(tag).write(tmp_path / "job" / f"worker{i}.json") for i, tag in enumerate("ab")]
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(paths, db, workers=0).ok
+    assert ingest_traces(paths, db, run="job", workers=0).ok
     result = CliRunner().invoke(app, ["runs", "--traces", "--db", str(db), "--format", "json"])
     assert result.exit_code == 0, result.output
     listed = {row["ranks"]: row for row in json.loads(result.stdout)}
@@ -89,7 +119,7 @@ def test_mtia_device_activity_is_counted_and_waits_are_not_work(tmp_path: Path) 
     assert ingest_traces([path], db, workers=0, step_marker="^Stage::PyTorchMRSGIFTask::run$").ok
     with connect(db, read_only=True) as con:
         classes = dict(relation(con, "gpu_activity").aggregate("class, count(*)").fetchall())
-        steps = step_metrics(con)
+        steps = step_metrics(con, selection=StepSelection(include_last=True))
     # 1313 mtia_ccp_events: dma_request copies, event_record / event_wait stream syncs, the rest work
     assert classes == {"memcpy": 877, "sync": 339, "compute": 97}
     assert steps.height == 38 and steps["exposed_memcpy_ns"].sum() > 0
@@ -129,7 +159,8 @@ def test_gpu_model_comes_from_device_properties_and_maps_to_the_peak(corpus_db: 
     assert gpus["Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"] == "NVIDIA H100 80GB HBM3"
     assert gpus["resnet_act_checkpoint.json.gz"] == "AMD Instinct MI300X"
     assert gpus["mtia_inference_rank_0.json.gz"] == "ARTEMIS"  # deviceProperties written as a Python repr
-    assert (meta["h100"]["gpu_model"], meta["h100"]["peak_tflops"], meta["h100"]["peak_gpu"]) == (
+    qwen = meta["Qwen_Qwen1.5-0.5B-Chat__1016005"]  # a file without rank or job: a run of its own
+    assert (qwen["gpu_model"], qwen["peak_tflops"], qwen["peak_gpu"]) == (
         "NVIDIA H100 80GB HBM3", 989.0, "H100 SXM")
     assert (meta["mi300"]["peak_tflops"], meta["b200"]["peak_tflops"], meta["deepseek_profile_data"]["peak_gpu"]) == (
         1307.4, 2250.0, "H800 SXM")

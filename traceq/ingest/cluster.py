@@ -23,7 +23,8 @@ from typing import Any
 
 from traceq.errors import ConfigError, TraceFormatError
 from traceq.ingest.inputs import check_run_name, expand_inputs
-from traceq.ingest.loader import INGEST_CHUNK_BYTES, FileResult, IngestSummary, check_rank, ingest_in_process
+from traceq.ingest.identity import check_rank
+from traceq.ingest.loader import INGEST_CHUNK_BYTES, FileResult, IngestSummary, ingest_in_process
 from traceq.ingest.reader import digest_in
 from traceq.store.parquet import (
     TRACES,

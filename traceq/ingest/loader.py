@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -64,6 +63,7 @@ from traceq.ingest.reader import (
     read_trace_ranges,
     too_deep_is_not_json,
 )
+from traceq.ingest.identity import MAX_RANK, check_rank, distributed_rank, names_job, rank_of_file, run_of
 from traceq.ingest.sidecar import load_side_files, write_wall_times
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
@@ -78,7 +78,6 @@ if TYPE_CHECKING:  # the decode path imports them when it runs: the fast path ne
 
     from traceq.ingest.decode import ChunkTables
 
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # Chunks the reader cuts a file into (bytes of JSON); traceq.ingest.native parses several per statement.
 INGEST_CHUNK_BYTES = 8 << 20
 MIN_CHUNK_BYTES = 1 << 20
@@ -319,28 +318,6 @@ def _with_rank(table: pa.Table, rank: int | None) -> pa.Table:
 def _require_events(path: Path, counts: _Counts) -> None:
     if counts.events == 0:
         raise TraceFormatError(f"{path}: the trace holds no events; was the profiler started (schedule active > 0)?")
-
-
-MAX_RANK = 2**31 - 1  # ranks are int32 in torch.distributed
-
-
-def check_rank(rank: int | None) -> None:
-    """ConfigError unless ``rank`` is None or a rank torch.distributed could give (0 to 2^31-1)."""
-    if rank is not None and not 0 <= rank <= MAX_RANK:
-        raise ConfigError(f"a rank is from 0 to {MAX_RANK}", param="rank", value=rank)
-
-
-def rank_of_file(path: Path, fields: dict[str, Any], option_rank: int | None) -> tuple[int | None, str]:
-    """The rank a file names and where it comes from: distributedInfo.rank, else ``option_rank``, else
-    rank<N> in its file name; (None, 'unknown') when none does (README: trace identity)."""
-    dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
-    rank = to_int(dist.get("rank"))
-    if rank is not None and 0 <= rank <= MAX_RANK:
-        return rank, "distributedInfo"
-    if option_rank is not None:
-        return option_rank, "option"
-    m = _RANK_IN_NAME.search(path.name)
-    return (int(m.group(1)), "file name") if m and int(m.group(1)) <= MAX_RANK else (None, "unknown")
 
 
 def _rank_of(
@@ -883,9 +860,10 @@ class _Loader:
             skipped = self._already(path, digest.value())
             if skipped is not None:
                 return skipped
-        run = run_name_of(path, self.run)
         notes: list[str] = self._replace(path, digest.value(), size) if self.force else []
         file_rank, rank_source = _rank_of(path, header.fields, self.rank, counts, notes)
+        job = names_job(path, header.fields)
+        run = run_of(path, self.run, names_rank=file_rank is not None or counts.rows_with_rank > 0, job=job)
         fill_rank = file_rank
         if fill_rank is None and counts.rows_without_rank:  # a rank of its own: never shared by accident
             if self.rank_if_none is None:
@@ -895,8 +873,11 @@ class _Loader:
                 fill_rank = self.rank_if_none
             if not counts.rows_with_rank:
                 file_rank = fill_rank
+                alone = self.run is None and not job
                 notes.append(f"{path} names no rank (no distributedInfo, event args or rank<N> in its name): "
-                             f"stored as rank {file_rank} of run {run}; set one with --rank N")
+                             + (f"a run of its own, {run}, as rank {file_rank}; join it to others with --run NAME, "
+                                "name its rank with --rank N" if alone else
+                                f"stored as rank {file_rank} of run {run}; set one with --rank N"))
         if counts.rows_without_rank and fill is None:  # the header is complete only now
             for table in ("gpu_events", "host_events", "trace_threads"):
                 con.execute(f"update {table} set rank = ? where trace_id = ? and rank is null", [fill_rank, trace_id])
@@ -1473,9 +1454,9 @@ def _discard_item(item: tuple[str, Path, Any]) -> None:
 
 def _leading_rank(header: TraceHeader) -> int | None:
     """Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in (an
-    UPDATE of every row afterwards would hold a copy of the column in memory)."""
-    dist = header.leading.get("distributedInfo")
-    return to_int(dist.get("rank")) if isinstance(dist, dict) else None
+    UPDATE of every row afterwards would hold a copy of the column in memory). A value that is no rank
+    fills nothing: the rows get the rank the notes report (:func:`traceq.ingest.identity.distributed_rank`)."""
+    return distributed_rank(header.leading)
 
 
 def _counting(chunks: Iterator[Chunk], notify: Progress, path: Path, size: int) -> Iterator[Chunk]:

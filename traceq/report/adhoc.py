@@ -55,13 +55,13 @@ def trace_sql(
     loaded: traceq_device_events, traceq_steps, traceq_device_windows, traceq_interval_breakdown, ...;
     the notes on how Perfetto's import differs from traceq's reader). EngineError with the trace
     processor's message when the query fails, ConfigError for a statement that gives no rows."""
-    from traceq.ingest.loader import check_rank
-    from traceq.report.perfettosql import counting_events, import_notes, named_rank, open_trace
+    from traceq.ingest.identity import check_rank
+    from traceq.report.perfettosql import counting_events, import_notes, named_identity, open_trace
 
     check_rank(rank)
     if not trace.is_file():
         raise ConfigError(f"{trace}: not a trace file; give one trace file, then the query")
-    file_rank = named_rank(trace, rank)
+    file_rank, _ = named_identity(trace, rank)
     with counting_events(trace) as events, open_trace(trace, binary, -1 if file_rank is None else file_rank, marker) as loaded:
         loaded.load("interval_breakdown")
         rows = loaded.query(sql)

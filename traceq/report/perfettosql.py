@@ -339,15 +339,16 @@ def time_error_ns(top_ns: int) -> int:
 # a report over files
 
 
-def named_rank(path: Path, rank: int | None = None) -> int | None:
+def named_identity(path: Path, rank: int | None = None) -> tuple[int | None, bool]:
     """The rank the file names (distributedInfo, written before its events), else ``rank``, else the
-    rank in its file name; None when none does (:func:`traceq.ingest.loader.rank_of_file`)."""
-    from traceq.ingest.loader import rank_of_file
+    rank in its file name (None when none does), and whether it names a job: as ingest decides
+    (:mod:`traceq.ingest.identity`)."""
+    from traceq.ingest.identity import names_job, rank_of_file
     from traceq.ingest.reader import read_trace
 
     header, chunks = read_trace(path)
     chunks.close()
-    return rank_of_file(path, header.leading, rank)[0]
+    return rank_of_file(path, header.leading, rank)[0], names_job(path, header.leading)
 
 
 def analyse_files(
@@ -356,9 +357,11 @@ def analyse_files(
 ) -> list[TraceResult]:
     """Every trace of ``inputs`` (files, globs, directories) through the Perfetto engine, several at
     once (one trace processor each). Ranks as the DuckDB engine gives them: distributedInfo, else
-    the events' args.rank, else ``rank``, else the file name, else -1, -2, ... within the run."""
-    from traceq.ingest.inputs import expand_inputs, run_name_of
-    from traceq.ingest.loader import check_rank
+    the events' args.rank, else ``rank``, else the file name, else -1, -2, ... within the run; runs as
+    ingest gives them (:mod:`traceq.ingest.identity`): a file that names no rank and no job is a run of its
+    own, unless its events name ranks."""
+    from traceq.ingest.identity import check_rank, run_of
+    from traceq.ingest.inputs import expand_inputs
 
     check_rank(rank)
     paths = expand_inputs(inputs)
@@ -367,19 +370,24 @@ def analyse_files(
     jobs = []
     unknown: dict[str, int] = {}
     for path in paths:
-        run_name = run_name_of(path, run)
-        file_rank = named_rank(path, rank)
+        file_rank, job = named_identity(path, rank)
         named = file_rank is not None
+        # a file without rank or job is its own run, unless its events name ranks (seen after the analysis)
+        run_name = run_of(path, run, names_rank=named, job=job)
         if not named:
             unknown[run_name] = file_rank = unknown.get(run_name, 0) - 1
-        jobs.append((path, run_name, file_rank, named))
+        jobs.append((path, run_name, file_rank, named, run_of(path, run, names_rank=True, job=job)))
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:  # the work runs in the trace processors
         results = list(pool.map(lambda job: analyse_trace(*job[:3], binary=binary, marker=marker), jobs))
-    for (path, run_name, file_rank, named), result in zip(jobs, results):
-        if not named and (result.steps["rank"] == file_rank).any():
+    for (path, run_name, file_rank, named, job_run), result in zip(jobs, results):
+        if named:
+            continue
+        if (result.steps["rank"] == file_rank).any():
             result.notes.append(f"{path} names no rank (no distributedInfo, event args or rank<N> in its name): "
                                 f"reported as rank {file_rank} of run {run_name}; set one with --rank N")
+        else:  # its events name their ranks: one job, in its directory's run
+            result.run = job_run
     _refuse_shared_steps(results)
     return results
 

@@ -1,0 +1,75 @@
+"""Trace identity, decided here for both engines (DESIGN §1): which rank a file holds, and which run
+it belongs to.
+
+- Rank: ``distributedInfo.rank``, else the events' ``args.rank`` (a file merging ranks), else the
+  user's ``--rank``, else ``rank<N>`` in the file name, else unknown.
+- Run: ``--run`` where given; else a file that says it belongs to a job (a ``distributedInfo``, a
+  collector's ``rank<N>.run.json`` beside it, a rank it names or its events name) is in the run named
+  after its directory; a file that names no rank and no job is a run of its own, named after the file
+  (two unrelated traces in one folder are never averaged as two ranks of one job).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from traceq.catalog import check_run_name
+from traceq.errors import ConfigError
+from traceq.ingest.inputs import run_name_of
+from traceq.ingest.sidecar import find_side_file
+from traceq.kineto import to_int
+
+MAX_RANK = 2**31 - 1  # ranks are int32 in torch.distributed
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_TRACE_ENDINGS = re.compile(r"(\.pt)?(\.trace)?\.json(\.gz)?$", re.IGNORECASE)
+
+
+def check_rank(rank: int | None) -> None:
+    """ConfigError unless ``rank`` is None or a rank torch.distributed could give (0 to 2^31-1)."""
+    if rank is not None and not 0 <= rank <= MAX_RANK:
+        raise ConfigError(f"a rank is from 0 to {MAX_RANK}", param="rank", value=rank)
+
+
+def distributed_rank(fields: dict[str, Any]) -> int | None:
+    """``distributedInfo.rank`` of a trace's top-level ``fields`` when it is a rank (0 to 2^31-1), else None:
+    a value out of range names no rank, for the rows as for the notes."""
+    dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
+    rank = to_int(dist.get("rank"))
+    return rank if rank is not None and 0 <= rank <= MAX_RANK else None
+
+
+def rank_of_file(path: Path, fields: dict[str, Any], option_rank: int | None) -> tuple[int | None, str]:
+    """The rank a file names and where it comes from: distributedInfo.rank, else ``option_rank``, else
+    rank<N> in its file name; (None, 'unknown') when none does. (The events' args.rank, for files that
+    merge ranks, is read with the events.)"""
+    rank = distributed_rank(fields)
+    if rank is not None:
+        return rank, "distributedInfo"
+    if option_rank is not None:
+        return option_rank, "option"
+    m = _RANK_IN_NAME.search(path.name)
+    return (int(m.group(1)), "file name") if m and int(m.group(1)) <= MAX_RANK else (None, "unknown")
+
+
+def names_job(path: Path, fields: dict[str, Any]) -> bool:
+    """Whether a file says it belongs to a job: a ``distributedInfo`` object, or a collector's run.json beside it."""
+    return isinstance(fields.get("distributedInfo"), dict) or find_side_file(path, ".run.json") is not None
+
+
+def own_run_name(path: Path) -> str:
+    """The run of a file that names no rank and no job: its name without the trace endings
+    (``runs/x/worker0.pt.trace.json.gz`` -> ``worker0``)."""
+    return _TRACE_ENDINGS.sub("", path.name) or path.name
+
+
+def run_of(path: Path, run: str | None, *, names_rank: bool, job: bool) -> str:
+    """The run of ``path``: ``run`` where given; else its directory's name when it names a rank (itself or
+    in its events' args) or a job; else a run of its own (:func:`own_run_name`)."""
+    if run is not None or names_rank or job:
+        return run_name_of(path, run)
+    try:
+        return check_run_name(own_run_name(path))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: its file name is no run name ({exc.message}); give the run a name") from None
