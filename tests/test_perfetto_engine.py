@@ -162,14 +162,14 @@ def test_a_step_that_launched_nothing_keeps_its_row_as_on_duckdb(tmp_path: Path,
     t.kernel("ampere_sgemm_128x64_nn", 10 * US, 60 * US, launch_ns=5 * US)
     t.kernel("ampere_sgemm_128x64_nn", 410 * US, 460 * US, launch_ns=405 * US)
     path = t.write(tmp_path / "job" / "rank0.json")
-    mine = perfetto_report([path], "compute,step_time", by="run,rank,step", binary=binary)
+    mine = perfetto_report([path], "compute,step_time", by="run,rank,step", binary=binary, selection=EVERY_STEP)
     assert mine.table["step_time_ms"].to_list() == [0.1, 0.3, 0.1]
     assert mine.table["compute_us"].to_list() == [50.0, None, 50.0]
     db = tmp_path / "w.duckdb"
     assert ingest_traces([path], db, workers=0).ok
     for by in ("run,rank,step", "run"):
-        assert perfetto_report([path], "compute,step_time", by=by, binary=binary).table.equals(
-            step_report(db, "compute,step_time", by=by).table), by
+        assert perfetto_report([path], "compute,step_time", by=by, binary=binary, selection=EVERY_STEP).table.equals(
+            step_report(db, "compute,step_time", by=by, selection=EVERY_STEP).table), by
 
 
 def test_events_perfetto_reads_and_traceq_does_not_are_reported(tmp_path: Path, binary: Path) -> None:
@@ -346,11 +346,11 @@ def test_two_files_holding_one_step_of_a_rank_are_refused_as_at_ingest(tmp_path:
         if e["name"].startswith("ProfilerStep#"):
             e["name"] = "ProfilerStep#1" + e["name"][-1]
     later.write(tmp_path / "job" / "b.json")
-    mine = perfetto_report([tmp_path / "job"], "exposed_comm", by="run,rank,step", binary=binary)
+    mine = perfetto_report([tmp_path / "job"], "exposed_comm", by="run,rank,step", binary=binary, selection=EVERY_STEP)
     assert mine.table["step"].to_list() == [1, 2, 3, 11, 12, 13]
     db = tmp_path / "w.duckdb"
     assert ingest_traces([tmp_path / "job"], db, workers=0).ok
-    assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step").table)
+    assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table)
 
 
 def test_notes_say_what_a_trace_lacks_and_what_exists(tmp_path: Path, binary: Path) -> None:
@@ -359,7 +359,7 @@ def test_notes_say_what_a_trace_lacks_and_what_exists(tmp_path: Path, binary: Pa
     t.events = [e for e in t.events if not e["name"].startswith("ProfilerStep#")]
     path = t.write(tmp_path / "job" / "trace.json")
     notes = perfetto_report([path], "exposed_comm", binary=binary).notes
-    assert any("trace.json names no rank" in n and "reported as rank -1 of run job" in n for n in notes), notes
+    assert any("trace.json names no rank" in n and "a run of its own, trace, as rank -1" in n for n in notes), notes
     assert any("rank -1 has no step marker: reported over its whole trace" in n for n in notes), notes
     with pytest.raises(EmptySelection, match=r"run job2: steps 1\.\.3 \(3 per rank\)"):
         perfetto_report([lagging_trace().write(tmp_path / "job2" / "rank0.json")], "exposed_comm",
@@ -377,7 +377,7 @@ def test_report_engine_perfetto_on_the_command_line(binary: Path, monkeypatch: p
     trace = str(corpus_path("tracelens/mi300/resnet_act_checkpoint.json.gz"))
     runner = CliRunner()
     result = runner.invoke(app, ["report", "--engine", "perfetto", "--metric", "exposed_comm", "--by", "run,rank,step",
-                                 "--format", "csv", trace])
+                                 "--include-last", "--format", "csv", trace])
     assert result.exit_code == 0, result.output
     rows = [line.split(",") for line in result.stdout.strip().splitlines()]
     assert rows[0][:4] == ["run", "rank", "step", "exposed_comm_us"] and [r[2] for r in rows[1:]] == ["15", "16", "17"]

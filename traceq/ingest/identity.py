@@ -73,3 +73,12 @@ def run_of(path: Path, run: str | None, *, names_rank: bool, job: bool) -> str:
         return check_run_name(own_run_name(path))
     except ConfigError as exc:
         raise ConfigError(f"{path}: its file name is no run name ({exc.message}); give the run a name") from None
+
+
+def no_rank_note(path: Path, run: str, rank: int, *, alone: bool, verb: str = "stored") -> str:
+    """The note on a file that names no rank: a run of its own (``alone``), or rank ``rank`` of ``run``."""
+    head = f"{path} names no rank (no distributedInfo, event args or rank<N> in its name): "
+    if alone:
+        return head + (f"a run of its own, {run}, as rank {rank}; join it to others with --run NAME, "
+                       "name its rank with --rank N")
+    return head + f"{verb} as rank {rank} of run {run}; set one with --rank N"

@@ -63,7 +63,15 @@ from traceq.ingest.reader import (
     read_trace_ranges,
     too_deep_is_not_json,
 )
-from traceq.ingest.identity import MAX_RANK, check_rank, distributed_rank, names_job, rank_of_file, run_of
+from traceq.ingest.identity import (
+    MAX_RANK,
+    check_rank,
+    distributed_rank,
+    names_job,
+    no_rank_note,
+    rank_of_file,
+    run_of,
+)
 from traceq.ingest.sidecar import load_side_files, write_wall_times
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
@@ -873,11 +881,7 @@ class _Loader:
                 fill_rank = self.rank_if_none
             if not counts.rows_with_rank:
                 file_rank = fill_rank
-                alone = self.run is None and not job
-                notes.append(f"{path} names no rank (no distributedInfo, event args or rank<N> in its name): "
-                             + (f"a run of its own, {run}, as rank {file_rank}; join it to others with --run NAME, "
-                                "name its rank with --rank N" if alone else
-                                f"stored as rank {file_rank} of run {run}; set one with --rank N"))
+                notes.append(no_rank_note(path, run, file_rank, alone=self.run is None and not job))
         if counts.rows_without_rank and fill is None:  # the header is complete only now
             for table in ("gpu_events", "host_events", "trace_threads"):
                 con.execute(f"update {table} set rank = ? where trace_id = ? and rank is null", [fill_rank, trace_id])

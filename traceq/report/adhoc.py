@@ -26,9 +26,12 @@ RELATIONS = (
 BINDINGS = {"interval_breakdown": {"windows": "selected_windows"}}  # the selected steps' windows
 
 
-def warehouse_sql(sql: str, db: Warehouse = DEFAULT_DB, selection: StepSelection = StepSelection()) -> pl.DataFrame:
+def warehouse_sql(
+    sql: str, db: Warehouse = DEFAULT_DB, selection: StepSelection = StepSelection(include_last=True)
+) -> pl.DataFrame:
     """The rows of ``sql`` (DuckDB) on the warehouse, where the names of :data:`RELATIONS` are traceq's
-    relations; ConfigError with DuckDB's message when the query fails."""
+    relations (by default over every step, the open last one included, as the Perfetto engine's tables
+    hold them: reports leave it out); ConfigError with DuckDB's message when the query fails."""
     from traceq.store.frames import to_polars
 
     with opened(db) as con:

@@ -360,7 +360,7 @@ def analyse_files(
     the events' args.rank, else ``rank``, else the file name, else -1, -2, ... within the run; runs as
     ingest gives them (:mod:`traceq.ingest.identity`): a file that names no rank and no job is a run of its
     own, unless its events name ranks."""
-    from traceq.ingest.identity import check_rank, run_of
+    from traceq.ingest.identity import check_rank, no_rank_note, run_of
     from traceq.ingest.inputs import expand_inputs
 
     check_rank(rank)
@@ -376,16 +376,15 @@ def analyse_files(
         run_name = run_of(path, run, names_rank=named, job=job)
         if not named:
             unknown[run_name] = file_rank = unknown.get(run_name, 0) - 1
-        jobs.append((path, run_name, file_rank, named, run_of(path, run, names_rank=True, job=job)))
+        jobs.append((path, run_name, file_rank, named, run_of(path, run, names_rank=True, job=job), run is None and not job))
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:  # the work runs in the trace processors
         results = list(pool.map(lambda job: analyse_trace(*job[:3], binary=binary, marker=marker), jobs))
-    for (path, run_name, file_rank, named, job_run), result in zip(jobs, results):
+    for (path, run_name, file_rank, named, job_run, alone), result in zip(jobs, results):
         if named:
             continue
         if (result.steps["rank"] == file_rank).any():
-            result.notes.append(f"{path} names no rank (no distributedInfo, event args or rank<N> in its name): "
-                                f"reported as rank {file_rank} of run {run_name}; set one with --rank N")
+            result.notes.append(no_rank_note(path, run_name, file_rank, alone=alone, verb="reported"))
         else:  # its events name their ranks: one job, in its directory's run
             result.run = job_run
     _refuse_shared_steps(results)
