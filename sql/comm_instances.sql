@@ -20,7 +20,7 @@
 --   arrived_last    the kernel of the shortest duration (ties: the lowest rank) arrived last: the straggler
 --   arrival         how arrival was inferred: duration (the rule above) | start time | not inferable.
 --                   Rooted collectives (Broadcast, Reduce): the root's kernel can end long before the
---                   receivers', so the shortest kernel is not the last to arrive (DESIGN §9). Where every
+--                   receivers', so the shortest kernel is not the last to arrive (README: Across ranks). Where every
 --                   kernel of the instance is in one trace file (one host's clock) the last to start
 --                   arrived last and a kernel waits from its start to that start (transfer: the rest);
 --                   otherwise arrival is not inferable: no straggler, no wait, the kernel counts as transfer

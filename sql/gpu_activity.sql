@@ -3,7 +3,7 @@
 -- (element counts, dtype) and sequence number:
 -- from the kernel's own "Collective name" argument, else from the CPU record_param_comms op around its
 -- launch (runtime calls: $runtime_cats), else from the innermost `nccl:<op>` / `c10d::<op>` annotation
--- around the launch (NCCL runs all-to-all, and more, as SendRecv kernels: DESIGN §9), else from the
+-- around the launch (NCCL runs all-to-all, and more, as SendRecv kernels: README, Across ranks), else from the
 -- rule that made it comm.
 -- comm kernels without collective args: the record_param_comms op around their launch
 with comm_launches as (

@@ -3,7 +3,7 @@
 -- $skip_steps: leading steps to skip (warm-up); null = the run's warmup_steps metadata, else 0.
 -- $step_min/$step_max: step numbers to keep (inclusive; null = no bound).
 -- The last step of a rank is left out unless $include_last: its device window is open (no next step's
--- first activity closes it, so it ends with the GPU's drain: DESIGN §3). A rank whose only step is the
+-- first activity closes it, so it ends with the GPU's drain: README, device windows). A rank whose only step is the
 -- last keeps it (reports say so), unless $drop_last, which drops the last step always (what HTA does).
 -- $drop_incomplete: with $include_last, still drop a last step that the end of the trace cut.
 -- A rank without steps (its one window is the whole trace, step -1) is kept unless a step range is given.

@@ -305,13 +305,15 @@ def test_a_rank_list_cut_short_names_no_members(tmp_path: Path) -> None:
 
 
 def test_cross_rank_tables_compare_ranks_over_the_steps_they_all_have(corpus_db: Path) -> None:
-    """In the merged 4-rank file the last step was cut on ranks 1-3 only, so step 11 is rank 0's alone:
-    stragglers leave it out and say so, and the waiting caused equals the waiting done."""
-    table, notes = stragglers_table(corpus_db, runs=["fused_traces"])
-    assert table["matched_count"].to_list() == [14] * 4
-    assert table["wait_caused_us"].sum() == pytest.approx(table["wait_us"].sum(), abs=1e-6)
-    assert ("run fused_traces: ranks are compared over the steps every rank has; left out: step 11 (1 of 4 ranks)"
-            in notes)
+    """In the merged 4-rank file the last step was cut on ranks 1-3 only, so with --include-last step 11 is
+    rank 0's alone: stragglers leave it out and say so, and the waiting caused equals the waiting done. By
+    default step 11, every rank's last, is left out anyway."""
+    for selection in (StepSelection(), StepSelection(include_last=True)):
+        table, notes = stragglers_table(corpus_db, runs=["fused_traces"], selection=selection)
+        assert table["matched_count"].to_list() == [14] * 4
+        assert table["wait_caused_us"].sum() == pytest.approx(table["wait_us"].sum(), abs=1e-6)
+        left_out = "run fused_traces: ranks are compared over the steps every rank has; left out: step 11 (1 of 4 ranks)"
+        assert (left_out in notes) == selection.include_last
 
 
 def test_cli_reports_collectives_stragglers_and_split_metrics(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ META = {"world_size": 2, "tokens_per_step": 6000, "warmup_steps": 0, "gpu_model"
 
 def step_rows(db: Path) -> list[dict[str, Any]]:
     with connect(db, read_only=True) as con:
-        rows = step_metrics(con, selection=StepSelection(skip_steps=0))
+        rows = step_metrics(con, selection=StepSelection(skip_steps=0, include_last=True))
     return rows.sort("rank", "step").to_dicts()
 
 
@@ -268,7 +268,7 @@ def test_collector_trace_maps_into_wall_clock_and_joins_its_power_log(tmp_path: 
     meta = json.loads((run_dir / "rank0.run.json").read_text())
     with connect(db, read_only=True) as con:
         windows = con.sql("select step, start_wall_ns, end_wall_ns, offset_source from step_wall_times order by step").fetchall()
-        rows = step_metrics(con).sort("step").to_dicts()
+        rows = step_metrics(con, selection=StepSelection(include_last=True)).sort("step").to_dicts()
         read_steps = [step for (step,) in con.sql(
             "select step from power_samples where kind = 'energy' order by wall_ns").fetchall()]
     assert len(read_steps) == len(nvml.energy_reads_ns)  # one log record per counter read, in order

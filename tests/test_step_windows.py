@@ -77,7 +77,7 @@ def lagging_db(tmp_path: Path) -> Path:
 
 def test_windows_of_a_gpu_that_lags_by_more_than_a_step_match_hand_computation(lagging_db: Path) -> None:
     with connect(lagging_db, read_only=True) as con:
-        rows = {r["step"]: r for r in step_metrics(con).iter_rows(named=True)}
+        rows = {r["step"]: r for r in step_metrics(con, selection=EVERY_STEP).iter_rows(named=True)}
         windows = relation(con, "device_windows").order("step").fetchall()
     assert [(w[3], w[4] // US, w[5] // US, w[6]) for w in windows] == [(1, 160, 250, False), (2, 250, 330, False),
                                                                      (3, 330, 400, False)]
@@ -90,7 +90,7 @@ def test_windows_of_a_gpu_that_lags_by_more_than_a_step_match_hand_computation(l
 
 
 def test_activity_before_the_first_step_is_reported_not_folded_into_step_one(lagging_db: Path) -> None:
-    frame, notes = metric_report(lagging_db, "exposed_comm", by=["run", "rank", "step"])
+    frame, notes = metric_report(lagging_db, "exposed_comm", by=["run", "rank", "step"], selection=EVERY_STEP)
     assert frame["exposed_comm_us"].to_list() == [60.0, 0.0, 40.0]
     assert any("0.010 ms (1 events) before the first step's window" in n for n in notes), notes
     whole = compute_metric(lagging_db, "compute", by=["run", "rank"], whole_trace=True)

@@ -216,7 +216,7 @@ CROSS_RANK = ("comm_wait_us", "comm_transfer_us", "exposed_comm_wait_us", "expos
 # metrics over a step's CPU span (throughput, power): they have no whole-trace value
 PER_STEP_METRICS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
                     "tokens_per_j")
-# Ratios and rates aggregate as a ratio of sums (DESIGN §5): metric -> the column of a step row that is
+# Ratios and rates aggregate as a ratio of sums (README: Metrics): metric -> the column of a step row that is
 # its denominator, so that the aggregate over rows is Σ(value × weight) / Σ weight = Σ numerator /
 # Σ denominator (overlap_ratio = Σ overlapped / Σ comm; tokens_per_s = Σ tokens / Σ step time). Every
 # report (report, summary, scaling, diff, the HTML) aggregates through traceq.report.metrics.mean_of.

@@ -1,4 +1,4 @@
-"""Trace identity, decided here for both engines (DESIGN §1): which rank a file holds, and which run
+"""Trace identity, decided here for both engines (README: trace identity): which rank a file holds, and which run
 it belongs to.
 
 - Rank: ``distributedInfo.rank``, else the events' ``args.rank`` (a file merging ranks), else the

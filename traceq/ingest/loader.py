@@ -460,7 +460,7 @@ def _derive(con: Any, stored: list[_Stored], marker: StepMarker) -> None:
 
 def _check_marker_found(con: Any, stored: list[_Stored], marker: StepMarker) -> None:
     """ConfigError naming the file and the annotations it does have when a ``--step-marker`` matches no
-    event of a trace that has events (DESIGN §3); a note where the marker's spans cover a small part of
+    event of a trace that has events (README: device windows, steps); a note where the marker's spans cover a small part of
     the time from the first to the last (a marker inside the step, e.g. ``Optimizer.step#``)."""
     found = {trace_id: rest for trace_id, *rest in con.execute(
         """

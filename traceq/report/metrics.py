@@ -384,7 +384,7 @@ def _listing(items: Sequence[str], most: int = 20) -> str:
 
 
 def mean_of(metric: str, value: str | None = None, weight: str | None = None) -> pl.Expr:
-    """The one formula by which ``metric`` aggregates over step rows (DESIGN §5): a ratio or rate
+    """The one formula by which ``metric`` aggregates over step rows (README: Metrics): a ratio or rate
     (:data:`~traceq.catalog.RATE_WEIGHTS`) as a ratio of sums, Σ numerator / Σ denominator over the rows
     where both are known (null where the denominators sum to 0); any other metric as the plain mean.
     ``value``/``weight``: other column names holding the value and its denominator."""

@@ -187,7 +187,7 @@ def selection_notes(
 ) -> list[str]:
     """What the step selection left out, per run of ``runs`` (None: every run): a run it left with no
     step at all (never dropped silently), the open last step left out by default, and a rank whose only
-    step is the last, kept with its open window (DESIGN §3)."""
+    step is the last, kept with its open window (README: device windows, steps)."""
     selected = query.run(con, "selected_steps", query_params(selection)).set_alias("sel")
     rel = con.sql(
         """

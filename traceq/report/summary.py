@@ -58,6 +58,6 @@ def summary(
             (pl.col(f"{part}_us").mean() / 1000).alias(f"{part}_ms"),
             (pl.col(f"{part}_us").sum() / window * 100).alias(f"{part}_pct"),
         )],
-        *[mean_of(name).alias(name) for name in KNOWN_WHERE_GIVEN],  # ratios of sums (DESIGN §5)
+        *[mean_of(name).alias(name) for name in KNOWN_WHERE_GIVEN],  # ratios of sums (README: Metrics)
     )
     return table.sort(grain, nulls_last=True), notes
