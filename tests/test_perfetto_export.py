@@ -207,7 +207,7 @@ def handmade(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def handmade_trace(handmade: Path) -> tuple[Decoded, timeline.TimelineSummary]:
     out = handmade.parent / "all.pftrace"
-    summary = export_perfetto(handmade, out)
+    summary = export_perfetto(handmade, out, selection=StepSelection(include_last=True))  # every step
     return decode(out), summary
 
 
@@ -285,7 +285,7 @@ def test_power_per_step_and_the_nvml_samples_are_counters_in_watts(handmade: Pat
     # samples inside the steps' CPU spans [0, 300] ms (the one at -50 ms is outside)
     assert decoded.track_counters(process, "GPU 0 power, NVML samples (W)") == [
         (50 * MS, 200.0), (100 * MS, 400.0), (200 * MS, 400.0)]
-    report = compute_metric(handmade, "power_w", by="run,rank,step", runs=["power"])
+    report = compute_metric(handmade, "power_w", by="run,rank,step", runs=["power"], selection=StepSelection(include_last=True))
     assert report["power_w"].to_list() == [200.0, 400.0]
     assert "power_w per step (W)" not in decoded.children("overlap rank 0")  # no power log, no power track
 
@@ -358,7 +358,7 @@ def test_gloo_collectives_give_cpu_only_ranks_their_clock_offset(tmp_path: Path)
 
 def test_runs_ranks_and_steps_limit_what_is_written(handmade: Path, tmp_path: Path) -> None:
     out = tmp_path / "one.pftrace"
-    summary = export_perfetto(handmade, out, runs=["skewed"], ranks="1", selection=StepSelection(step_min=2, step_max=2))
+    summary = export_perfetto(handmade, out, runs=["skewed"], ranks="1", selection=StepSelection(step_min=2, step_max=2, include_last=True))
     decoded = decode(out)
     assert decoded.process_names() == ["skewed rank 1"] and summary.runs == ("skewed",)
     assert decoded.track_slices("skewed rank 1", "CPU steps") == [(0, 100 * US, "step 2")]  # step 2 is time 0 now
@@ -500,7 +500,8 @@ def test_corpus_slice_counts_per_stream_equal_the_warehouse(corpus_runs) -> None
 def test_corpus_counters_equal_traceq_report_to_the_ns(corpus_runs) -> None:
     db, decoded, _ = corpus_runs
     report = compute_metric(db, ",".join(COUNTERS), by="run,rank,device,step")
-    assert report.height == 9 + 3 + 1  # fused_traces: 9 rank-steps; mi300: 3; b200: its whole trace
+    # fused_traces: steps 9 and 10 of 4 ranks (11, the last, open); mi300: 15 and 16 (17 open); b200: its whole trace
+    assert report.height == 8 + 2 + 1
     checked = 0
     for (run, rank, device), rows in report.sort("step").group_by("run", "rank", "device", maintain_order=True):
         process = f"{run} rank {rank}"
@@ -515,7 +516,7 @@ def test_corpus_counters_equal_traceq_report_to_the_ns(corpus_runs) -> None:
                     expected.append((end, 0))
             assert decoded.track_counters(process, f"GPU {device} {name} per step") == expected, (process, name)
             checked += len(values)
-    assert checked == 13 * len(COUNTERS)
+    assert checked == 11 * len(COUNTERS)
 
 
 def test_corpus_comm_kernels_carry_their_collective_and_wait_vs_transfer(corpus_runs) -> None:
@@ -528,7 +529,7 @@ def test_corpus_comm_kernels_carry_their_collective_and_wait_vs_transfer(corpus_
             comm[run] += [s for s in slices if s[3] == "comm"]
     assert {s[4]["collective_type"] for s in comm["fused_traces"]} == {"AllReduce", "Broadcast"}
     fused = comm["fused_traces"]
-    assert len(fused) == 21 + 3 * 14  # rank 0 keeps its step 11; the trace cut it on ranks 1-3
+    assert len(fused) == 4 * 14  # steps 9 and 10 of each rank; step 11, the last, is left out
     assert all(s[4]["matched"] and s[4]["size_bytes"] > 0 for s in fused)
     assert all(s[4]["wait_ns"] + s[4]["transfer_ns"] == s[1] - s[0] for s in fused)
     # each kernel's wait is the one `traceq collectives --instances` gives it
