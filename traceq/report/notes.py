@@ -63,6 +63,29 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
             notes.append(f"run {r['run']}: {flops_text(r)}; {peak_text(r)}")
     if metric in POWER_METRICS:
         notes.extend(power_notes(con, runs["run"].to_list()))
+        notes.extend(energy_notes(rows))
+    return notes
+
+
+def energy_notes(rows: pl.DataFrame) -> list[str]:
+    """Per run with energy figures: how many steps' energy_j came from the NVML energy counter and how
+    many from power × time, and how often the counter moved (it ticks coarsely: a short step may see none)."""
+    import polars as pl
+
+    if "energy_source" not in rows.columns:
+        return []
+    steps = rows.filter(pl.col("energy_source").is_not_null()).unique(subset=["run", "rank", "step"])
+    notes = []
+    for (run,), part in steps.sort("run").group_by("run", maintain_order=True):
+        counter = part.filter(pl.col("energy_source") == "energy counter")
+        moved = counter.filter(pl.col("energy_j") > 0).height
+        line = f"run {run}: energy_j from the NVML energy counter on {counter.height} of {part.height} steps"
+        if part.height > counter.height:
+            line += f", from power_w × the step's time on {part.height - counter.height}"
+        if moved < counter.height:
+            line += (f"; the counter moved on {moved} of them: it ticks coarsely (about every 100 ms on H100/H200), "
+                     "so one step's energy means little alone; a run's tokens_per_j is Σ tokens / Σ energy")
+        notes.append(line)
     return notes
 
 
