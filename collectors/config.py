@@ -6,7 +6,9 @@ Two different warm-ups, on purpose with different names:
   its start-up cost lands outside the trace.
 - `warmup_steps` is the analysis protocol's: of the `active` steps that *are* recorded, reports skip
   the first `warmup_steps` (caches, allocator and communicator set-up). The study behind traceq
-  profiles 60 steps and skips 10; that is the default.
+  measures steps 11-60 of 60; the default records 61 and skips 10, since the last recorded step's
+  device window is open (nothing after it closes it) and reports leave it out: steps 11-60 are then
+  all closed.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class CollectorConfig:
     # torch.profiler schedule
     wait: int = 0
     warmup: int = 1
-    active: int = 60
+    active: int = 61  # the study's 60 steps and one more, whose start closes the 60th's device window
     repeat: int = 1
     record_shapes: bool = True  # input shapes give gloo collectives their message size
     with_stack: bool = False
@@ -87,9 +89,9 @@ class CollectorConfig:
             )
         _check_int("wait", self.wait, 0, "0 starts profiling at the first step")
         _check_int("warmup", self.warmup, 0, "1 (the default) keeps the profiler's start-up cost out of the trace")
-        _check_int("active", self.active, 1, "the profiler must record at least one step; the study uses 60")
+        _check_int("active", self.active, 1, "the profiler must record at least one step; the study uses 60 (61 recorded)")
         _check_int("repeat", self.repeat, 0, "1 records one window; 0 repeats until the collector exits")
-        _check_int("warmup_steps", self.warmup_steps, 0, "the study skips 10 of 60 recorded steps")
+        _check_int("warmup_steps", self.warmup_steps, 0, "the study skips 10 of its 60 steps")
         if self.warmup_steps >= self.active:
             raise CollectorConfigError(
                 f"warmup_steps={self.warmup_steps} >= active={self.active}: reports would skip every recorded "

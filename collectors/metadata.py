@@ -16,7 +16,7 @@ One JSON object per rank (written at start with `"complete": false`, rewritten a
                          null: reports take it from traceq's peak table for gpu_model
     torch_version, cuda_version, nccl_version, python_version
     warmup_steps         recorded steps that reports skip (study: 10)
-    profiled_steps       recorded steps per cycle (= schedule.active; study: 60)
+    profiled_steps       recorded steps per cycle (= schedule.active; default 61: the study's 60 and one that closes the last)
     first_profiled_step  N of the first recorded ProfilerStep#N (= wait + warmup)
     schedule             {"wait", "warmup", "active", "repeat"} as given to torch.profiler.schedule
     steps_seen           number of .step() calls; a ProfilerStep#N with N >= steps_seen is the tail

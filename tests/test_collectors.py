@@ -185,8 +185,9 @@ def test_misconfiguration_names_the_option_and_the_fix(options, words):
 
 
 def test_default_schedule_follows_the_study():
+    """Steps 11-60 of the study, every one closed: 61 recorded (the last one's window is open, left out)."""
     config = CollectorConfig(run="r")
-    assert (config.wait, config.warmup, config.active, config.repeat) == (0, 1, 60, 1)
+    assert (config.wait, config.warmup, config.active, config.repeat) == (0, 1, 61, 1)
     assert config.warmup_steps == 10
 
 

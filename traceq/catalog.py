@@ -192,12 +192,16 @@ METRICS: tuple[Metric, ...] = (
     Metric("arrived_last_share", "ratio", "arrived_last_count / the matched collectives this rank took part in"),
     Metric("wait_caused_us", "us", "the waiting that the other ranks did at the collectives this rank arrived last at"),
     Metric("window_us", "us", "the step's device window: from the first device activity it launched to the first the next step "
-           "launched (the last step: to the end of the activity the steps launched); windows tile the timeline"),
-    Metric("overlap_ratio", "ratio", "overlapped_comm_us / comm_us (HTA's comp_comm_overlap_pctg / 100)"),
+           "launched (the last step: to the end of the activity the steps launched); windows tile the timeline. The "
+           "last step's window is open (it ends with the GPU's drain): reports leave it out unless --include-last"),
+    Metric("overlap_ratio", "ratio", "overlapped_comm_us / comm_us (HTA's comp_comm_overlap_pctg / 100); over steps and "
+           "ranks Σ overlapped / Σ comm, as every ratio and rate aggregates: a ratio of sums"),
     Metric("step_time_ms", "ms", "duration of the step's CPU span, ProfilerStep#N or --step-marker (the clock for throughput)"),
-    Metric("tokens_per_s", "tokens/s", "tokens_per_step / world_size / step time: tokens per second per GPU (the study's WPS)"),
+    Metric("tokens_per_s", "tokens/s", "tokens_per_step / world_size / step time: tokens per second per GPU (the study's "
+           "WPS); over steps Σ tokens / Σ step time"),
     Metric("global_tokens_per_s", "tokens/s", "tokens_per_step / step time: tokens per second of the whole run"),
-    Metric("tflops", "TFLOP/s", "model FLOPs per step / world_size / step time; FLOPs per token 6·N + 12·L·H·Q·T unless set"),
+    Metric("tflops", "TFLOP/s", "model FLOPs per step / world_size / step time; FLOPs per token 6·N + 12·L·H·Q·T unless "
+           "set, or FLOPs per step alone (no tokens needed)"),
     Metric("mfu", "ratio", "tflops / the GPU's peak dense BF16 TFLOP/s (table or user-set)"),
     Metric("power_w", "W", "NVML power of the rank's GPU(s), time-weighted over the step's wall-clock window"),
     Metric("energy_j", "J", "NVML energy counter delta over the step (else power_w × step window)"),

@@ -31,6 +31,7 @@ from traceq.report.notes import (
     NVML_NOTE,
     PEAK_NOTE,
     peak_table_text,
+    selection_notes,
     step_window_notes,
     steps_used,
 )
@@ -76,7 +77,7 @@ def report_data(
             steps = step_metrics(con, selection=selection, runs=runs, cross_rank=True)
         if steps.height == 0:
             raise EmptySelection(nothing_selected(con, selection, runs))
-        window_notes = step_window_notes(con, steps, selection)
+        window_notes = selection_notes(con, selection, runs) + step_window_notes(con, steps, selection)
         coll = breakdown_metrics(con, "exposed_comm_by_collective_us", selection=selection, runs=runs)
         by_collective = coll.group_by("run", "collective_type").agg(pl.col("exposed_comm_by_collective_us").mean())
         scaling = scaling_from_runs(per_run(steps, scaling_by), scaling_by)
@@ -144,8 +145,11 @@ def render_html(data: ReportData) -> str:
     runs = sorted(data.steps["run"].unique().to_list())
     sections.append(_section("Runs", _table(summary(data.steps)) + _notes([
         *data.notes,
-        "means over the selected rank-steps (a rate here is the mean of per-step rates; the scaling table "
-        "divides tokens per step by the mean step time, so its tokens/s can be a little lower)",
+        "means over the selected rank-steps; ratios and rates (overlap_ratio, tokens/s, TFLOP/s, MFU, power, "
+        "tokens/J) are ratios of sums, Σ overlapped / Σ comm, Σ tokens / Σ step time, as in every report and the "
+        "scaling table",
+        "each rank's last step is left out unless --include-last: its device window is open (it ends with the "
+        "GPU's drain, so it holds the backlog of earlier steps or lacks its trailing idle)",
     ])))
 
     gpu_rows = data.steps.filter(pl.col("window_us").is_not_null())
