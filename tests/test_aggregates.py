@@ -154,3 +154,30 @@ def test_every_rate_has_a_denominator_in_the_step_rows(corpus_db: Path) -> None:
     with opened(corpus_db) as con:
         rows = step_metrics(con, runs=["fused_traces"], cross_rank=True)
     assert set(RATE_WEIGHTS.values()) <= set(rows.columns)
+
+
+def test_no_corpus_run_vanishes_without_a_note(corpus_db: Path) -> None:
+    """`summary --drop-last` and `--skip-steps 3` used to drop 4 and 5 of the corpus runs silently."""
+    from traceq.store.warehouse import connect
+
+    with connect(corpus_db, read_only=True) as con:
+        runs = {r for (r,) in con.sql("select distinct run from traces").fetchall()}
+    for selection in (StepSelection(drop_last=True), StepSelection(skip_steps=3), StepSelection(skip_steps=100)):
+        try:
+            table, notes = summary(corpus_db, by="run", selection=selection)
+        except EmptySelection:
+            continue
+        named = {n.split(":")[0].removeprefix("run ") for n in notes if ": no step left by the selection" in n}
+        assert named, selection
+        assert set(table["run"]) | named == runs, selection
+        assert not set(table["run"]) & named
+
+
+def test_two_unrelated_traces_of_one_corpus_folder_are_two_runs(corpus_db: Path) -> None:
+    """tracelens/h100 holds a Qwen and a BERT trace, neither naming a rank or a job: they used to be ranks
+    -1 and -2 of one run, averaged together (a 16 s window with a 2 s one)."""
+    from traceq.store.warehouse import connect
+
+    with connect(corpus_db, read_only=True) as con:
+        rows = con.sql("select run, file_rank from traces where path like '%/tracelens/h100/%' order by run").fetchall()
+    assert rows == [("Qwen_Qwen1.5-0.5B-Chat__1016005", -1), ("gaunernst_bert-small-uncased__1016001", -1)]
