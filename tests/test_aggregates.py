@@ -112,7 +112,7 @@ def test_no_default_figure_holds_an_open_last_step(corpus_db: Path) -> None:
 
 def test_the_default_means_are_the_means_without_the_last_step_on_resnet50(corpus_db: Path) -> None:
     """The 2021 resnet50 sample: its last window loses its trailing idle (window 122.4 ms against 151.9)."""
-    run = "worker0"  # worker0.pt.trace.json.gz names no rank and no job: a run of its own
+    run = "resnet50_profiler_api_num_workers_0/worker0"  # names no rank and no job: a run of its own
     steps = compute_metric(corpus_db, "idle,window", by="run,rank,step", runs=[run], selection=EVERY)
     closed = steps.filter(pl.col("step") < steps["step"].max())
     mean = compute_metric(corpus_db, "idle,window", by="run,rank", runs=[run], selection=StepSelection(skip_steps=0))
@@ -180,4 +180,4 @@ def test_two_unrelated_traces_of_one_corpus_folder_are_two_runs(corpus_db: Path)
 
     with connect(corpus_db, read_only=True) as con:
         rows = con.sql("select run, file_rank from traces where path like '%/tracelens/h100/%' order by run").fetchall()
-    assert rows == [("Qwen_Qwen1.5-0.5B-Chat__1016005", -1), ("gaunernst_bert-small-uncased__1016001", -1)]
+    assert rows == [("h100/Qwen_Qwen1.5-0.5B-Chat__1016005", -1), ("h100/gaunernst_bert-small-uncased__1016001", -1)]

@@ -178,7 +178,8 @@ def test_trace_without_steps_is_reported_as_one_window(findings: pl.DataFrame) -
 
 @pytest.mark.parametrize("run", ["unknown_rank_alone", "unknown_rank"])
 def test_missing_rank(run: str, findings: pl.DataFrame) -> None:
-    found = findings.filter(run=run, check="missing_rank")
+    # trace_a.json names no rank and no job: a run of its own, beside the job's files or alone
+    found = findings.filter(run=f"{run}/trace_a", check="missing_rank")
     assert found.select("rank", "severity", "count").rows() == [(-1, "info", 10)]  # 2 steps, 4 kernels, 4 launches
     assert "--rank N" in found["detail"][0] and "a rank of its own" in found["detail"][0]
 

@@ -369,18 +369,25 @@ def test_the_merged_four_rank_rccl_file_matches_every_collective(corpus_db: Path
     assert rows.height == 84 and rows["matched"].all()
     assert rows["instance"].n_unique() == 21
     assert rows.group_by("instance").agg(pl.col("rank").n_unique())["rank"].to_list() == [4] * 21
-    per = rows.group_by("instance").agg(pl.col("transfer_us").first(), pl.col("dur_us").min(),
-                                        pl.col("arrived_last").sum())
-    assert (per["transfer_us"] == per["dur_us"]).all() and (per["arrived_last"] == 1).all()
+    per = rows.group_by("instance").agg(pl.col("collective_type").first(), pl.col("transfer_us").first(),
+                                        pl.col("dur_us").min(), pl.col("arrived_last").sum())
+    assert (per["arrived_last"] == 1).all()
+    # all-reduces: transfer = the shortest kernel; broadcasts (rooted, one clock) by start time: see
+    # tests/test_collective_types.py
+    reduce = per.filter(pl.col("collective_type") == "AllReduce")
+    assert reduce.height == 15 and (reduce["transfer_us"] == reduce["dur_us"]).all()
+    assert set(rows.filter(pl.col("collective_type") == "Broadcast", pl.col("arrived_last"))["rank"]) == {3}
 
 
 def test_the_trace_filter_pair_says_why_nothing_matches(corpus_db: Path) -> None:
     rows = instance_table(corpus_db, runs=["trace_filter"])
     assert rows.height == 20 and not rows["matched"].any()
-    assert set(rows["reason"]) == {"no process group"} and set(rows["collective_type"]) == {"SendRecv"}
+    # SendRecv kernels, typed by the nccl:* annotations around their launches (tests/test_collective_types.py)
+    assert set(rows["reason"]) == {"no process group"}
+    assert set(rows["collective_type"]) == {"AllGather", "AllReduce", "AllToAll"}
     _, notes = collectives_table(corpus_db, runs=["trace_filter"])
     assert ("run trace_filter: 0 of 20 communication kernels matched; unmatched (counted as transfer): 20 no process "
-            "group (SendRecv); the run holds 2 of its 128 ranks") in notes
+            "group (AllGather, AllReduce, AllToAll); the run holds 2 of its 128 ranks") in notes
 
 
 def test_exposed_wait_and_transfer_sum_to_exposed_comm_on_every_corpus_trace(corpus_db: Path) -> None:

@@ -130,7 +130,7 @@ def test_cluster_ingest_gives_rankless_files_ranks_of_their_own_and_refuses_a_ra
     assert "run job already holds steps" in summary.files[3].message and "rank 0" in summary.files[3].message
     assert not list((tmp_path / "pq").rglob(f"trace{summary.files[3].trace_id}_*"))
     frame = compute_metric(tmp_path / "pq", "comm", by=("run", "rank"))
-    assert frame.select("run", "rank", "steps").rows() == [("a", -1, 1), ("b", -2, 1), ("job", 0, 1)]  # 2 steps less the open last
+    assert frame.select("run", "rank", "steps").rows() == [("job", 0, 1), ("job/a", -1, 1), ("job/b", -2, 1)]  # 2 steps less the open last
 
 
 def test_cross_rank_reports_on_a_cluster_ingest_equal_a_local_ingest(client: Client, tmp_path: Path) -> None:

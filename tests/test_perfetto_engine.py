@@ -359,7 +359,7 @@ def test_notes_say_what_a_trace_lacks_and_what_exists(tmp_path: Path, binary: Pa
     t.events = [e for e in t.events if not e["name"].startswith("ProfilerStep#")]
     path = t.write(tmp_path / "job" / "trace.json")
     notes = perfetto_report([path], "exposed_comm", binary=binary).notes
-    assert any("trace.json names no rank" in n and "a run of its own, trace, as rank -1" in n for n in notes), notes
+    assert any("trace.json names no rank" in n and "a run of its own, job/trace, as rank -1" in n for n in notes), notes
     assert any("rank -1 has no step marker: reported over its whole trace" in n for n in notes), notes
     with pytest.raises(EmptySelection, match=r"run job2: steps 1\.\.3 \(3 per rank\)"):
         perfetto_report([lagging_trace().write(tmp_path / "job2" / "rank0.json")], "exposed_comm",

@@ -40,14 +40,14 @@ def test_files_without_a_rank_or_a_job_are_runs_of_their_own_with_a_note(tmp_pat
     result = CliRunner().invoke(app, ["ingest", *map(str, paths), "--db", str(db), "-q"])
     assert result.exit_code == 0, result.output
     assert [line.split(": run ")[1].split(",")[:2] for line in result.stdout.splitlines()[:2]] == [
-        ["worker0", " rank -1"], ["worker1", " rank -1"]]
+        ["resnet50/worker0", " rank -1"], ["resnet50/worker1", " rank -1"]]
     notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
     assert len(notes) == 2 and notes[1].endswith(
         "worker1.pt.trace.json names no rank (no distributedInfo, event args or rank<N> in its name): a run of its own, "
-        "worker1, as rank -1; join it to others with --run NAME, name its rank with --rank N")
+        "resnet50/worker1, as rank -1; join it to others with --run NAME, name its rank with --rank N")
     frame = compute_metric(db, "comm", by=("run", "rank"))
     assert frame.select("run", "rank", "steps").rows() == [
-        ("worker0", -1, 2), ("worker1", -1, 2)]  # apart, each its own 3 steps less the open last one
+        ("resnet50/worker0", -1, 2), ("resnet50/worker1", -1, 2)]  # apart, each its own 3 steps less the open last one
     # said to be one job with --run: ranks of their own in it, -1 and -2
     joined = tmp_path / "j.duckdb"
     assert ingest_traces(paths, joined, run="resnet50", workers=0).ok
@@ -159,7 +159,7 @@ def test_gpu_model_comes_from_device_properties_and_maps_to_the_peak(corpus_db: 
     assert gpus["Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"] == "NVIDIA H100 80GB HBM3"
     assert gpus["resnet_act_checkpoint.json.gz"] == "AMD Instinct MI300X"
     assert gpus["mtia_inference_rank_0.json.gz"] == "ARTEMIS"  # deviceProperties written as a Python repr
-    qwen = meta["Qwen_Qwen1.5-0.5B-Chat__1016005"]  # a file without rank or job: a run of its own
+    qwen = meta["h100/Qwen_Qwen1.5-0.5B-Chat__1016005"]  # a file without rank or job: a run of its own
     assert (qwen["gpu_model"], qwen["peak_tflops"], qwen["peak_gpu"]) == (
         "NVIDIA H100 80GB HBM3", 989.0, "H100 SXM")
     assert (meta["mi300"]["peak_tflops"], meta["b200"]["peak_tflops"], meta["deepseek_profile_data"]["peak_gpu"]) == (

@@ -5,8 +5,8 @@ it belongs to.
   user's ``--rank``, else ``rank<N>`` in the file name, else unknown.
 - Run: ``--run`` where given; else a file that says it belongs to a job (a ``distributedInfo``, a
   collector's ``rank<N>.run.json`` beside it, a rank it names or its events name) is in the run named
-  after its directory; a file that names no rank and no job is a run of its own, named after the file
-  (two unrelated traces in one folder are never averaged as two ranks of one job).
+  after its directory; a file that names no rank and no job is a run of its own, named after its
+  directory and file (two unrelated traces in one folder are never averaged as two ranks of one job).
 """
 
 from __future__ import annotations
@@ -59,9 +59,12 @@ def names_job(path: Path, fields: dict[str, Any]) -> bool:
 
 
 def own_run_name(path: Path) -> str:
-    """The run of a file that names no rank and no job: its name without the trace endings
-    (``runs/x/worker0.pt.trace.json.gz`` -> ``worker0``)."""
-    return _TRACE_ENDINGS.sub("", path.name) or path.name
+    """The run of a file that names no rank and no job: its directory and its name without the trace
+    endings (``runs/x/worker0.pt.trace.json.gz`` -> ``x/worker0``), so that files of one name in other
+    directories (TensorBoard's ``worker0``) stay apart."""
+    stem = _TRACE_ENDINGS.sub("", path.name) or path.name
+    folder = path.resolve().parent.name
+    return f"{folder}/{stem}" if folder else stem
 
 
 def run_of(path: Path, run: str | None, *, names_rank: bool, job: bool) -> str:
