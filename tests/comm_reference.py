@@ -20,7 +20,17 @@ Rules implemented (a run = a list of Kineto trace files):
      an instance needs n kernels, else "missing on some ranks". Otherwise per (group, type) ordinals;
      different counts per rank -> "ranks saw different numbers of kernels"; key (type, ordinal).
   7. transfer = min dur of the instance, wait = dur - transfer, arrived_last = min dur (lowest rank on
-     a tie). 8. Unmatched: wait 0, transfer = dur, not arrived last.
+     a tie); the last arriver caused the sum of the others' waits. 8. Unmatched: wait 0, transfer = dur,
+     not arrived last.
+  7r. Rooted collectives (§9): an instance is rooted when any of its kernels is Broadcast or Reduce
+     (point-to-point never matches, rule 4). Rule 7 does not apply to it:
+     - on one host's clock (every kernel of the instance from the same trace file): arrival by start
+       time. The last arriver = latest start_ns (lowest rank on a tie); each kernel's
+       wait = min(dur, max(0, last_start - start)), transfer = dur - wait; the last arriver caused the
+       sum of the others' waits, the others caused 0.
+     - otherwise (kernels from different files, each on a clock of its own; no skew estimate):
+       arrival not inferable. Still matched (same instance, reason None), but every kernel has wait 0,
+       transfer = dur, not arrived last, caused 0: no straggler is counted for it.
   9. Wait part [start, start+wait), transfer part [start+wait, end); per window, clipped:
      transfer = |U(T)|, wait = |U(W) - U(T)|, exposed_* = the same minus U(compute).
  10. Stragglers: a matched kernel belongs to the window of its (rank, device) with s <= start < e.
@@ -44,6 +54,11 @@ Points the contract left open, and how they are resolved here:
   * whole_trace_metrics: matched_count/arrived_last_count/wait_caused_ns over all the device's kernels
     (no start < end test, so a zero-length kernel at the very end still counts).
   * Instance rows also carry "name" and "path" (the kernel name, the file) for identification.
+  * Rooted instances (rule 7r): "one clock" compares the file (its index in the run), so a merged file
+    holding several ranks (args.rank) is one clock and one rank per file never is. Bandwidth (not fixed
+    by the contract): algbw = size / the last arriver's transfer (rule 7: = min dur, the same as before;
+    start time: the last arriver's dur, from its arrival to its end); arrival not inferable -> algbw and
+    busbw None (no transfer time can be inferred for the instance).
 
 Self-check: ``.venv/bin/python -m tests.comm_reference`` from the project root.
 """
@@ -60,6 +75,7 @@ from tests import step_reference as sr
 DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "Int": 4, "Short": 2,
                "Char": 1, "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16}
 P2P = ("Send", "Recv", "SendRecv")
+ROOTED = ("Broadcast", "Reduce")  # rule 7r (point-to-point is rooted too, but never matched: rule 4)
 SPLIT_KEYS = ("comm_wait_ns", "comm_transfer_ns", "exposed_comm_wait_ns", "exposed_comm_transfer_ns")
 STRAGGLER_KEYS = ("matched_count", "arrived_last_count", "wait_caused_ns")
 
@@ -207,22 +223,42 @@ def _match(kernels) -> None:
             for k in ks:
                 k["reason"] = "missing on some ranks"
             continue
-        transfer = min(k["dur_ns"] for k in ks)
-        last = min(ks, key=lambda k: (k["dur_ns"], k["rank"]))
+        last = _split_instance(ks)  # sets wait_ns / transfer_ns; the last arriver, or None
         sizes = [k["size_bytes"] for k in ks if k["size_bytes"] is not None]
         size = max(sizes) if sizes else None
-        algbw = size / transfer if size is not None and transfer > 0 else None
+        transfer = last["transfer_ns"] if last is not None else None
+        algbw = size / transfer if size is not None and transfer else None
         types = {k["collective_type"] for k in ks}
         factor = bus_factor(types.pop(), ks[0]["group_size"]) if len(types) == 1 else None
         busbw = algbw * factor if algbw is not None and factor is not None else None
+        caused = sum(k["wait_ns"] for k in ks if k is not last)
         for k in ks:
-            k.update(matched=True, instance=key, transfer_ns=transfer, wait_ns=k["dur_ns"] - transfer,
-                     arrived_last=k is last, algbw_gbps=algbw, busbw_gbps=busbw,
-                     _others_wait=sum(o["dur_ns"] - transfer for o in ks if o is not k))
+            k.update(matched=True, instance=key, arrived_last=k is last, algbw_gbps=algbw, busbw_gbps=busbw,
+                     _others_wait=caused if k is last else 0)
     for k in kernels:
         if k.get("matched") is None:
             k.update(matched=False, instance=None, wait_ns=0, transfer_ns=k["dur_ns"], arrived_last=False,
                      algbw_gbps=None, busbw_gbps=None, _others_wait=0)
+
+
+def _split_instance(ks):
+    """Rules 7 and 7r for one matched instance: set each kernel's wait_ns and transfer_ns; return the
+    kernel that arrived last, or None when arrival cannot be inferred."""
+    rooted = any(k["collective_type"] in ROOTED for k in ks)
+    if not rooted:  # rule 7: the shortest kernel arrived last and transferred for its whole duration
+        transfer = min(k["dur_ns"] for k in ks)
+        for k in ks:
+            k.update(wait_ns=k["dur_ns"] - transfer, transfer_ns=transfer)
+        return min(ks, key=lambda k: (k["dur_ns"], k["rank"]))
+    if len({k["pi"] for k in ks}) > 1:  # rooted, clocks of their own: not inferable, never guessed
+        for k in ks:
+            k.update(wait_ns=0, transfer_ns=k["dur_ns"])
+        return None
+    last = max(ks, key=lambda k: (k["start_ns"], -k["rank"]))  # rooted, one clock: by start time
+    for k in ks:
+        wait = min(k["dur_ns"], max(0, last["start_ns"] - k["start_ns"]))
+        k.update(wait_ns=wait, transfer_ns=k["dur_ns"] - wait)
+    return last
 
 
 def _matched_run(paths) -> list[dict]:
@@ -445,6 +481,47 @@ def _self_check(tmp):
     wt = whole_trace_metrics(pd)
     assert all(wt[0][k] == wd[0][k] for k in SPLIT_KEYS + STRAGGLER_KEYS), (wt[0], wd[0])
     assert wt[2]["wait_caused_ns"] == 11 * US
+
+    # (e) rooted collectives (rule 7r): a Broadcast then a Reduce, ranks 0-2 in one merged file (args.rank):
+    #   Broadcast: rank 0 (root) [10, 14) us, rank 1 [12, 30), rank 2 [20, 30) -> rank 2 started last (20):
+    #     waits min(4, 10) = 4, min(18, 8) = 8, 0; transfers 0, 10, 10; rank 2 caused 12; algbw = size / 10 us
+    #   Reduce: rank 0 [40, 50), rank 1 [45, 60), rank 2 [45, 55) -> start tie at 45: rank 1 is the last
+    #     waits 5, 0, 0; transfers 5, 15, 10; rank 1 caused 5
+    timings = {0: ((10, 14), (40, 50)), 1: ((12, 30), (45, 60)), 2: ((20, 30), (45, 55))}
+
+    def rooted(b, r, rank_arg):
+        b.step(1, 0, 100 * US, rank=rank_arg)
+        for coll, (a, z) in zip(("broadcast", "reduce"), timings[r]):
+            b.kernel(AR, a * US, z * US, launch_ns=1 * US, rank=rank_arg, **_args(coll))
+
+    merged = TraceBuilder(rank=None)
+    for r in range(3):
+        rooted(merged, r, r)
+    pe = write("e", [merged])
+    re_ = instances(pe)
+    assert [(r["rank"], r["collective_type"], r["matched"], r["wait_ns"], r["transfer_ns"], r["arrived_last"])
+            for r in re_] == [
+        (0, "Broadcast", True, 4 * US, 0, False), (0, "Reduce", True, 5 * US, 5 * US, False),
+        (1, "Broadcast", True, 8 * US, 10 * US, False), (1, "Reduce", True, 0, 15 * US, True),
+        (2, "Broadcast", True, 0, 10 * US, True), (2, "Reduce", True, 0, 10 * US, False)], re_
+    assert abs(re_[0]["algbw_gbps"] - 4 * N / 10000) < 1e-9 and re_[0]["busbw_gbps"] == re_[0]["algbw_gbps"]
+    we = _check_identities(pe)
+    assert [(w["rank"], w["comm_wait_ns"], w["comm_transfer_ns"], w["matched_count"], w["arrived_last_count"],
+             w["wait_caused_ns"]) for w in we] == [
+        (0, 9 * US, 5 * US, 2, 0, 0), (1, 8 * US, 25 * US, 2, 1, 5 * US), (2, 0, 20 * US, 2, 1, 12 * US)], we
+    assert [x["wait_caused_ns"] for x in whole_trace_metrics(pe)] == [0, 5 * US, 12 * US]
+    # the same kernels, one file per rank (clocks of their own): matched, but arrival is not inferable
+    bs = []
+    for r in range(3):
+        bs.append(TraceBuilder(rank=r))
+        rooted(bs[-1], r, None)
+    pf = write("f", bs)
+    rf = instances(pf)
+    assert all(r["matched"] and r["reason"] is None and r["wait_ns"] == 0 and r["transfer_ns"] == r["dur_ns"]
+               and not r["arrived_last"] and r["algbw_gbps"] is None and r["busbw_gbps"] is None for r in rf), rf
+    assert len({r["instance"] for r in rf}) == 2
+    assert all((w["comm_wait_ns"], w["matched_count"], w["arrived_last_count"], w["wait_caused_ns"]) == (0, 2, 0, 0)
+               for w in _check_identities(pf))
 
 
 if __name__ == "__main__":

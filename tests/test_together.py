@@ -90,7 +90,8 @@ def test_small_files_together_end_as_files_ingested_one_by_one(tmp_path: Path, d
 
     assert all(f.status == "ingested" for f in together.files), [f.message for f in together.files]
     assert _outcome(together.files) == _outcome(alone)
-    assert [f.ranks for f in together.files[-2:]] == [[-1], [-2]]  # ranks of their own, as one by one
+    # no rank, no job: runs of their own, as one by one
+    assert [(f.run, f.ranks) for f in together.files[-2:]] == [("b/worker_x", [-1]), ("b/worker_y", [-1])]
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
     steps = _rows(tmp_path / "together.duckdb", "select t.path, list(s.step order by s.step) from steps s join traces t using (trace_id) group by all")
     assert len(steps) == 22 and all(len(numbers) == 3 for _, numbers in steps)  # none lost, none merged

@@ -148,7 +148,8 @@ def ingest_traces(
     Args:
         inputs: files, globs or directories.
         db: DuckDB warehouse path (created if missing).
-        run: run name for every file (default: each file's parent directory name).
+        run: run name for every file (default: each file's parent directory name; a file that names no rank
+            and no job is a run of its own, <directory>/<file>: traceq.ingest.identity).
         rank: rank for files that name none (no distributedInfo.rank, no per-event rank).
         workers: cores DuckDB parses on (default: the number of CPUs; 0 or 1: one).
         chunk_bytes: size of the event chunks the file is cut into (bytes of JSON).
