@@ -134,3 +134,55 @@ def test_rooted_collectives_on_clocks_of_their_own_are_not_inferable(tmp_path: P
         notes = matching_notes(con)
     assert rows == [(0, True, "not inferable", 0, 2_000, False, 0), (1, True, "not inferable", 0, 20_000, False, 0)]
     assert any("2 kernels of rooted collectives on clocks of their own: arrival not inferable" in n for n in notes)
+
+
+@pytest.mark.parametrize("layout", ["one file", "a file per rank"])
+def test_rooted_collectives_agree_with_the_brute_force_reference(tmp_path: Path, layout: str) -> None:
+    """A Broadcast then a Reduce over 3 ranks (tests/comm_reference.py, written apart from the SQL): in one
+    file (one clock) placed by start time, a file per rank not inferable; per kernel, per step window and
+    over the whole trace."""
+    from tests import comm_reference as reference
+    from tests.tracegen import TraceBuilder
+    from traceq.report import crossrank
+    from traceq.report.metrics import step_metrics
+    from traceq.report.selection import StepSelection
+
+    us = 1000
+    timings = {0: ((10, 14), (40, 50)), 1: ((12, 30), (45, 60)), 2: ((20, 30), (45, 55))}
+
+    def collectives(t: TraceBuilder, rank: int, rank_arg: int | None) -> None:
+        t.step(1, 0, 100 * us, rank=rank_arg)
+        for name, (start, end) in zip(("broadcast", "reduce"), timings[rank]):
+            t.kernel(reference.AR, start * us, end * us, launch_ns=1 * us, rank=rank_arg, **reference._args(name))
+
+    if layout == "one file":
+        merged = TraceBuilder(rank=None)
+        for rank in range(3):
+            collectives(merged, rank, rank)
+        files = [merged.write(tmp_path / "m" / "merged.json")]
+    else:
+        files = []
+        for rank in range(3):
+            t = TraceBuilder(rank=rank)
+            collectives(t, rank, None)
+            files.append(t.write(tmp_path / "s" / f"rank{rank}.json",
+                                 distributedInfo={"backend": "nccl", "rank": rank, "world_size": 3}))
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces(files, db, workers=0).ok
+    expected = {(k["rank"], k["start_ns"]): (k["matched"], k["reason"], k["wait_ns"], k["transfer_ns"], k["arrived_last"])
+                for k in reference.instances(files)}
+    with connect(db, read_only=True) as con, crossrank.matched(con) as table:
+        got = {(r[0], r[1]): tuple(r[2:]) for r in con.execute(
+            f"select rank, start_ns, matched, reason, wait_ns, transfer_ns, arrived_last from {table}").fetchall()}
+        rows = step_metrics(con, selection=StepSelection(skip_steps=0, include_last=True), cross_rank=True)
+        whole = step_metrics(con, whole_trace=True, cross_rank=True)
+    assert got == expected
+    assert any(v[4] for v in got.values()) == (layout == "one file")
+    keys = (*reference.SPLIT_KEYS, *reference.STRAGGLER_KEYS)
+    want = {(w["rank"], w["step"]): {k: w[k] for k in keys} for w in reference.window_metrics(files)}
+    have = {(r["rank"], r["step"]): {k: r[k] for k in keys} for r in rows.iter_rows(named=True)
+            if r["device"] is not None and r["device"] >= 0}
+    assert have == want
+    want = {w["rank"]: {k: w[k] for k in keys} for w in reference.whole_trace_metrics(files)}
+    have = {r["rank"]: {k: r[k] for k in keys} for r in whole.iter_rows(named=True) if r["device"] >= 0}
+    assert have == want
