@@ -181,3 +181,15 @@ def test_two_unrelated_traces_of_one_corpus_folder_are_two_runs(corpus_db: Path)
     with connect(corpus_db, read_only=True) as con:
         rows = con.sql("select run, file_rank from traces where path like '%/tracelens/h100/%' order by run").fetchall()
     assert rows == [("h100/Qwen_Qwen1.5-0.5B-Chat__1016005", -1), ("h100/gaunernst_bert-small-uncased__1016001", -1)]
+
+
+def test_a_cpu_only_trace_keeps_its_last_step_its_windows_are_its_cpu_spans(tmp_path: Path) -> None:
+    """gloo runs: no device activity, each step's window is its CPU span, so the last one is closed."""
+    t = TraceBuilder(rank=0)
+    for n in (1, 2, 3):
+        t.step(n, (n - 1) * 100 * US, n * 100 * US)
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([t.write(tmp_path / "gloo" / "rank0.json")], db, workers=0).ok
+    table, notes = metric_report(db, "window,idle", by="run,rank,step")
+    assert table.select("step", "window_us", "idle_us").rows() == [(1, 100.0, 100.0), (2, 100.0, 100.0), (3, 100.0, 100.0)]
+    assert not any("left out" in n or "also its last" in n for n in notes)

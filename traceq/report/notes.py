@@ -210,11 +210,13 @@ def selection_notes(
 ) -> list[str]:
     """What the step selection left out, per run of ``runs`` (None: every run): a run it left with no
     step at all (never dropped silently), the open last step left out by default, and a rank whose only
-    step is the last, kept with its open window (README: device windows, steps)."""
+    step is the last, kept with its open window (README: device windows, steps). A CPU-only trace's
+    windows are its steps' CPU spans: its last step is closed and kept."""
     selected = query.run(con, "selected_steps", query_params(selection)).set_alias("sel")
     rel = con.sql(
         """
-        select t.run, s.rank, count(*) filter (where s.source <> 'whole_trace') as n_steps,
+        select t.run, s.rank, bool_or(t.n_gpu_events > 0) as open_last,
+               count(*) filter (where s.source <> 'whole_trace') as n_steps,
                min(s.step) as first_step, max(s.step) as last_step,
                count(sel.step) as n_selected, bool_or(sel.step is not null and s.step = s.last) as last_selected
         from (select *, max(step) over (partition by trace_id, rank) as last from steps) as s
@@ -249,7 +251,7 @@ def selection_notes(
             which = f"step {lasts[0]}" if len(lasts) == 1 else f"steps {lasts[0]}..{lasts[-1]}"
             notes.append(f"run {run}: the last step of each rank ({which}) is left out: its device window is open "
                          "(it ends with the GPU's drain); --include-last keeps it")
-        alone = [r for r in ranks if r["n_steps"] == 1 and r["last_selected"]]
+        alone = [r for r in ranks if r["n_steps"] == 1 and r["last_selected"] and r["open_last"]]
         if alone:
             notes.append(f"run {run}: rank {', '.join(str(r['rank']) for r in alone)} has one step, also its last, "
                          "kept: its device window is open (it ends with the GPU's drain, so it may hold work "

@@ -448,7 +448,7 @@ def selected_steps(steps: pl.DataFrame, selection: StepSelection) -> pl.DataFram
     try:
         frame = steps.with_columns(trace_id=1)
         con.register("steps", frame.to_arrow())
-        con.execute("create table traces as select 1 as trace_id, 'run' as run")
+        con.execute("create table traces as select 1 as trace_id, 'run' as run, 1 as n_gpu_events")  # GPU traces only
         con.execute("create table runs as select 'run' as run, null::json as metadata")
         return query.run(con, "selected_steps", query_params(selection)).select("rank, step").pl()
     finally:

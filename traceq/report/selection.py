@@ -18,7 +18,8 @@ class StepSelection:
     Args:
         skip_steps: leading profiled steps to skip; None = the run's ``warmup_steps`` metadata, else 0.
         step_min, step_max: keep step numbers (N of ProfilerStep#N) in [step_min, step_max] (None = unbounded).
-        include_last: keep each rank's last step. By default it is left out: its device window is open
+        include_last: keep each rank's last step. By default, on traces with device activity, it is left
+            out: its device window is open
             (nothing closes it but the GPU's drain, so it holds the backlog of earlier steps on a GPU that
             lags its CPU, or loses its trailing idle on one that leads); a rank whose only step is the
             last keeps it.
