@@ -75,7 +75,7 @@ from traceq.ingest.identity import (
 from traceq.ingest.sidecar import load_side_files, write_wall_times
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
-from traceq.store.derive import device_properties, gpu_model_of, write_steps
+from traceq.store.derive import check_step_marker, device_properties, gpu_model_of, write_steps
 from traceq.store.manage import forget_run, remove_traces
 from traceq.store.schema import execute_over, fetch_one, rollback
 from traceq.store.warehouse import DEFAULT_DB, connect
@@ -432,7 +432,9 @@ def _derive(con: Any, stored: list[_Stored], marker: StepMarker) -> None:
     ids = [s.trace_id for s in stored]
     write_steps(con, ids, {**event_categories().sql_params(), **marker.sql_params()})
     if marker != StepMarker():
-        _check_marker_found(con, stored, marker)
+        notes = check_step_marker(con, {s.trace_id: s.path for s in stored}, marker.pattern)
+        for s in stored:
+            s.result.notes.extend(notes.get(s.trace_id, []))
     _refuse_rank_collisions(con, stored)
     clocks = {s.trace_id: load_side_files(con, s.trace_id, s.path, s.run, s.file_rank, s.base_ns) for s in stored}
     try:
@@ -457,41 +459,6 @@ def _derive(con: Any, stored: list[_Stored], marker: StepMarker) -> None:
     ).fetchall())
     for s in stored:
         s.result.ranks = ranks.get(s.trace_id, [])
-
-
-def _check_marker_found(con: Any, stored: list[_Stored], marker: StepMarker) -> None:
-    """ConfigError naming the file and the annotations it does have when a ``--step-marker`` matches no
-    event of a trace that has events (README: device windows, steps); a note where the marker's spans cover a small part of
-    the time from the first to the last (a marker inside the step, e.g. ``Optimizer.step#``)."""
-    found = {trace_id: rest for trace_id, *rest in con.execute(
-        """
-        select trace_id, count(*) filter (where source = 'marker'),
-               sum(step_time_ns) filter (where source = 'marker'),
-               max(end_ns) filter (where source = 'marker') - min(start_ns) filter (where source = 'marker')
-        from steps where trace_id between $first and $last group by trace_id
-        """,
-        {"first": stored[0].trace_id, "last": stored[-1].trace_id},
-    ).fetchall()}
-    for s in stored:
-        n, busy_ns, span_ns = found.get(s.trace_id, (0, None, None))
-        if s.trace_id in found and n == 0:
-            names = [name for (name,) in con.execute(
-                """
-                select regexp_replace(n.name, '\d+', 'N', 'g') as shape
-                from host_events as h inner join names as n on n.trace_id = h.trace_id and n.name_id = h.name_id
-                where h.trace_id = ? and h.cat in ('user_annotation', 'gpu_user_annotation', 'Operator', 'cpu_op')
-                group by shape order by regexp_matches(shape, '(?i)step') desc, count(*) desc, shape limit 8
-                """,
-                [s.trace_id],
-            ).fetchall()]
-            has = f"its annotations include {', '.join(map(repr, names))}" if names else "it has no annotation"
-            raise ConfigError(f"{s.path}: no event matches the step marker {marker.pattern!r}; {has}; give a marker that "
-                              "matches its steps (or leave --step-marker out for ProfilerStep#N)")
-        if n > 1 and span_ns and busy_ns < 0.5 * span_ns:
-            s.result.notes.append(
-                f"{s.path}: the step marker's {n} spans ({busy_ns / n / 1e6:,.3f} ms each on average) cover "
-                f"{100 * busy_ns / span_ns:.0f} % of the time from the first to the last: a marker inside the "
-                "step? step_time_ms, the clock of throughput, is the marker's span")
 
 
 def _room_for(con: Any, text_bytes: int) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from traceq.errors import ConfigError
 from traceq.kineto import to_int
 from traceq.query import compose, params_of
 
@@ -34,6 +36,44 @@ def write_steps(con: Any, trace_ids: Sequence[int], params: dict[str, Any]) -> N
         "where g.rowid = a.rid",
         params_of(attribution, params),
     )
+
+
+def check_step_marker(con: Any, paths: dict[int, Path], pattern: str) -> dict[int, list[str]]:
+    """After :func:`write_steps` with a user's step marker ``pattern``, for the traces ``paths`` (trace id ->
+    file; consecutive ids): ConfigError naming the file and the annotations it does have when the marker
+    matches no event of a trace that has events; per trace id, a note where the marker's spans cover under
+    half the time from the first to the last (a marker inside the step, such as ``Optimizer.step#``)."""
+    found = {trace_id: rest for trace_id, *rest in con.execute(
+        """
+        select trace_id, count(*) filter (where source = 'marker'),
+               sum(step_time_ns) filter (where source = 'marker'),
+               max(end_ns) filter (where source = 'marker') - min(start_ns) filter (where source = 'marker')
+        from steps where trace_id between $first and $last group by trace_id
+        """,
+        {"first": min(paths), "last": max(paths)},
+    ).fetchall()}
+    notes: dict[int, list[str]] = {}
+    for trace_id, path in paths.items():
+        n, busy_ns, span_ns = found.get(trace_id, (0, None, None))
+        if trace_id in found and n == 0:
+            names = [name for (name,) in con.execute(
+                """
+                select regexp_replace(n.name, '\\d+', 'N', 'g') as shape
+                from host_events as h inner join names as n on n.trace_id = h.trace_id and n.name_id = h.name_id
+                where h.trace_id = ? and h.cat in ('user_annotation', 'gpu_user_annotation', 'Operator', 'cpu_op')
+                group by shape order by regexp_matches(shape, '(?i)step') desc, count(*) desc, shape limit 8
+                """,
+                [trace_id],
+            ).fetchall()]
+            has = f"its annotations include {', '.join(map(repr, names))}" if names else "it has no annotation"
+            raise ConfigError(f"{path}: no event matches the step marker {pattern!r}; {has}; give a marker that "
+                              "matches its steps (or leave --step-marker out for ProfilerStep#N)")
+        if n > 1 and span_ns and busy_ns < 0.5 * span_ns:
+            notes[trace_id] = [
+                f"{path}: the step marker's {n} spans ({busy_ns / n / 1e6:,.3f} ms each on average) cover "
+                f"{100 * busy_ns / span_ns:.0f} % of the time from the first to the last: a marker inside the "
+                "step? step_time_ms, the clock of throughput, is the marker's span"]
+    return notes
 
 
 def device_properties(value: Any) -> list[dict[str, Any]]:
