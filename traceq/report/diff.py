@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING
 from traceq import query
 from traceq.catalog import BREAKDOWNS, METRIC_NAMES, RATE_WEIGHTS
 from traceq.errors import ConfigError, EmptySelection
-from traceq.report.metrics import breakdown_metrics, nothing_selected, rate_parts, require_runs, step_metrics
+from traceq.report.metrics import (
+    breakdown_metrics,
+    nothing_selected,
+    rate_parts,
+    ratio_of_sums,
+    require_runs,
+    step_metrics,
+)
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -134,7 +141,7 @@ def _compare(section: str, rows_a: pl.DataFrame, rows_b: pl.DataFrame) -> pl.Dat
     def stats(rows: pl.DataFrame, side: str) -> pl.DataFrame:
         mean = pl.col("value").mean()
         if "den" in rows.columns:  # a rate: the ratio of its sums (traceq.report.metrics.mean_of)
-            mean = pl.when(pl.col("den").sum() > 0).then(pl.col("num").sum() / pl.col("den").sum()).otherwise(mean)
+            mean = ratio_of_sums(pl.col("num"), pl.col("den")).otherwise(mean)
         return rows.group_by("name").agg(
             mean.alias(side),
             pl.col("value").quantile(0.1, "linear").alias(f"{side}_p10"),

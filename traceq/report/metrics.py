@@ -392,7 +392,13 @@ def mean_of(metric: str, value: str | None = None, weight: str | None = None) ->
 
     if metric not in RATE_WEIGHTS:
         return pl.col(value or metric).mean()
-    num, den = rate_parts(metric, value, weight)
+    return ratio_of_sums(*rate_parts(metric, value, weight))
+
+
+def ratio_of_sums(num: pl.Expr, den: pl.Expr) -> pl.Expr:
+    """Σ num / Σ den, null where the denominators sum to 0 (or to nothing)."""
+    import polars as pl
+
     return pl.when(den.sum() > 0).then(num.sum() / den.sum())
 
 
@@ -413,12 +419,6 @@ def _sums_of(metric: str) -> list[pl.Expr]:
     """Σ numerator and Σ denominator of a rate metric (as _num, _den), for aggregating further up."""
     num, den = rate_parts(metric)
     return [num.sum().alias("_num"), den.sum().alias("_den")]
-
-
-def _ratio_of_sums() -> pl.Expr:
-    import polars as pl
-
-    return pl.when(pl.col("_den").sum() > 0).then(pl.col("_num").sum() / pl.col("_den").sum())
 
 
 def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFrame:
@@ -447,7 +447,7 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
     if "rank" in by:  # runs apart within a rank: group_by's order is not the same every time
         return per_rank.drop("_num", "_den", strict=False).sort(list(dict.fromkeys([*by, "run"])))
     # a rate over ranks and runs is still the ratio of all their sums; other metrics: the mean of the means
-    mean = _ratio_of_sums() if rate else pl.col(metric).mean()
+    mean = ratio_of_sums(pl.col("_num"), pl.col("_den")) if rate else pl.col(metric).mean()
     per_run = (
         # ties go to the lowest rank, so the answer does not change between runs
         per_rank.sort(["step_time_ms_mean", "rank"], descending=[True, False], nulls_last=True)
