@@ -49,7 +49,7 @@ chosen as (
 kernels as (
     select
         a.trace_id, a.rank, coalesce(a.device, -1) as device, a.stream, a.step, a.start_ns, a.end_ns, a.dur_ns,
-        a.collective_type, a.pg_name, a.pg_desc, a.pg_ranks, a.group_size, a.seq,
+        a.collective_type, a.pg_name, a.pg_desc, a.pg_ranks, a.group_size, a.seq, a.name_id, a.correlation,
         case when a.collective_type = 'AllGather' then a.out_nelems else a.in_nelems end * dtype_bytes(a.dtype) as bytes
     from gpu_activity as a
     semi join chosen as h on h.trace_id = a.trace_id
@@ -57,7 +57,7 @@ kernels as (
     union all
     select
         c.trace_id, c.rank, c.device, null, c.step, c.start_ns, c.end_ns, c.dur_ns, coalesce(c.collective_type, 'Other'),
-        null, null, null, null, null, null
+        null, null, null, null, null, c.name_id, null, null
     from cpu_activity as c
     semi join chosen as h on h.trace_id = c.trace_id
     where c.class = 'comm'
@@ -108,7 +108,7 @@ groups as (
 candidates as (
     select
         k.trace_id, k.rank, k.device, k.stream, k.step, k.start_ns, k.end_ns, k.dur_ns, k.collective_type, k.seq,
-        k.bytes, g.group_id, g.n,
+        k.name_id, k.correlation, k.bytes, g.group_id, g.n,
         coalesce(
             g.group_reason,
             case when k.collective_type in ('Send', 'Recv', 'SendRecv') then 'point-to-point' end,
@@ -251,7 +251,7 @@ labels as (
 final as (
     select
         trace_id, rank, device, stream, step, start_ns, end_ns, dur_ns, collective_type, group_id,
-        n as group_size, seq, ordinal,
+        n as group_size, seq, name_id, correlation, ordinal,
         reason is null as matched,
         reason,
         case when reason is null then arrival end as arrival,
@@ -277,7 +277,7 @@ final as (
     union all by name
     select
         trace_id, rank, device, stream, step, start_ns, end_ns, dur_ns, collective_type, group_id,
-        n as group_size, seq, null as ordinal, false as matched, reason0 as reason, null as arrival, null as instance_id,
+        n as group_size, seq, name_id, correlation, null as ordinal, false as matched, reason0 as reason, null as arrival, null as instance_id,
         0 as wait_ns, dur_ns as transfer_ns, false as arrived_last, 0 as wait_caused_ns, bytes as size_bytes
     from candidates
     where reason0 is not null

@@ -23,6 +23,7 @@ spans as (
         h.trace_id,
         h.rank,
         h.tid,
+        h.name_id,
         h.start_ns,
         h.start_ns + h.dur_ns as end_ns,
         h.dur_ns,
@@ -41,7 +42,7 @@ comm_threads as (
 
 final as (
     select s.trace_id, s.rank, -1::bigint as device, null::bigint as step, s.start_ns, s.end_ns, s.dur_ns, s.class,
-           s.collective_type
+           s.collective_type, s.tid, s.name_id
     from spans as s
     anti join comm_threads as c
         on s.class = 'compute' and c.trace_id = s.trace_id and c.rank = s.rank and c.tid = s.tid

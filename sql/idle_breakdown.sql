@@ -1,4 +1,4 @@
--- inputs: gpu_classified, windows
+-- inputs: gpu_classified, windows, sync_islands
 -- idle_breakdown: the idle time of each device window of `windows` (window − |U(all device activity)|,
 -- as in sql/interval_breakdown.sql) split by why the device had nothing to run, one row per window of a
 -- device with activity; ns. The three parts add up to its idle time.
@@ -61,42 +61,6 @@ segments as (
         on l.trace_id = g.trace_id and l.rank = g.rank and l.device = g.device and l.start_ns = g.gap_end
 ),
 
--- the names that are sync calls, matched once per name (not once per event)
-sync_names as (
-    select n.trace_id, n.name_id, p.cat
-    from names as n
-    cross join (select unnest($sync_patterns, recursive := true)) as p
-    where regexp_matches(n.name, p.pattern)
-),
-
-sync_calls as (
-    select h.trace_id, h.rank, h.start_ns, h.start_ns + h.dur_ns as end_ns
-    from host_events as h
-    inner join sync_names as s on s.trace_id = h.trace_id and s.name_id = h.name_id and s.cat = h.cat
-    where h.dur_ns > 0
-),
-
--- the sync calls of a rank merged into disjoint islands (several threads may sync at once)
-sync_marked as (
-    select
-        *,
-        case when start_ns > max(end_ns) over (
-            partition by trace_id, rank order by start_ns, end_ns rows between unbounded preceding and 1 preceding
-        ) then 1 else 0 end as opens
-    from sync_calls
-),
-
-sync_numbered as (
-    select *, sum(opens) over (partition by trace_id, rank order by start_ns, end_ns rows unbounded preceding) as island
-    from sync_marked
-),
-
-syncs as (
-    select trace_id, rank, island, min(start_ns) as start_ns, max(end_ns) as end_ns
-    from sync_numbered
-    group by all
-),
-
 gap_overlaps as (
     select
         s.trace_id, s.rank, s.device, s.step, s.seg_start, s.seg_end, s.host_end,
@@ -106,7 +70,7 @@ gap_overlaps as (
         coalesce(sum(greatest(0, least(s.host_end, y.end_ns) - greatest(s.seg_start, y.start_ns)))
             filter (where y.start_ns is not null), 0) as host_sync_ns
     from segments as s
-    left join syncs as y
+    left join sync_islands as y
         on y.trace_id = s.trace_id and y.rank = s.rank and y.start_ns < s.seg_end and y.end_ns > s.seg_start
     group by all
 ),

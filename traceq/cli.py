@@ -496,6 +496,84 @@ def stragglers(
     _emit(table, fmt, drop_first=("matched_count",))
 
 
+class PathView(str, Enum):
+    steps = "steps"
+    segments = "segments"
+    ranks = "ranks"
+    kernels = "kernels"
+
+
+@app.command("critical-path")
+def critical_path(
+    db: DbOption = Path(DEFAULT_DB),
+    run: Annotated[Optional[str], typer.Option("--run", help="The run (may be left out when the warehouse holds one).")] = None,
+    step: Annotated[Optional[list[int]], typer.Option("--step", help="Only this step number (repeatable).")] = None,
+    segments: Annotated[bool, typer.Option("--segments", help="The path itself: one row per segment (rank, start, end, kind, kernel, collective).")] = False,
+    ranks: Annotated[bool, typer.Option("--ranks", help="Per rank over the steps: time on the path, share, steps on it, the waiting its lateness cost.")] = False,
+    kernels: Annotated[bool, typer.Option("--kernels", help="The kernels and collectives most on the paths.")] = False,
+    top: Annotated[int, typer.Option(help="Rows of --kernels.", min=1)] = 20,
+    html: Annotated[Optional[Path], typer.Option(help="Also write the path as a self-contained HTML page: ranks as lanes, the path across them (the --step given, else the longest step).")] = None,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Which rank, and which of its work, made each step as long as it was: the critical path across ranks.
+
+    Per step, the walk starts at the end of the step on the rank whose device window ends last and goes
+    back to the step's start. On a rank, time goes to what its device was doing: compute (with the
+    kernel), the transfer part of a collective, memcpy/memset, or idle (host-bound, sync, other). Where
+    the rank was waiting at a matched collective, the path jumps to the rank that arrived last, at the
+    moment its kernel started, and goes on there. The segments add up to the step's span.
+
+    Per step (default): span, the last rank to end, ranks crossed, jumps, time by kind (ms), the rank and
+    the kernel most on the path, and a sentence saying it.
+
+    Examples:
+
+      traceq critical-path --run job1
+
+      traceq critical-path --run job1 --step 12 --segments
+
+      traceq critical-path --run job1 --ranks          # who holds everyone else, over the steps
+
+      traceq critical-path --run job1 --html cp.html
+    """
+    from traceq.report.critical_path import critical_path as compute
+    from traceq.report.critical_path import write_critical_path_html
+    from traceq.report.selection import StepSelection
+
+    if sum((segments, ranks, kernels)) > 1:
+        _fail(ConfigError("give one of --segments, --ranks and --kernels"))
+    try:
+        selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
+        result = compute(db, run=run, selection=selection, steps=step)
+        drawn = write_critical_path_html(str(html), result, step[0] if step else None) if html is not None else None
+    except TraceqError as exc:
+        _fail(exc)
+        return
+    if segments:
+        table = result.segments.drop("instance_id")
+    elif ranks:
+        table = result.ranks()
+    elif kernels:
+        table = result.kernels(top)
+    else:
+        table = result.steps
+    if fmt is Format.table:
+        typer.echo(f"critical path of run {result.steps['run'][0]} ({_steps_note(selection)})", err=True)
+        for note in result.notes:
+            typer.echo(f"note: {note}", err=True)
+        if not (segments or ranks or kernels):
+            for s in result.steps["step"].to_list()[:20]:
+                typer.echo(f"  {result.sentence(s)}", err=True)
+    _emit(table, fmt, drop_first=("path_start_ns", "category", "process_group", "top_kernel_ms", "copy_ms", "wait_ms",
+                                  "compute_ms", "waited_for", "steps"))
+    if drawn is not None:
+        typer.echo(f"wrote {html} (step {drawn})", err=True)
+
+
 @app.command()
 def diff(
     a: Annotated[str, typer.Argument(help="Side A: RUN, or RUN,rank=N and/or RUN,steps=a:b.")],

@@ -158,29 +158,15 @@ def _compare(section: str, rows_a: pl.DataFrame, rows_b: pl.DataFrame) -> pl.Dat
 
 def write_diff_html(table: pl.DataFrame, path: str, a: str, b: str, notes: list[str]) -> None:
     """The diff as one self-contained HTML page: the deltas beyond the spread as bars, then the table."""
-    import html
-
     import polars as pl
-    from plotly.offline import get_plotlyjs
 
     from traceq.report import plots
-    from traceq.report.html import _CSS, _figure, _notes, _section, _table
+    from traceq.report.html import _figure, _notes, _section, _table, write_page
 
     real = table.filter(pl.col("beyond_spread") & pl.col("delta_pct").is_not_null())
     sections = []
     if real.height:
         sections.append(_section("Changes beyond the step-to-step spread", _figure(plots.diff_figure(real, a, b), "diff")))
     sections.append(_section("Every quantity", _table(table) + _notes(notes)))
-    page = (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>traceq diff: {html.escape(a)} vs {html.escape(b)}</title>"
-        f"<style>{_CSS}</style>\n<script type=\"text/javascript\">{get_plotlyjs()}</script>\n</head><body>\n"
-        f"<h1>traceq diff</h1><p class=\"meta\">A = {html.escape(a)} · B = {html.escape(b)}</p>\n"
-        + "\n".join(sections) + "\n</body></html>\n"
-    )
-    try:
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(page)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot write the HTML page ({exc.strerror}); check the directory") from None
+    write_page(path, f"traceq diff: {a} vs {b}", "traceq diff", f"A = {a} · B = {b}", sections)
 

@@ -127,9 +127,12 @@ def write_html_report(
     """Write the HTML report of the warehouse ``db`` to ``path``; returns the path. ``steps``: the step
     rows for the selection, where the caller has computed them already (each metric is computed once)."""
     text = render_html(report_data(db, selection=selection, runs=runs, scaling_by=scaling_by, steps=steps))
+    from traceq.report.pftrace import atomic_file
+
     out = Path(path)
     try:
-        out.write_text(text, encoding="utf-8")
+        with atomic_file(out) as f:
+            f.write(text.encode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"{out}: cannot write the HTML report ({exc.strerror}); check the directory") from None
     return out
@@ -214,6 +217,29 @@ def render_html(data: ReportData) -> str:
         + "\n".join(sections)
         + "\n</body></html>\n"
     )
+
+
+def write_page(path: str | Path, title: str, heading: str, meta: str, sections: Sequence[str]) -> Path:
+    """One self-contained page (plotly's JavaScript inline) at ``path``, written whole or not at all: to a
+    temporary file beside it, renamed over ``path`` at the end (an earlier page survives a full disk)."""
+    from plotly.offline import get_plotlyjs
+
+    from traceq.report.pftrace import atomic_file
+
+    page = (
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{_html.escape(title)}</title>"
+        f"<style>{_CSS}</style>\n<script type=\"text/javascript\">{get_plotlyjs()}</script>\n</head><body>\n"
+        f"<h1>{_html.escape(heading)}</h1><p class=\"meta\">{_html.escape(meta)}</p>\n"
+        + "\n".join(sections) + "\n</body></html>\n"
+    )
+    out = Path(path)
+    try:
+        with atomic_file(out) as f:
+            f.write(page.encode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{out}: cannot write the HTML page ({exc.strerror}); check the directory") from None
+    return out
 
 
 def summary(steps: pl.DataFrame) -> pl.DataFrame:

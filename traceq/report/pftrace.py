@@ -167,7 +167,7 @@ def atomic_file(target: Path) -> Iterator[IO[bytes]]:
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as exc:
-        raise ConfigError(f"{target}: cannot write the trace there ({exc.strerror}); write it elsewhere") from None
+        raise ConfigError(f"{target}: cannot write there ({exc.strerror}); write it elsewhere") from None
     try:
         with os.fdopen(fd, "wb") as f:
             yield f

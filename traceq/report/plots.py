@@ -214,3 +214,46 @@ def diff_figure(changes: pl.DataFrame, a: str, b: str) -> Any:
     fig.update_layout(title=f"B ({b}) against A ({a}), % change", xaxis_title="% change from A",
                       height=max(300, 24 * rows.height + 120), margin={"l": 260})
     return fig
+
+
+# the critical path's kinds, in the order of the legend
+PATH_COLOURS = {
+    "compute": "#4C78A8", "comm_transfer": "#E45756", "comm_wait": "#FF9DA6", "memcpy": "#F58518",
+    "memset": "#FFBF79", "idle_host_bound": "#B279A2", "idle_sync": "#9D755D", "idle_other": "#BAB0AC",
+}
+
+
+def critical_path_figure(segments: pl.DataFrame, jumps: pl.DataFrame, step: int, start_ns: int) -> Any:
+    """One step's critical path: the ranks it crosses as lanes, its segments as bars on the time of the
+    last-ending rank (ms from the step's start), coloured by kind, and its jumps between ranks at the
+    collectives as dashed lines."""
+    go = _go()
+    seg = segments.filter(pl.col("step") == step).with_columns(
+        ((pl.col("path_start_ns") - start_ns) / 1e6).alias("x0"), (pl.col("dur_ns") / 1e6).alias("ms"),
+        pl.format("rank {}", pl.col("rank")).alias("lane"))
+    lanes = [f"rank {r}" for r in sorted(seg["rank"].unique().to_list())]
+    fig = go.Figure()
+    for kind, colour in PATH_COLOURS.items():
+        part = seg.filter(pl.col("kind") == kind)
+        if not part.height:
+            continue
+        fig.add_trace(go.Bar(
+            orientation="h", base=part["x0"].to_list(), x=part["ms"].to_list(), y=part["lane"].to_list(),
+            name=kind.replace("_", " "), marker={"color": colour, "line": {"width": 0}},
+            customdata=[[n or "", c or ""] for n, c in zip(part["name"].to_list(), part["collective_type"].to_list())],
+            hovertemplate="%{y}: %{x:.3f} ms from %{base:.3f}<br>%{customdata[0]}<br>%{customdata[1]}<extra>"
+                          + kind.replace("_", " ") + "</extra>",
+        ))
+    for j in jumps.filter(pl.col("step") == step).iter_rows(named=True):
+        x = (j["path_ns"] - start_ns) / 1e6
+        fig.add_trace(go.Scatter(
+            x=[x, x], y=[f"rank {j['from_rank']}", f"rank {j['to_rank']}"], mode="lines+markers",
+            line={"dash": "dash", "color": "#222", "width": 1}, showlegend=False,
+            hovertemplate=f"rank {j['from_rank']} waits for rank {j['to_rank']} at {j['collective_type']} "
+                          f"({j['wait_on_path_ns'] / 1e6:.3f} ms of waiting on the path)<extra>jump</extra>",
+        ))
+    fig.update_layout(**{**_LAYOUT, "height": max(260, 90 + 48 * len(lanes))},
+                      title=f"Step {step}: the critical path across ranks", barmode="overlay",
+                      xaxis_title="ms from the step's start (the last-ending rank's clock)",
+                      yaxis={"categoryorder": "array", "categoryarray": lanes[::-1]})
+    return fig
