@@ -6,6 +6,8 @@ import gzip
 import importlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -84,6 +86,20 @@ def long_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
             f.write(b", " + events if n else events)
         f.write(b"]}")
     return path, len(doc["traceEvents"]) * copies
+
+
+@pytest.fixture(scope="session", params=["ddp", "fsdp"])
+def gloo_run(request, tmp_path_factory):
+    """Run examples/train.py under torchrun with 2 gloo ranks: 6 steps, 4 recorded, 1 skipped."""
+    out = tmp_path_factory.mktemp(f"gloo-{request.param}")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "examples" / "train.py"), "--parallel", request.param, "--out-dir", str(out),
+           "--run-name", "t", "--active", "4", "--warmup-steps", "1", "--steps", "6"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return request.param, out / "t"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -366,18 +366,7 @@ def test_power_log_without_nvml_says_unavailable_and_holds_no_numbers(tmp_path):
 # --------------------------------------------------------------------------- a real 2-rank gloo job
 
 
-@pytest.fixture(scope="module", params=["ddp", "fsdp"])
-def gloo_run(request, tmp_path_factory):
-    """Run examples/train.py under torchrun with 2 gloo ranks: 6 steps, 4 recorded, 1 skipped."""
-    out = tmp_path_factory.mktemp(f"gloo-{request.param}")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "examples" / "train.py"), "--parallel", request.param, "--out-dir", str(out),
-           "--run-name", "t", "--active", "4", "--warmup-steps", "1", "--steps", "6"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return request.param, out / "t"
+# gloo_run: tests/conftest.py (shared with the critical-path tests)
 
 
 def test_gloo_job_writes_every_rank_file_and_nothing_else(gloo_run):

@@ -554,7 +554,7 @@ def critical_path(
         _fail(exc)
         return
     if segments:
-        table = result.segments.drop("instance_id")
+        table = result.segments.drop("instance_id", "trace_id")
     elif ranks:
         table = result.ranks()
     elif kernels:

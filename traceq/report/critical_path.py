@@ -118,7 +118,7 @@ class Timeline:
 
         gaps = _gaps(start, end, a["launch_ns"])
         isl_start, isl_end = islands
-        bounds = np.unique(np.concatenate([ps, pe, gaps[2], isl_start, isl_end]))
+        bounds = np.unique(np.concatenate([ps, pe, *gaps, isl_start, isl_end]))
         owner = np.full(max(len(bounds) - 1, 0), IDLE_OTHER, dtype=np.int64)
         first = np.searchsorted(bounds, ps)
         last = np.searchsorted(bounds, pe)
@@ -127,7 +127,7 @@ class Timeline:
         idle = np.flatnonzero(owner < 0)
         if len(idle):
             x0, x1 = bounds[idle], bounds[idle + 1]
-            g0, g1, h = gaps
+            g0, g1, h = gaps if len(gaps[0]) else (np.array([_FAR]), np.array([_FAR]), np.array([_FAR]))
             j = np.searchsorted(g0, x0, side="right") - 1
             in_gap = (j >= 0) & (x1 <= g1[np.maximum(j, 0)])
             host = in_gap & (x1 <= h[np.maximum(j, 0)])
@@ -196,6 +196,8 @@ class Walker:
     def __init__(self, con: duckdb.DuckDBPyConnection, run: str, instances: str):
         self.con, self.run, self.instances = con, run, instances
         self.timelines: dict[TimelineKey, Timeline] = {}
+        self.pending: dict[TimelineKey, pl.DataFrame] = {}
+        self.islands: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self.bounds: dict[int, tuple[int, int]] = {}
         self.segments: list[dict[str, Any]] = []
         self.jumps: list[dict[str, Any]] = []
@@ -208,8 +210,9 @@ class Walker:
         import polars as pl
 
         self.bounds.update(bounds)
-        for key in [k for k in self.timelines if k[0] in bounds]:
-            del self.timelines[key]
+        for held in (self.timelines, self.pending):
+            for key in [k for k in held if k[0] in bounds]:
+                del held[key]
         table = pl.DataFrame(
             {"trace_id": list(bounds), "lo_ns": [b[0] for b in bounds.values()], "hi_ns": [b[1] for b in bounds.values()]},
             schema={"trace_id": pl.Int64, "lo_ns": pl.Int64, "hi_ns": pl.Int64},
@@ -229,24 +232,35 @@ class Walker:
             pl.col("name").fill_null(""), pl.col("instance_id").fill_null(0),
             pl.col("to_trace_id", "to_rank", "to_device", "to_start_ns").fill_null(-1),
         )
-        for (trace_id, rank, device), part in rows.group_by("trace_id", "rank", "device"):
-            act = {c: part[c].to_numpy() for c in part.columns}
-            isl = islands.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank)).sort("start_ns")
-            lo, hi = bounds[trace_id]
-            key = (int(trace_id), int(rank), int(device))
-            self.timelines[key] = Timeline.build(
-                key, lo, hi, act, (isl["start_ns"].to_numpy().astype(np.int64), isl["end_ns"].to_numpy().astype(np.int64)),
-            )
+        # timelines are built when the walk first reaches them: most ranks of a large run never are
+        for (trace_id, rank, device), part in rows.partition_by(
+                "trace_id", "rank", "device", as_dict=True, maintain_order=False).items():
+            self.pending[(int(trace_id), int(rank), int(device))] = part
+        for (trace_id, rank), part in islands.sort("start_ns").partition_by("trace_id", "rank", as_dict=True).items():
+            self.islands[(int(trace_id), int(rank))] = (part["start_ns"].to_numpy().astype(np.int64),
+                                                        part["end_ns"].to_numpy().astype(np.int64))
+
+    def _build(self, key: TimelineKey) -> Timeline | None:
+        import numpy as np
+
+        part = self.pending.pop(key, None)
+        if part is None:
+            return None
+        lo, hi = self.bounds[key[0]]
+        none = (np.array([], np.int64), np.array([], np.int64))
+        act = {c: part[c].to_numpy() for c in part.columns}
+        self.timelines[key] = Timeline.build(key, lo, hi, act, self.islands.get(key[:2], none))
+        return self.timelines[key]
 
     def timeline(self, key: TimelineKey, t: int) -> Timeline:
         """The timeline ``key``, read again over the whole trace where ``t`` lies outside what was read."""
-        tl = self.timelines.get(key)
+        tl = self.timelines.get(key) or self._build(key)
         if tl is None or not tl.covers(t):
             if self.bounds.get(key[0]) == (-_FAR, _FAR):
                 tl = tl or _empty(key)
             else:
                 self.load({key[0]: (-_FAR, _FAR)})
-                tl = self.timelines.get(key) or _empty(key)
+                tl = self._build(key) or _empty(key)
             self.timelines[key] = tl
         return tl
 
@@ -352,7 +366,7 @@ class CriticalPath:
         import polars as pl
 
         keys = ["run", "step", *by]
-        return (self.segments.group_by(keys).agg((pl.col("dur_ns").sum() / 1e6).alias("critical_ms"))
+        return (self.segments.group_by(keys).agg(_ms(pl.col("dur_ns").sum()).alias("critical_ms"))
                 .sort(["run", "step", "critical_ms"], descending=[False, False, True]))
 
     def ranks(self) -> pl.DataFrame:
@@ -363,12 +377,12 @@ class CriticalPath:
 
         total = self.segments.group_by("run").agg(pl.col("dur_ns").sum().alias("total"))
         per = self.segments.group_by("run", "rank").agg(
-            (pl.col("dur_ns").sum() / 1e6).alias("critical_ms"),
-            (pl.col("dur_ns").filter(pl.col("kind") == "compute").sum() / 1e6).alias("compute_ms"),
+            _ms(pl.col("dur_ns").sum()).alias("critical_ms"),
+            _ms(pl.col("dur_ns").filter(pl.col("kind") == "compute").sum()).alias("compute_ms"),
             pl.col("step").n_unique().alias("steps_on_path"),
         )
         caused = self.jumps.group_by("run", pl.col("to_rank").alias("rank")).agg(
-            (pl.col("wait_on_path_ns").sum() / 1e6).alias("wait_caused_ms"), pl.len().alias("waited_for"))
+            _ms(pl.col("wait_on_path_ns").sum()).alias("wait_caused_ms"), pl.len().alias("waited_for"))
         steps = self.steps.group_by("run").agg(pl.len().alias("steps"))
         return (
             per.join(total, on="run").join(steps, on="run").join(caused, on=["run", "rank"], how="left")
@@ -389,7 +403,7 @@ class CriticalPath:
         total = max(int(self.segments["dur_ns"].sum()), 1)
         table = (
             work.group_by("run", "kind", "name").agg(
-                (pl.col("dur_ns").sum() / 1e6).alias("critical_ms"),
+                _ms(pl.col("dur_ns").sum()).alias("critical_ms"),
                 pl.col("step").n_unique().alias("steps_on_path"),
                 pl.col("rank").unique().sort().alias("ranks"),
                 pl.col("category").drop_nulls().first().alias("category"),
@@ -429,6 +443,11 @@ class CriticalPath:
                     f"({waited['len']} time(s), {waited['wait_on_path_ns'] / 1e6:.1f} ms of waiting on the path)")
         return (f"step {step} took {row['span_ms']:.1f} ms on rank {row['last_rank']}'s clock (the last to end): "
                 + "; ".join(words) + tail)
+
+
+def _ms(ns: pl.Expr) -> pl.Expr:
+    """ns as ms, rounded to the ns (no float noise in CSV and JSON)."""
+    return (ns / 1e6).round(6)
 
 
 def _short(name: str, width: int = 60) -> str:
@@ -572,7 +591,7 @@ def _report(run: str, windows: pl.DataFrame, walker: Walker, notes: list[str]) -
     jumps = _frame(walker.jumps, JUMP_SCHEMA)
     last = {(s.step): s for s in _step_starts(run, windows)}
     by_kind = segments.group_by("step").agg(
-        *[(pl.col("dur_ns").filter(pl.col("kind").is_in(kinds)).sum() / 1e6).alias(f"{label}_ms")
+        *[_ms(pl.col("dur_ns").filter(pl.col("kind").is_in(kinds)).sum()).alias(f"{label}_ms")
           for label, kinds in (("compute", ["compute"]), ("transfer", ["comm_transfer"]), ("wait", ["comm_wait"]),
                                ("copy", ["memcpy", "memset"]),
                                ("idle", ["idle_host_bound", "idle_sync", "idle_other"]))],
@@ -580,13 +599,13 @@ def _report(run: str, windows: pl.DataFrame, walker: Walker, notes: list[str]) -
     )
     top_rank = (segments.group_by("step", "rank").agg(pl.col("dur_ns").sum())
                 .sort(["step", "dur_ns", "rank"], descending=[False, True, False]).group_by("step", maintain_order=True)
-                .first().select("step", pl.col("rank").alias("top_rank"), (pl.col("dur_ns") / 1e6).alias("top_rank_ms")))
+                .first().select("step", pl.col("rank").alias("top_rank"), _ms(pl.col("dur_ns")).alias("top_rank_ms")))
     top_kernel = (segments.filter(~pl.col("kind").str.starts_with("idle")).group_by("step", "name").agg(pl.col("dur_ns").sum())
                   .sort(["step", "dur_ns", "name"], descending=[False, True, False]).group_by("step", maintain_order=True)
-                  .first().select("step", pl.col("name").alias("top_kernel"), (pl.col("dur_ns") / 1e6).alias("top_kernel_ms")))
+                  .first().select("step", pl.col("name").alias("top_kernel"), _ms(pl.col("dur_ns")).alias("top_kernel_ms")))
     n_jumps = jumps.group_by("step").agg(pl.len().alias("jumps"))
     steps = pl.DataFrame(
-        [{"run": run, "step": s.step, "last_rank": s.key[1], "span_ms": (s.end_ns - s.start_ns) / 1e6}
+        [{"run": run, "step": s.step, "last_rank": s.key[1], "span_ms": round((s.end_ns - s.start_ns) / 1e6, 6)}
          for s in last.values()],
         schema={"run": pl.String, "step": pl.Int64, "last_rank": pl.Int64, "span_ms": pl.Float64},
     )
@@ -595,7 +614,7 @@ def _report(run: str, windows: pl.DataFrame, walker: Walker, notes: list[str]) -
              .with_columns(pl.col("jumps").fill_null(0)).sort("step")
              .select("run", "step", "span_ms", "last_rank", "ranks_on_path", "jumps", "compute_ms", "transfer_ms",
                      "wait_ms", "copy_ms", "idle_ms", "top_rank", "top_rank_ms", "top_kernel_ms", "top_kernel"))
-    order = ["run", "step", "order", "rank", "device", "start_ns", "end_ns", "dur_ns", "path_start_ns", "kind",
+    order = ["run", "step", "order", "rank", "device", "trace_id", "start_ns", "end_ns", "dur_ns", "path_start_ns", "kind",
              "name", "category", "collective_type", "process_group", "instance_id"]
     return CriticalPath(steps, segments.select(order), jumps, notes)
 

@@ -1,0 +1,285 @@
+"""The critical path across ranks (README: The critical path): hand-made traces worked out by hand, a
+brute-force reference written apart from the code (tests/critical_path_reference.py), the tiling identity
+on every corpus multi-rank run and on real gloo runs, and on single-rank runs the identity with the
+interval and idle breakdowns (computed by other SQL)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import corpus_files
+from tests.test_cross_rank import ALL_REDUCE, GEMM, US, collective_args, ingest, late_rank_run
+from tests.tracegen import TraceBuilder
+from traceq import query
+from traceq.cli import app
+from traceq.errors import ConfigError, EmptySelection
+from traceq.ingest import ingest_traces
+from traceq.report.critical_path import critical_path
+from traceq.report.selection import StepSelection, query_params
+from traceq.store.warehouse import connect
+
+EVERY_STEP = StepSelection(skip_steps=0, include_last=True, drop_incomplete=False)
+BREAKDOWN = {"compute": ("compute",), "exposed_comm": ("comm_transfer",), "exposed_memcpy": ("memcpy", "memset"),
+             "idle_host_bound": ("idle_host_bound",), "idle_sync": ("idle_sync",), "idle_other": ("idle_other",)}
+
+
+def path_of(result, step: int) -> list[tuple]:
+    """(rank, kind, name, ns) of the step's segments in time order."""
+    seg = result.segments.filter(pl.col("step") == step).sort("order")
+    return [(r["rank"], r["kind"], r["name"], r["dur_ns"]) for r in seg.iter_rows(named=True)]
+
+
+def assert_tiles(result) -> None:
+    """The segments of every step follow each other without gap or overlap on the last-ending rank's clock,
+    never run backwards, and sum to its window, to the ns."""
+    assert result.steps.height
+    for row in result.steps.iter_rows(named=True):
+        seg = result.segments.filter(pl.col("step") == row["step"]).sort("order")
+        assert seg.height, row
+        assert (seg["dur_ns"] > 0).all() and (seg["end_ns"] > seg["start_ns"]).all()
+        starts, durs = seg["path_start_ns"].to_list(), seg["dur_ns"].to_list()
+        assert all(starts[i] + durs[i] == starts[i + 1] for i in range(len(starts) - 1)), row["step"]
+        assert sum(durs) == round(row["span_ms"] * 1e6), row
+        jumps = result.jumps.filter(pl.col("step") == row["step"])
+        assert ((jumps["path_ns"] > starts[0]) & (jumps["path_ns"] <= starts[-1] + durs[-1])).all()
+
+
+# ------------------------------------------------------------------------------------------ by hand
+
+
+def test_a_late_rank_holds_the_path_as_worked_by_hand(tmp_path: Path) -> None:
+    """late_rank_run (tests/test_cross_rank.py): three ranks, windows [30, 50) us on one clock, an AllReduce
+    ending at 50 us on each. The walk starts on rank 0 (the windows end together: lowest rank): [47, 50) is
+    its AllReduce's transfer (its gemm ended at 44); [44, 47) is its wait (kernel [40, 50), transfer 3 us,
+    wait 7): it waited for rank 2, whose kernel starts at 47 = the end of rank 0's wait part. On rank 2 at
+    47 its gemm [30, 48) runs (compute wins over the transfer beside it): 17 us of compute back to 30."""
+    db = ingest(tmp_path, late_rank_run())
+    result = critical_path(db, selection=EVERY_STEP)
+    assert path_of(result, 1) == [(2, "compute", GEMM, 17 * US), (0, "comm_transfer", ALL_REDUCE, 3 * US)]
+    jump = result.jumps.row(0, named=True)
+    assert (jump["from_rank"], jump["to_rank"], jump["wait_on_path_ns"], jump["collective_type"]) == (0, 2, 7 * US, "AllReduce")
+    assert result.steps.select("step", "last_rank", "ranks_on_path", "jumps", "top_rank").row(0) == (1, 0, 2, 1, 2)
+    ranks = result.ranks()
+    assert ranks.select("rank", "critical_ms", "wait_caused_ms").rows() == [(2, 0.017, 0.007), (0, 0.003, 0.0)]
+    assert "17.0" not in result.sentence(1) and "rank 2's compute" in result.sentence(1)
+    assert_tiles(result)
+
+
+def test_a_clock_offset_between_ranks_changes_nothing_but_the_times(tmp_path: Path) -> None:
+    """The jump lands at the late rank's kernel start, mapped from the end of the waiting rank's wait part
+    (the duration rule), so with ranks 0 and 1 on a clock 250 ms ahead of rank 2's the path is the same:
+    rank 0 still ends last (on a trace without a wall-clock base, a trace's clock is taken as the wall
+    clock), rank 2's segment is on its own clock."""
+    db = ingest(tmp_path, late_rank_run({0: 250_000 * US, 1: 250_000 * US}))
+    result = critical_path(db, selection=EVERY_STEP)
+    assert path_of(result, 1) == [(2, "compute", GEMM, 17 * US), (0, "comm_transfer", ALL_REDUCE, 3 * US)]
+    first = result.segments.sort("order").row(0, named=True)
+    assert (first["start_ns"], first["end_ns"]) == (30 * US, 47 * US)  # rank 2's own clock
+    assert first["path_start_ns"] == 250_030 * US  # rank 0's
+
+
+def test_idle_is_split_host_bound_sync_and_other_on_the_path(tmp_path: Path) -> None:
+    """One rank, step 1 [0, 100) us then step 2: gemm [0, 20), gap [20, 60) whose next kernel (a gemm
+    [60, 100)) was launched at 45 us, a cudaStreamSynchronize [10, 30) on the host. Gap: [20, 30) sync
+    (the island), [30, 45) host-bound (before the launch), [45, 60) other."""
+    t = TraceBuilder(rank=0)
+    t.step(1, 0, 100 * US)
+    t.step(2, 100 * US, 200 * US)
+    t.kernel(GEMM, 0, 20 * US, launch_ns=0)
+    t.kernel(GEMM, 60 * US, 100 * US, launch_ns=45 * US)
+    t.kernel(GEMM, 100 * US, 150 * US, launch_ns=100 * US)
+    sync = t._span("cuda_runtime", "cudaStreamSynchronize", 10 * US, 30 * US, None)
+    t.events.append(sync)
+    db = tmp_path / "one.duckdb"
+    assert ingest_traces([t.write(tmp_path / "one" / "rank0.json")], db, workers=0).ok
+    result = critical_path(db, selection=EVERY_STEP, steps=[1])
+    assert path_of(result, 1) == [
+        (0, "compute", GEMM, 20 * US), (0, "idle_sync", None, 10 * US), (0, "idle_host_bound", None, 15 * US),
+        (0, "idle_other", None, 15 * US), (0, "compute", GEMM, 40 * US),
+    ]
+
+
+def test_choices_and_errors(tmp_path: Path) -> None:
+    db = ingest(tmp_path, late_rank_run())
+    with pytest.raises(EmptySelection, match="no step 7 .* it has 1"):
+        critical_path(db, selection=EVERY_STEP, steps=[7])
+    with pytest.raises(EmptySelection, match="no run 'nope'"):
+        critical_path(db, run="nope")
+    ingest(tmp_path, late_rank_run({1: 5 * US}), name="other")  # other content: not a duplicate
+    two = tmp_path / "two.duckdb"
+    assert ingest_traces(sorted((tmp_path / "job").glob("*.json")) + sorted((tmp_path / "other").glob("*.json")),
+                         two, workers=0).ok
+    with pytest.raises(ConfigError, match="holds 2 runs: name one with --run"):
+        critical_path(two, selection=EVERY_STEP)
+    assert critical_path(two, run="other", selection=EVERY_STEP).steps["run"].to_list() == ["other"]
+
+
+def test_cli_prints_the_steps_the_segments_and_writes_the_page(tmp_path: Path) -> None:
+    db = ingest(tmp_path, late_rank_run())
+    runner = CliRunner()
+    out = runner.invoke(app, ["critical-path", "--db", str(db), "--include-last", "--format", "csv"])
+    assert out.exit_code == 0, out.output
+    steps = pl.read_csv(out.stdout.encode())
+    assert steps.select("step", "span_ms", "last_rank", "jumps", "top_rank").row(0) == (1, 0.02, 0, 1, 2)
+    out = runner.invoke(app, ["critical-path", "--db", str(db), "--include-last", "--segments", "--format", "csv"])
+    seg = pl.read_csv(out.stdout.encode())
+    assert seg.select("rank", "kind", "dur_ns").rows() == [(2, "compute", 17 * US), (0, "comm_transfer", 3 * US)]
+    page = tmp_path / "cp.html"
+    out = runner.invoke(app, ["critical-path", "--db", str(db), "--include-last", "--html", str(page)])
+    assert out.exit_code == 0, out.output
+    assert "step 1 took 0.0 ms" in out.stderr and f"wrote {page} (step 1)" in out.stderr
+    text = page.read_text()
+    assert "rank 2" in text and "comm transfer" in text and "step 1 took" in text
+    assert not list(tmp_path.glob(".cp.html.*"))  # written whole, no temporary left
+    out = runner.invoke(app, ["critical-path", "--db", str(db), "--segments", "--ranks"])
+    assert out.exit_code == 1 and "give one of --segments, --ranks and --kernels" in out.stderr
+
+
+# ------------------------------------------------------------------------------------------ real runs
+
+
+def _multi_rank_runs(db: Path) -> list[str]:
+    with connect(db, read_only=True) as con:
+        return [r for (r,) in con.sql(
+            "select run from traces inner join steps using (trace_id) group by run having count(distinct rank) > 1 "
+            "order by run").fetchall()]
+
+
+def test_the_path_tiles_every_step_of_every_corpus_multi_rank_run(corpus_db: Path) -> None:
+    runs = _multi_rank_runs(corpus_db)
+    assert "fused_traces" in runs, runs  # the merged 4-rank RCCL file
+    for run in runs:
+        result = critical_path(corpus_db, run=run, selection=EVERY_STEP)
+        assert_tiles(result)
+
+
+def test_the_merged_rccl_file_path_is_rank_3_the_rank_the_others_wait_for(corpus_db: Path) -> None:
+    """merged_all_events: four ranks on one host's clock. Rank 3 arrives last at the collectives (the
+    stragglers table says so), so the others' waits lead to it and nearly all of the path is rank 3's."""
+    from traceq.report.collectives import stragglers_table
+
+    result = critical_path(corpus_db, run="fused_traces", selection=EVERY_STEP)
+    ranks = result.ranks()
+    assert ranks["rank"][0] == 3 and ranks["share"][0] > 0.9
+    table, _ = stragglers_table(corpus_db, runs=["fused_traces"], selection=EVERY_STEP)
+    assert table.sort("wait_caused_us", descending=True)["rank"][0] == 3
+    assert set(result.jumps["to_rank"].to_list()) <= {3}
+
+
+def test_a_single_rank_path_is_the_interval_and_idle_breakdown(corpus_db: Path) -> None:
+    """On one rank the path never jumps (nothing is matched), so over a step its compute is |U(compute)|,
+    its comm transfer the exposed comm, its copies the exposed memcpy and its idle the idle breakdown, as
+    sql/interval_breakdown.sql and sql/idle_breakdown.sql compute them (a sweep in SQL, not the walk)."""
+    with connect(corpus_db, read_only=True) as con:
+        singles = [r for (r,) in con.sql(
+            "select run from traces inner join steps using (trace_id) where n_gpu_events > 0 group by run "
+            "having count(distinct rank) = 1 order by run").fetchall()]
+        params = query_params(EVERY_STEP)
+        bind = {"windows": "selected_windows"}
+        breakdown = con.sql(
+            "select b.trace_id, b.rank, b.device, b.step, b.compute_ns, b.exposed_comm_ns, b.exposed_memcpy_ns, "
+            "i.idle_host_bound_ns, i.idle_sync_ns, i.idle_other_ns "
+            f"from ({query.compose('interval_breakdown', bind)}) as b "
+            f"inner join ({query.compose('idle_breakdown', bind)}) as i using (trace_id, rank, device, step)",
+            params=query.params_of(query.compose("interval_breakdown", bind) + query.compose("idle_breakdown", bind),
+                                   params),
+        ).pl()
+    assert len(singles) >= 10, singles
+    checked = 0
+    for run in singles:
+        result = critical_path(corpus_db, run=run, selection=EVERY_STEP)
+        assert_tiles(result)
+        assert result.jumps.height == 0
+        for row in result.steps.iter_rows(named=True):
+            seg = result.segments.filter(pl.col("step") == row["step"])
+            first = seg.sort("order").row(0, named=True)
+            expect = breakdown.filter((pl.col("trace_id") == first["trace_id"]) & (pl.col("rank") == first["rank"])
+                                      & (pl.col("device") == first["device"]) & (pl.col("step") == row["step"]))
+            assert expect.height == 1, (run, row["step"])
+            for metric, kinds in BREAKDOWN.items():
+                got = int(seg.filter(pl.col("kind").is_in(kinds))["dur_ns"].sum())
+                assert got == expect[f"{metric}_ns"][0], (run, row["step"], metric)
+            checked += 1
+    assert checked >= 50
+
+
+def test_the_path_tiles_the_steps_of_real_gloo_runs(gloo_run, tmp_path: Path) -> None:
+    """A real 2-rank gloo job (DDP: all_reduce, FSDP: all_gather / reduce_scatter) on CPU: the path walks
+    the CPU spans (device -1) and jumps at the gloo collectives."""
+    parallel, run_dir = gloo_run
+    db = tmp_path / "gloo.duckdb"
+    assert ingest_traces([run_dir], db, workers=0).ok
+    result = critical_path(db, selection=EVERY_STEP)
+    assert_tiles(result)
+    assert set(result.segments["device"].to_list()) == {-1}
+    assert result.jumps.height > 0, parallel
+    assert set(result.segments["rank"].to_list()) <= {0, 1}
+
+
+# ------------------------------------------------------------------------------------------ against the reference
+
+
+def _jumps_of(result, step: int) -> list[tuple]:
+    """(from, to, path_ns, name, wait_on_path_ns) of the step's jumps in the order the walk made them (the
+    frame holds them in time order: the walk's, reversed)."""
+    rows = result.jumps.filter(pl.col("step") == step)
+    return [(r["from_rank"], r["to_rank"], r["path_ns"], r["name"], r["wait_on_path_ns"])
+            for r in reversed(rows.rows(named=True))]
+
+
+def _agrees_with_reference(db: Path, files: list[Path], run: str | None = None) -> int:
+    """traceq's paths of every step equal the reference's (tests/critical_path_reference.py, written from the
+    contract alone): segments (rank, kind, kernel, ns) and jumps; returns the steps compared."""
+    from tests import critical_path_reference as reference
+
+    expected = reference.critical_paths(files)
+    result = critical_path(db, run=run, selection=EVERY_STEP)
+    assert_tiles(result)
+    steps = sorted({s["step"] for s in expected["steps"]})
+    assert result.steps["step"].to_list() == steps
+    for step in steps:
+        want = reference.path_tuples(expected, step)
+        assert path_of(result, step) == want, step
+        ref_jumps = [(f, t, p, n, w) for f, t, p, n, _, w in reference.jump_tuples(expected, step)]
+        assert _jumps_of(result, step) == ref_jumps, step
+        a = next(s for s in expected["steps"] if s["step"] == step)
+        assert result.steps.filter(pl.col("step") == step)["last_rank"][0] == a["rank"]
+    return len(steps)
+
+
+@pytest.mark.parametrize("scenario", ["late_rank", "late_rank_changes", "host_bound", "two_groups", "unmatched_rank",
+                                      "cycle", "gloo_cpu_only"])
+def test_hand_made_runs_agree_with_the_hand_worked_paths_and_the_reference(tmp_path: Path, scenario: str) -> None:
+    """The reference's hand-made runs (a late rank, a late rank that changes from step to step, a host-bound
+    rank, collectives on two process groups, a rank whose collectives cannot be matched, waits that point at
+    each other, a CPU-only gloo run), each with paths worked out by hand in tests/critical_path_reference.py."""
+    from tests import critical_path_reference as reference
+
+    files = reference.scenarios(tmp_path / "traces")[scenario]
+    db = tmp_path / "run.duckdb"
+    assert ingest_traces(files, db, workers=0).ok
+    assert _agrees_with_reference(db, files) == len(reference.STEPS[scenario])
+    result = critical_path(db, selection=EVERY_STEP)
+    for step, path in {**reference.EXPECTED[scenario], **reference.EXPECTED_LAST.get(scenario, {})}.items():
+        assert path_of(result, step) == path, (scenario, step)
+    for step, jumps in reference.EXPECTED_JUMPS.get(scenario, {}).items():
+        assert _jumps_of(result, step) == [(f, t, p, n, w) for f, t, p, n, _, w in jumps], (scenario, step)
+    # the default selection leaves each rank's open last step out, and keeps the closed ones
+    default = critical_path(db, selection=StepSelection(skip_steps=0))
+    assert default.steps["step"].to_list() == reference.STEPS[scenario][:-1] or scenario == "gloo_cpu_only"
+
+
+@pytest.mark.parametrize("files", [["amd_hpctraining/fused_traces/merged_all_events.json.gz"],
+                                   ["hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter/sampled_rank-1.json.gz"]],
+                         ids=["merged 4-rank RCCL", "trace_filter 2 ranks"])
+def test_corpus_multi_rank_runs_agree_with_the_reference(tmp_path: Path, files: list[str]) -> None:
+    from tests.conftest import corpus_path
+
+    paths = [corpus_path(f) for f in files]
+    db = tmp_path / "run.duckdb"
+    assert ingest_traces(paths, db, workers=0).ok
+    assert _agrees_with_reference(db, paths) >= 2
