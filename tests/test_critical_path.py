@@ -283,3 +283,31 @@ def test_corpus_multi_rank_runs_agree_with_the_reference(tmp_path: Path, files: 
     db = tmp_path / "run.duckdb"
     assert ingest_traces(paths, db, workers=0).ok
     assert _agrees_with_reference(db, paths) >= 2
+
+
+def test_the_perfetto_export_draws_the_path_and_its_jump(tmp_path: Path) -> None:
+    """`export --perfetto --critical-path`: a 'critical path' track on each rank the path crosses (rank 2's
+    gemm, 17 us, then rank 0's AllReduce transfer, 3 us: the hand-worked path above) and one arrow (a
+    flow) from rank 2's segment to rank 0's, as Perfetto's own importer reads the file."""
+    pytest.importorskip("perfetto")
+    from tests.test_perfetto_export import TRACE_PROCESSOR, perfetto_import
+
+    db = ingest(tmp_path, late_rank_run())
+    trace = tmp_path / "run.pftrace"
+    out = CliRunner().invoke(app, ["export", "--perfetto", str(trace), "--db", str(db), "--include-last", "--critical-path"])
+    assert out.exit_code == 0, out.output
+    assert "the critical path of 1 step(s) is on a 'critical path' track" in out.stderr
+    imported = perfetto_import(trace)
+    assert not imported["problems"]
+    path = {proc: [(end - ts, name) for ts, end, name in s] for (proc, track), s in imported["slices"].items()
+            if track == "critical path"}
+    assert path == {"job rank 2": [(17 * US, GEMM)], "job rank 0": [(3 * US, ALL_REDUCE)]}
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+
+    tp = TraceProcessor(trace=str(trace), config=TraceProcessorConfig(bin_path=str(TRACE_PROCESSOR)))
+    try:
+        flows = [(r.a, r.b) for r in tp.query("select s1.name as a, s2.name as b from flow as f "
+                                               "join slice as s1 on s1.id = f.slice_out join slice as s2 on s2.id = f.slice_in")]
+    finally:
+        tp.close()
+    assert flows == [(GEMM, ALL_REDUCE)]

@@ -996,6 +996,7 @@ def export(
     drop_last: DropLastOption = False,
     include_last: IncludeLastOption = False,
     ranks: Annotated[Optional[str], typer.Option("--ranks", help="--perfetto: only these ranks, e.g. 0-7 or 0,2,5 (default: every rank).")] = None,
+    critical_path: Annotated[bool, typer.Option("--critical-path", help="--perfetto: also each step's critical path across ranks (traceq critical-path): a track on each rank it crosses, an arrow where it jumps to the rank another waited for.")] = False,
 ) -> None:
     """Write the warehouse as Parquet (partitioned by run and rank), or runs as an annotated
     Perfetto trace: give exactly one of --parquet DIR and --perfetto FILE.
@@ -1016,13 +1017,16 @@ def export(
       traceq report --metric exposed_comm --db runs_parquet
 
       traceq export --perfetto run.pftrace --run job1 --steps 11:14 --ranks 0-7
+
+      traceq export --perfetto run.pftrace --run job1 --critical-path
     """
     if (parquet is None) == (perfetto is None):
         _fail("give one of --parquet DIR (the warehouse as Parquet) and --perfetto FILE (a trace for ui.perfetto.dev)")
     if parquet is not None:
         chosen = [o for o, given in (("--run", run is not None), ("--steps", steps is not None),
                                      ("--skip-steps", skip_steps is not None), ("--drop-last", drop_last),
-                                     ("--include-last", include_last), ("--ranks", ranks is not None)) if given]
+                                     ("--include-last", include_last), ("--ranks", ranks is not None),
+                                     ("--critical-path", critical_path)) if given]
         if chosen:
             _fail(f"{', '.join(chosen)}: only with --perfetto (they choose what the trace holds); --parquet writes the whole warehouse")
         from traceq.store.export import export_parquet
@@ -1040,7 +1044,8 @@ def export(
 
     try:
         selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
-        done = export_perfetto(db, perfetto, runs=run, selection=selection, ranks=ranks, overwrite=overwrite)
+        done = export_perfetto(db, perfetto, runs=run, selection=selection, ranks=ranks, overwrite=overwrite,
+                               critical_path=critical_path)
     except TraceqError as exc:
         _fail(exc)
         return

@@ -108,12 +108,18 @@ class TraceWriter:
             d.counter.unit_name = unit_name
         return uuid
 
-    def slice(self, track: int, ts: int, dur: int, name: str, category: str, args: Sequence[tuple[str, Any]]) -> None:
-        """A slice [ts, ts + dur] on ``track`` (a begin and an end), with debug annotations ``args``."""
+    def slice(self, track: int, ts: int, dur: int, name: str, category: str, args: Sequence[tuple[str, Any]], *,
+              flow_out: int | None = None, flow_in: int | None = None) -> None:
+        """A slice [ts, ts + dur] on ``track`` (a begin and an end), with debug annotations ``args``; an arrow
+        (a flow) leaves it where ``flow_out`` is given and ends at the slice whose ``flow_in`` is the same id."""
         packet = self._packet(ts)
         event = packet.track_event
         event.type = self._pb.TrackEvent.TYPE_SLICE_BEGIN
         event.track_uuid = track
+        if flow_out is not None:
+            event.flow_ids.append(flow_out)
+        if flow_in is not None:
+            event.terminating_flow_ids.append(flow_in)
         event.name_iid = self._intern(packet, "event_names", name)
         event.category_iids.append(self._intern(packet, "event_categories", category))
         for key, value in args:

@@ -171,6 +171,7 @@ def export_perfetto(
     selection: StepSelection = StepSelection(),
     ranks: str | Sequence[int] | None = None,
     overwrite: bool = False,
+    critical_path: bool = False,
 ) -> TimelineSummary:
     """Write the selected steps of ``runs`` as one Perfetto trace, every rank of a run on one clock.
 
@@ -181,6 +182,9 @@ def export_perfetto(
         selection: which steps (warm-up skip, range, incomplete last step), as in the reports.
         ranks: only these ranks ("0-7", "0,2,5" or a sequence of ints; None: every rank).
         overwrite: replace ``path`` if it exists.
+        critical_path: also write each step's critical path across ranks (README: The critical path): on each
+            rank a track of the path's segments there, and an arrow (a flow) where the path jumps from a
+            rank that waited at a collective to the rank it waited for.
 
     The file is written under a temporary name beside ``path`` and renamed when complete: a failure
     leaves nothing half-written. Raises ConfigError for a bad path or rank list, EmptySelection when the
@@ -198,6 +202,8 @@ def export_perfetto(
             raise EmptySelection(nothing_selected(con, selection, runs))
         rows, notes = _only_ranks(rows, wanted, ranks)
         plan = _plan(con, rows, selection, matched)
+        if critical_path:
+            notes += _place_paths(con, plan, selection)
         with atomic_file(target) as f:
             counts = _write(TraceWriter(f), plan, _device_events(con, plan, matched))
     notes = [*steps_used(rows), *_clock_notes(plan.clocks), *counts.notes(), *notes]
@@ -237,6 +243,8 @@ class _Process:
     power: list[tuple[int, float]] = field(default_factory=list)  # (CPU step start, power_w), timeline ns
     power_end: int | None = None
     samples: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # NVML gpu -> (ts, W)
+    # the critical path's segments on this rank: (timeline ns, dur, name, kind, args, flow out, flow in)
+    path: list[tuple[int, int, str, str, tuple[tuple[str, Any], ...], int | None, int | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -316,6 +324,39 @@ def _place(by_key: dict[tuple[str, int], _Process], windows: pl.DataFrame, steps
     for p, t, start, end, watts in in_order(power, "start_ns", "end_ns", "power_w"):
         p.power.append((start + p.shifts[t], watts))
         p.power_end = max(p.power_end or 0, end + p.shifts[t])
+
+
+def _place_paths(con: duckdb.DuckDBPyConnection, plan: _Plan, selection: StepSelection) -> list[str]:
+    """Each run's critical paths onto its processes (:attr:`_Process.path`), a segment at its own rank's
+    place on the timeline; a flow joins the two segments around each jump. Returns notes."""
+    from traceq.report.critical_path import critical_path as walk
+
+    by_key = {(p.run, p.rank): p for p in plan.processes}
+    flows = itertools.count(1)
+    notes = []
+    for run in dict.fromkeys(p.run for p in plan.processes):
+        result = walk(con, run=run, selection=selection)
+        notes.append(f"run {run}: the critical path of {result.steps.height} step(s) is on a 'critical path' track "
+                     f"of the ranks it crosses, with {result.jumps.height} arrow(s) where it jumps to the rank "
+                     "another waited for")
+        for _, part in result.segments.sort("step", "order").group_by("step", maintain_order=True):
+            before: tuple[_Process, int] | None = None  # where the previous segment of the step was placed
+            for seg in part.iter_rows(named=True):
+                p = by_key.get((run, seg["rank"]))
+                if p is None or seg["trace_id"] not in p.shifts:  # a rank left out of the export
+                    before = None
+                    continue
+                flow = None
+                if before is not None and before[0] is not p:  # the path jumped: an arrow from there to here
+                    flow = next(flows)
+                    ts, dur, name, kind, args, _, into = before[0].path[before[1]]
+                    before[0].path[before[1]] = (ts, dur, name, kind, args, flow, into)
+                args = (("step", seg["step"]), ("kind", seg["kind"]), ("collective_type", seg["collective_type"]),
+                        ("process_group", seg["process_group"]), ("path_start_ns", seg["path_start_ns"]))
+                p.path.append((seg["start_ns"] + p.shifts[seg["trace_id"]], seg["dur_ns"],
+                               seg["name"] or seg["kind"].replace("_", " "), seg["kind"], args, None, flow))
+                before = (p, len(p.path) - 1)
+    return notes
 
 
 def _clock_offset(run: str, rank: int, r: dict[str, Any]) -> ClockOffset:
@@ -488,7 +529,7 @@ class _Lanes:
         self._ends: list[int] = []
         self._tracks: list[int] = []
 
-    def slice(self, ts: int, dur: int, name: str, category: str, args: Sequence[tuple[str, Any]]) -> None:
+    def slice(self, ts: int, dur: int, name: str, category: str, args: Sequence[tuple[str, Any]], **flows: int | None) -> None:
         lane = next((i for i, end in enumerate(self._ends) if end <= ts), len(self._ends))
         if lane == len(self._ends):
             self._ends.append(ts + dur)
@@ -500,7 +541,7 @@ class _Lanes:
         if lane:
             key = (self._p.run, self._p.rank)
             self._counts.overlaps[key] = self._counts.overlaps.get(key, 0) + 1
-        self._writer.slice(self._tracks[lane], ts, dur, name, category, args)
+        self._writer.slice(self._tracks[lane], ts, dur, name, category, args, **flows)
 
 
 def _write(writer: TraceWriter, plan: _Plan, events: Iterator[tuple]) -> _Counts:
@@ -537,6 +578,13 @@ def _write_steps(writer: TraceWriter, p: _Process, process: int, order: Iterator
         for ts, watts in samples:
             writer.counter(track, ts, float(watts))
         counts.counter_values += len(samples)
+    if p.path:
+        lanes = _Lanes(writer, p, process, "critical path", order,
+                       "this rank's segments of each step's critical path across ranks (traceq critical-path); "
+                       "arrows: where the path jumps from a rank that waited at a collective to the rank it waited for",
+                       counts)
+        for ts, dur, name, kind, args, flow_out, flow_in in sorted(p.path, key=lambda x: x[0]):
+            lanes.slice(ts, dur, name, kind, args, flow_out=flow_out, flow_in=flow_in)
     for device, rows in sorted(p.windows.items()):
         where = _device_label(device)
         lanes = _Lanes(writer, p, process, f"{where} steps (device windows)", order,
