@@ -25,6 +25,9 @@ Sections (each prints a table; all figures also go to ``benchmarks/out/bench_sca
   (:func:`synthesize_collectives`: the sizes and transfer times of the merged 4-rank RCCL corpus
   trace's collectives, three ranks delayed), then ``traceq stragglers``, ``traceq collectives`` and
   ``traceq report --metric exposed_comm_wait,exposed_comm_transfer``.
+- ``critical_path``: ``traceq critical-path`` of every step of such a run of 2048 ranks x 50 steps with
+  4 collectives per step (8 kernels per rank and step, the report benchmark's kind), then 20; and HTA's
+  critical path (one rank: it has no cross-rank path) on the merged RCCL file in the same run.
 - ``parquet``: ``traceq export --parquet`` of the 64-rank warehouse, and the report run on it.
 - ``perfetto``: ``traceq export --perfetto`` of the 64-rank warehouse (every rank, and ``--ranks 0-7``)
   and of the synthetic 2048-rank run: seconds, file size, peak memory.
@@ -492,6 +495,51 @@ def bench_collectives(repeats: int, tmp: Path, ranks: int = 2048, steps: int = 5
     return out
 
 
+def bench_critical_path(repeats: int, tmp: Path, ranks: int = 2048, steps: int = 50) -> dict:
+    """``traceq critical-path`` of every step of a synthetic run: 2048 ranks x 50 steps (8 kernels per rank
+    and step, the report benchmark's kind: 4 compute, 4 matched collectives with corpus sizes, 3 ranks
+    delayed), then 20 collectives per step; and the peer, HTA's critical path (one rank, one step of the
+    merged 4-rank RCCL file), in the same run."""
+    out: dict = {"ranks": ranks, "steps_per_rank": steps}
+    delayed = {3: 40, 700: 25, 1500: 10}
+    template = corpus_template(tmp)
+    for collectives in (4, 20):
+        db = tmp / f"path{collectives}.duckdb"
+        _rm(db)
+        synthesize_collectives(db, template, ranks=ranks, steps=steps, collectives=collectives, delayed=delayed)
+        got = repeated(lambda i: ([TRACEQ, "critical-path", "--db", str(db), "--include-last", "--format", "csv"],
+                                  lambda: None), repeats)
+        rows = got["stdout"].strip().splitlines()
+        out[f"kernels_{collectives}"] = ranks * steps * collectives * 2
+        out[f"path_{collectives}_s"] = round(got["seconds"], 2)
+        out[f"path_{collectives}_cpu_s"] = round(got["cpu_s"], 2)
+        out[f"path_{collectives}_peak_rss_mb"] = round(got["peak_rss_mb"])
+        out[f"path_{collectives}_steps"] = len(rows) - 1
+        out[f"path_{collectives}_step5"] = next((r for r in rows if r.split(",")[1] == "5"), "")[:160]
+        _rm(db)
+    out.update(_hta_critical_path(tmp))
+    return out
+
+
+def _hta_critical_path(tmp: Path) -> dict:
+    """HTA's critical path (it covers one rank) of step 10, rank 0, of the merged RCCL file: seconds, or why
+    it did not run."""
+    source = REPO.parent / "shared" / "corpus" / "amd_hpctraining" / "fused_traces" / "merged_all_events.json.gz"
+    folder = tmp / "hta_cp"
+    folder.mkdir(exist_ok=True)
+    shutil.copy(source, folder / source.name)
+    code = ("import time; from hta.trace_analysis import TraceAnalysis; a = TraceAnalysis(trace_dir=%r); t = time.time(); "
+            "r = a.critical_path_analysis(rank=0, annotation='ProfilerStep#10', instance_id=0); "
+            "print('HTA_OK', round(time.time() - t, 2), bool(r and r[1]))" % str(folder))
+    proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=900)
+    shutil.rmtree(folder, ignore_errors=True)
+    done = [line for line in proc.stdout.splitlines() if line.startswith("HTA_OK")]
+    if done:
+        return {"hta_one_rank_s": float(done[0].split()[1])}
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"hta_one_rank": f"failed: {last[:160]}"}
+
+
 def bench_parquet(repeats: int, tmp: Path) -> dict:
     db = tmp / "ranks.duckdb"
     if not db.exists():
@@ -571,7 +619,7 @@ def _print_table(title: str, rows: list[dict] | dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sections = ["memory", "speed", "ranks", "report2048", "collectives", "parquet", "perfetto", "dask"]
+    sections = ["memory", "speed", "ranks", "report2048", "collectives", "critical_path", "parquet", "perfetto", "dask"]
     ap.add_argument("--only", nargs="*", choices=sections, default=sections)
     ap.add_argument("--sizes", nargs="*", type=int, default=[100, 500, 1500], help="memory sweep, MB of JSON")
     ap.add_argument("--repeats", type=int, default=2)
@@ -596,6 +644,10 @@ def main(argv: list[str] | None = None) -> int:
             results["collectives"] = bench_collectives(args.repeats, tmp)
             _print_table("collectives: 2048 ranks x 50 steps x 100 collectives (corpus sizes, 3 ranks delayed)",
                          results["collectives"])
+        if "critical_path" in args.only:
+            results["critical_path"] = bench_critical_path(args.repeats, tmp)
+            _print_table("critical_path: traceq critical-path, 2048 ranks x 50 steps (4, then 20 collectives per step)",
+                         results["critical_path"])
         if "parquet" in args.only:
             results["parquet"] = bench_parquet(args.repeats, tmp)
             _print_table("parquet: export of the 64-rank warehouse, report on it", results["parquet"])

@@ -27,6 +27,7 @@
 --   wait_caused_ns  on the straggler's row, the wait of every other rank of the instance; else 0
 --   size_bytes      message bytes (AllGather: output elements, others input elements, x dtype bytes);
 --                   matched: the largest over the instance's kernels
+--   name_id, correlation   the kernel's name (names) and launch correlation (the critical path reads them)
 -- An unmatched kernel has wait_ns 0 and transfer_ns = dur_ns (its bandwidth is a lower bound).
 -- Process group arguments (long rank lists at scale) are resolved once per distinct value, and instances
 -- are aggregated, not windowed: 10M kernels stay within memory.

@@ -4,6 +4,7 @@
 --            the name: gloo:all_reduce -> AllReduce)
 --   compute: operator spans ($op_cats) on every other thread, except c10d::* ops, which only enqueue a
 --            collective, and the step markers themselves ($step_marker)
+-- Also: tid (the span's thread) and name_id (its name in names).
 -- On CPU, "exposed" communication is gloo time during which no op runs on the other threads. A main
 -- thread that waits for a collective outside any op is idle; one that blocks inside an op looks busy.
 with cpu_traces as (

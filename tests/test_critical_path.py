@@ -311,3 +311,24 @@ def test_the_perfetto_export_draws_the_path_and_its_jump(tmp_path: Path) -> None
     finally:
         tp.close()
     assert flows == [(GEMM, ALL_REDUCE)]
+
+
+def test_the_html_page_renders_the_path_offline_in_headless_chromium(tmp_path: Path) -> None:
+    from tests.test_html_report import CHROMIUM, chromium, pixel_variance, script_errors
+
+    if CHROMIUM is None:
+        from tests.conftest import skip_or_fail
+
+        skip_or_fail("headless Chromium is not installed (apt-get install -y chromium; CI installs it)")
+    db = ingest(tmp_path, late_rank_run())
+    page = tmp_path / "cp.html"
+    done = CliRunner().invoke(app, ["critical-path", "--db", str(db), "--include-last", "--html", str(page)])
+    assert done.exit_code == 0, done.output
+    import re
+
+    assert not re.findall(r"<script[^>]*\bsrc=|<link[^>]*\bhref=", page.read_text())
+    dom, log, shot = chromium(page, tmp_path)
+    assert not script_errors(log), script_errors(log)
+    assert dom.count('class="plot-container plotly"') == 1 and 'id="path"' in dom
+    assert "rank 2" in dom and "rank 0" in dom and "compute" in dom and "comm transfer" in dom
+    assert pixel_variance(shot) > 100.0

@@ -41,6 +41,8 @@ _LAZY = {
     "stragglers_table": "traceq.report.collectives",
     "instance_table": "traceq.report.collectives",
     "collective_scaling": "traceq.report.collectives",
+    "critical_path": "traceq.report.critical_path",
+    "CriticalPath": "traceq.report.critical_path",
     "export_perfetto": "traceq.report.timeline",
     "perfetto_report": "traceq.report.perfettosql",
     "warehouse_sql": "traceq.report.adhoc",

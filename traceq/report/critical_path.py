@@ -199,32 +199,41 @@ class Walker:
         self.pending: dict[TimelineKey, pl.DataFrame] = {}
         self.islands: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self.bounds: dict[int, tuple[int, int]] = {}
+        self.read: dict[int, tuple[int, int]] = {}
         self.segments: list[dict[str, Any]] = []
         self.jumps: list[dict[str, Any]] = []
 
     # ---------------------------------------------------------------------------------------------- reading
 
-    def load(self, bounds: dict[int, tuple[int, int]]) -> None:
-        """Read the activity of the traces in ``bounds`` ({trace_id: (lo, hi)}) and rebuild their timelines."""
+    def batch(self, bounds: dict[int, tuple[int, int]]) -> None:
+        """Start a batch of steps: per trace, the time range to read ({trace_id: (lo, hi)}). A trace is read
+        when the walk first reaches it (most ranks of a large run never are), and read again whole where the
+        walk goes outside that range."""
+        self.bounds = dict(bounds)
+        self.read: dict[int, tuple[int, int]] = {}
+        self.timelines.clear()
+        self.pending.clear()
+        self.islands.clear()
+
+    def _read(self, trace_id: int, lo: int, hi: int) -> None:
+        """Read the activity of one trace over [lo, hi) (sql/path_activity.sql) and its sync islands."""
         import numpy as np
         import polars as pl
 
-        self.bounds.update(bounds)
+        self.read[trace_id] = (lo, hi)
         for held in (self.timelines, self.pending):
-            for key in [k for k in held if k[0] in bounds]:
+            for key in [k for k in held if k[0] == trace_id]:
                 del held[key]
-        table = pl.DataFrame(
-            {"trace_id": list(bounds), "lo_ns": [b[0] for b in bounds.values()], "hi_ns": [b[1] for b in bounds.values()]},
-            schema={"trace_id": pl.Int64, "lo_ns": pl.Int64, "hi_ns": pl.Int64},
-        )
+        table = pl.DataFrame({"trace_id": [trace_id], "lo_ns": [lo], "hi_ns": [hi]},
+                             schema={"trace_id": pl.Int64, "lo_ns": pl.Int64, "hi_ns": pl.Int64})
         self.con.register("traceq_path_bounds", table.to_arrow())
         try:
             rows = to_polars(query.run(
                 self.con, "path_activity", query_params(),
                 bind={"path_bounds": "traceq_path_bounds", "comm_instances": self.instances},
             ))
-            islands = to_polars(query.run(self.con, "sync_islands", query_params())
-                                .filter("trace_id in (select trace_id from traceq_path_bounds)"))
+            islands = to_polars(query.run(self.con, "sync_islands", query_params()).filter(
+                duckdb.ColumnExpression("trace_id") == duckdb.ConstantExpression(trace_id)))
         finally:
             self.con.unregister("traceq_path_bounds")
         rows = rows.with_columns(
@@ -232,35 +241,35 @@ class Walker:
             pl.col("name").fill_null(""), pl.col("instance_id").fill_null(0),
             pl.col("to_trace_id", "to_rank", "to_device", "to_start_ns").fill_null(-1),
         )
-        # timelines are built when the walk first reaches them: most ranks of a large run never are
-        for (trace_id, rank, device), part in rows.partition_by(
-                "trace_id", "rank", "device", as_dict=True, maintain_order=False).items():
-            self.pending[(int(trace_id), int(rank), int(device))] = part
-        for (trace_id, rank), part in islands.sort("start_ns").partition_by("trace_id", "rank", as_dict=True).items():
-            self.islands[(int(trace_id), int(rank))] = (part["start_ns"].to_numpy().astype(np.int64),
-                                                        part["end_ns"].to_numpy().astype(np.int64))
+        for (_, rank, device), part in rows.partition_by("trace_id", "rank", "device", as_dict=True).items():
+            self.pending[(trace_id, int(rank), int(device))] = part
+        for (_, rank), part in islands.sort("start_ns").partition_by("trace_id", "rank", as_dict=True).items():
+            self.islands[(trace_id, int(rank))] = (part["start_ns"].to_numpy().astype(np.int64),
+                                                   part["end_ns"].to_numpy().astype(np.int64))
 
     def _build(self, key: TimelineKey) -> Timeline | None:
         import numpy as np
 
+        if key[0] not in self.read:
+            self._read(key[0], *self.bounds.get(key[0], (-_FAR, _FAR)))
         part = self.pending.pop(key, None)
         if part is None:
             return None
-        lo, hi = self.bounds[key[0]]
+        lo, hi = self.read[key[0]]
         none = (np.array([], np.int64), np.array([], np.int64))
         act = {c: part[c].to_numpy() for c in part.columns}
         self.timelines[key] = Timeline.build(key, lo, hi, act, self.islands.get(key[:2], none))
         return self.timelines[key]
 
     def timeline(self, key: TimelineKey, t: int) -> Timeline:
-        """The timeline ``key``, read again over the whole trace where ``t`` lies outside what was read."""
+        """The timeline ``key`` where the walk is at ``t``: read first for the batch's range, again over the
+        whole trace where ``t`` lies outside what that read can tell."""
         tl = self.timelines.get(key) or self._build(key)
         if tl is None or not tl.covers(t):
-            if self.bounds.get(key[0]) == (-_FAR, _FAR):
-                tl = tl or _empty(key)
-            else:
-                self.load({key[0]: (-_FAR, _FAR)})
-                tl = self._build(key) or _empty(key)
+            if self.read.get(key[0]) != (-_FAR, _FAR):
+                self._read(key[0], -_FAR, _FAR)
+                tl = self._build(key)
+            tl = tl or _empty(key)
             self.timelines[key] = tl
         return tl
 
@@ -497,7 +506,7 @@ def critical_path(
         with crossrank.matched(con, [run]) as table:
             walker = Walker(con, run, table)
             for batch in _batches(con, run, windows):
-                walker.load(_bounds(batch))
+                walker.batch(_bounds(batch))
                 for step in _step_starts(run, batch):
                     walker.walk(step)
             notes = [*crossrank.matching_notes(con, [run]), *selection_notes(con, selection, [run])]
