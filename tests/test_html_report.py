@@ -159,7 +159,7 @@ def test_report_without_power_says_unavailable(tmp_path: Path) -> None:
 
 def test_html_report_errors_name_the_fix(tmp_path: Path, report_db: Path) -> None:
     result = CliRunner().invoke(app, ["report", "--db", str(report_db), "--html", str(tmp_path / "no" / "dir" / "r.html")])
-    assert result.exit_code == 1 and "cannot write the HTML report" in result.stderr
+    assert result.exit_code == 1 and "r.html: cannot write there (No such file or directory)" in result.stderr
 
 
 @needs_chromium

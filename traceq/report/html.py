@@ -126,22 +126,11 @@ def write_html_report(
 ) -> Path:
     """Write the HTML report of the warehouse ``db`` to ``path``; returns the path. ``steps``: the step
     rows for the selection, where the caller has computed them already (each metric is computed once)."""
-    text = render_html(report_data(db, selection=selection, runs=runs, scaling_by=scaling_by, steps=steps))
-    from traceq.report.pftrace import atomic_file
-
-    out = Path(path)
-    try:
-        with atomic_file(out) as f:
-            f.write(text.encode("utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{out}: cannot write the HTML report ({exc.strerror}); check the directory") from None
-    return out
+    return _write(path, render_html(report_data(db, selection=selection, runs=runs, scaling_by=scaling_by, steps=steps)))
 
 
 def render_html(data: ReportData) -> str:
     """The report page as one string: inline plotly.js, figures, tables and notes."""
-    from plotly.offline import get_plotlyjs
-
     from traceq.report import plots
 
     sections: list[str] = []
@@ -209,34 +198,37 @@ def render_html(data: ReportData) -> str:
     sections.append(_section("Power", body))
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>traceq report: {_html.escape(', '.join(runs))}</title>"
-        f"<style>{_CSS}</style>\n<script type=\"text/javascript\">{get_plotlyjs()}</script>\n</head><body>\n"
-        f"<h1>traceq report</h1><p class=\"meta\">{len(runs)} run(s): {_html.escape(', '.join(runs))} · {stamp}</p>\n"
-        + "\n".join(sections)
-        + "\n</body></html>\n"
-    )
+    return page_html(f"traceq report: {', '.join(runs)}", "traceq report",
+                     f"{len(runs)} run(s): {', '.join(runs)} · {stamp}", sections)
 
 
-def write_page(path: str | Path, title: str, heading: str, meta: str, sections: Sequence[str]) -> Path:
-    """One self-contained page (plotly's JavaScript inline) at ``path``, written whole or not at all: to a
-    temporary file beside it, renamed over ``path`` at the end (an earlier page survives a full disk)."""
+def page_html(title: str, heading: str, meta: str, sections: Sequence[str]) -> str:
+    """One self-contained page: plotly's JavaScript inline (works offline), the sections in order."""
     from plotly.offline import get_plotlyjs
 
-    from traceq.report.pftrace import atomic_file
-
-    page = (
+    return (
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{_html.escape(title)}</title>"
         f"<style>{_CSS}</style>\n<script type=\"text/javascript\">{get_plotlyjs()}</script>\n</head><body>\n"
         f"<h1>{_html.escape(heading)}</h1><p class=\"meta\">{_html.escape(meta)}</p>\n"
         + "\n".join(sections) + "\n</body></html>\n"
     )
+
+
+def write_page(path: str | Path, title: str, heading: str, meta: str, sections: Sequence[str]) -> Path:
+    """:func:`page_html` written to ``path``."""
+    return _write(path, page_html(title, heading, meta, sections))
+
+
+def _write(path: str | Path, text: str) -> Path:
+    """``text`` at ``path``, whole or not at all: written to a temporary file beside it and renamed over
+    ``path`` at the end (an earlier page survives a full disk)."""
+    from traceq.report.pftrace import atomic_file
+
     out = Path(path)
     try:
         with atomic_file(out) as f:
-            f.write(page.encode("utf-8"))
+            f.write(text.encode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"{out}: cannot write the HTML page ({exc.strerror}); check the directory") from None
     return out
