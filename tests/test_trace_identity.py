@@ -204,9 +204,17 @@ def test_peak_table_knows_no_consumer_or_unnamed_gpu() -> None:
 # ------------------------------------------------------- warehouses written by the schema before
 
 
-def test_a_warehouse_of_the_schema_before_is_upgraded_when_a_report_opens_it(tmp_path: Path) -> None:
+def test_a_warehouse_of_the_schema_before_is_refused_by_reports_and_migrated_by_a_writing_command(tmp_path: Path) -> None:
     """Made by 0.1 (simulated: the new columns, the whole-trace steps and the version row removed, kernels
-    attributed by time as 0.1 did): a read-only report upgrades it and answers as a fresh ingest does."""
+    attributed by time as 0.1 did): a report stops untouched and names `traceq migrate`; that migrates it,
+    says so, and the report then answers as a fresh ingest does."""
+    import hashlib
+
+    from typer.testing import CliRunner
+
+    from traceq.cli import app
+    from traceq.errors import WarehouseError
+
     nosteps = lagging_trace()
     nosteps.events = [e for e in nosteps.events if not e["name"].startswith("ProfilerStep#")]
     paths = [lagging_trace().write(tmp_path / "job" / "rank0.json"), nosteps.write(tmp_path / "other" / "rank0.json")]
@@ -219,11 +227,20 @@ def test_a_warehouse_of_the_schema_before_is_upgraded_when_a_report_opens_it(tmp
         for table, column in (("steps", "source"), ("traces", "step_marker"), ("traces", "devices"), ("traces", "gpu_model")):
             con.execute(f"alter table {table} drop column {column}")
         con.execute("update gpu_events set step = 1, step_source = 'time' where step is null")
-    assert schema_version(duckdb.connect(str(old), read_only=True)) is None
+    before = hashlib.sha256(old.read_bytes()).hexdigest()
+    with pytest.raises(WarehouseError, match=r"made by an older traceq \(schema 1\); reports never write, so migrate it"):
+        compute_metric(old, "exposed_comm", by="run")
+    out = CliRunner().invoke(app, ["report", "--metric", "exposed_comm", "--db", str(old)])
+    assert out.exit_code == 1 and f"traceq migrate --db {old}" in out.stderr
+    assert hashlib.sha256(old.read_bytes()).hexdigest() == before
+    out = CliRunner().invoke(app, ["migrate", "--db", str(old)])
+    assert out.exit_code == 0 and f"{old}: migrated from schema 1 (made by an older traceq) to schema {SCHEMA_VERSION}" in out.stdout
     for by in (("run", "rank", "step"), ("run", "rank")):
         assert compute_metric(old, "exposed_comm", by=by).equals(compute_metric(fresh, "exposed_comm", by=by))
     with connect(old, read_only=True) as con:
         assert schema_version(con) == SCHEMA_VERSION
+    out = CliRunner().invoke(app, ["migrate", "--db", str(old)])
+    assert out.exit_code == 0 and "already at schema" in out.stdout
 
 
 def test_no_kernel_name_of_the_corpus_matches_two_rules_of_its_lowest_priority(corpus_db: Path) -> None:

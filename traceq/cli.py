@@ -30,6 +30,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
+    result_callback=lambda *_, **__: _say_migrations(),
 )
 
 DbOption = Annotated[Path, typer.Option("--db", help="DuckDB warehouse file.", show_default=True)]
@@ -58,6 +59,14 @@ class Engine(str, Enum):
 
 EngineOption = Annotated[Engine, typer.Option("--engine", help="duckdb: the warehouse (--db); perfetto: trace files, through Perfetto's trace processor.")]
 TraceProcessorOption = Annotated[Optional[Path], typer.Option("--trace-processor", help="Perfetto's trace_processor_shell binary (default: $TRACEQ_TRACE_PROCESSOR, else the perfetto package's download).")]
+
+
+def _say_migrations() -> None:
+    """A writing command that migrated a warehouse made by an older traceq says so."""
+    from traceq.store.warehouse import migrations
+
+    for line in migrations():
+        typer.echo(f"note: {line}", err=True)
 
 
 def _fail(error: str | TraceqError) -> None:
@@ -1054,6 +1063,32 @@ def export(
     typer.echo(f"wrote {perfetto}: {done.size_bytes / 1e6:,.1f} MB, {len(done.runs)} run(s), {done.processes} rank(s), "
                f"{done.slices:,} GPU events, {done.counter_values:,} counter values in {done.seconds:.1f} s; "
                "open it in https://ui.perfetto.dev")
+
+
+@app.command()
+def migrate(db: DbOption = Path(DEFAULT_DB)) -> None:
+    """Bring a warehouse made by an older traceq up to this traceq's schema, in one transaction.
+
+    Reports never write to the warehouse: on an older one they stop and name this command. A writing
+    command (ingest, runs set/rm/rename, rules --add, import-parquet) migrates it too, and says so.
+    A DuckDB file that is not a traceq warehouse, or one made by a newer traceq, is left untouched.
+
+    Example:
+
+      traceq migrate --db runs-2025.duckdb
+    """
+    from traceq.store.schema import SCHEMA_VERSION
+    from traceq.store.warehouse import connect, migrations
+
+    if not db.exists():
+        _fail(f"{db}: no warehouse here; give --db the warehouse to migrate")
+    try:
+        connect(db).close()
+    except TraceqError as exc:
+        _fail(exc)
+        return
+    done = migrations()
+    typer.echo(done[0] if done else f"{db}: already at schema {SCHEMA_VERSION}; nothing to do")
 
 
 @app.command("ingest-cluster")

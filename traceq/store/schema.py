@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -18,6 +19,8 @@ from traceq.store.derive import device_properties, gpu_model_of, write_steps
 # 2: step markers and device windows (steps.source, traces.step_marker/devices/gpu_model, warehouse_info,
 # step_windows renamed step_wall_times)
 SCHEMA_VERSION = 2
+# the tables of sql/schema.sql (a database holding none of them is not a traceq warehouse)
+TRACEQ_TABLES = frozenset(re.findall(r"create table if not exists (\w+)", sql_text("schema.sql")))
 _ADDED_COLUMNS = (
     ("traces", "step_marker", "varchar"),
     ("traces", "devices", "json"),

@@ -20,9 +20,9 @@ from traceq.errors import ConfigError, WarehouseError
 from traceq.store.parquet import open_parquet
 from traceq.store.schema import (
     SCHEMA_VERSION,
+    TRACEQ_TABLES,
     create_schema,
     prepare_session,
-    schema_version,
 )
 
 DEFAULT_DB = "traceq.duckdb"
@@ -37,6 +37,11 @@ Warehouse = str | Path | duckdb.DuckDBPyConnection  # a path to open, or a conne
 
 def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: float = 10.0) -> duckdb.DuckDBPyConnection:
     """Open (and on first use create) the warehouse at ``db``.
+
+    A file that exists is looked at read-only first, and refused untouched unless it is a traceq warehouse:
+    a DuckDB file of other tables, one made by a newer traceq, or (``read_only``) one made by an older
+    traceq, which only a writing command migrates (:func:`migrations` says which it did). Read-only
+    connections never write to the file.
 
     Args:
         db: path of the DuckDB file, or ":memory:".
@@ -53,10 +58,47 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     if read_only and path != ":memory:" and not Path(path).exists():
         raise WarehouseError(f"{path}: no warehouse here; ingest traces into it first")
     deadline = time.monotonic() + wait_s
+    older = None
+    if path != ":memory:" and Path(path).exists():
+        con = _open(path, True, deadline)
+        try:
+            state, version = inspect_warehouse(con)
+            _refuse(path, state, version, read_only)
+        except BaseException:
+            con.close()
+            raise
+        if read_only:
+            prepare_session(con)
+            limit_memory(con, None)
+            return con
+        con.close()
+        older = (version or 1) if state == "older" else None
+    con = _open(path, read_only, deadline)
+    if not read_only:
+        create_schema(con)
+        if older is not None:
+            _MIGRATIONS.append(f"{path}: migrated from schema {older} (made by an older traceq) to schema {SCHEMA_VERSION}")
+    prepare_session(con)
+    if read_only:
+        limit_memory(con, _spill_dir())
+    return con
+
+
+_MIGRATIONS: list[str] = []  # what connect() migrated in this process, for the CLI to say
+
+
+def migrations() -> list[str]:
+    """The warehouses this process migrated from an older schema (one line each), once: the list empties."""
+    done = list(_MIGRATIONS)
+    _MIGRATIONS.clear()
+    return done
+
+
+def _open(path: str, read_only: bool, deadline: float) -> duckdb.DuckDBPyConnection:
+    """``duckdb.connect``, waiting until ``deadline`` for another process's write lock."""
     while True:
         try:
-            con = duckdb.connect(path, read_only=read_only)
-            break
+            return duckdb.connect(path, read_only=read_only)
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
                 raise WarehouseError(f"{path}: cannot open the warehouse ({exc})") from None
@@ -68,16 +110,51 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
             time.sleep(0.2)
         except duckdb.Error as exc:
             raise WarehouseError(f"{path}: not a traceq warehouse ({exc}); give the warehouse another file name") from None
-    if not read_only:
-        create_schema(con)
-    elif path != ":memory:" and schema_version(con) != SCHEMA_VERSION:
-        con.close()
-        _upgrade(path, wait_s)
-        return connect(db, read_only=True, wait_s=wait_s)
-    prepare_session(con)
-    if read_only:
-        limit_memory(con, None if path != ":memory:" else _spill_dir())
-    return con
+
+
+def inspect_warehouse(con: duckdb.DuckDBPyConnection) -> tuple[str, int | str | None]:
+    """What a DuckDB database holds, read only: (state, schema version). State: ``current`` (this traceq's
+    schema), ``older`` (traceq's tables, an older or unrecorded version), ``newer``, ``damaged`` (a
+    schema_version that is not a number), ``foreign`` (tables, none of them traceq's; the version is then
+    their names, comma-separated) or ``empty`` (no table)."""
+    tables = [name for (name,) in con.execute(
+        "select table_name from duckdb_tables() where database_name = current_database() and schema_name = 'main' "
+        "order by table_name").fetchall()]
+    ours = [t for t in tables if t in TRACEQ_TABLES]
+    if not tables:
+        return "empty", None
+    if not ours:
+        return "foreign", ", ".join(tables[:6]) + (", ..." if len(tables) > 6 else "")
+    if "warehouse_info" not in tables:
+        return "older", None
+    row = con.execute("select value from warehouse_info where key = 'schema_version'").fetchone()
+    if row is None:
+        return "older", None
+    try:
+        version = int(row[0])
+    except (TypeError, ValueError):
+        return "damaged", str(row[0])
+    if version > SCHEMA_VERSION:
+        return "newer", version
+    return ("older" if version < SCHEMA_VERSION else "current"), version
+
+
+def _refuse(path: str, state: str, version: int | str | None, read_only: bool) -> None:
+    """WarehouseError for a database this traceq must not open (``read_only``: to read without writing)."""
+    if state == "foreign":
+        raise WarehouseError(f"{path}: not a traceq warehouse (a DuckDB database of other tables: {version}); it is "
+                             "left untouched: give --db a traceq warehouse, or a new file name")
+    if state == "newer":
+        raise WarehouseError(f"{path}: made by a newer traceq (schema {version}; this traceq knows schema "
+                             f"{SCHEMA_VERSION}); it is left untouched: use that traceq, or upgrade this one")
+    if state == "damaged":
+        raise WarehouseError(f"{path}: damaged warehouse (its schema_version is {version!r}, not a number); it is "
+                             "left untouched")
+    if read_only and state == "empty":
+        raise WarehouseError(f"{path}: no warehouse here yet (an empty DuckDB database); ingest traces into it first")
+    if read_only and state == "older":
+        raise WarehouseError(f"{path}: made by an older traceq (schema {version or 1}); reports never write, so "
+                             f"migrate it first: traceq migrate --db {path}")
 
 
 def report_memory_limit() -> str:
@@ -143,17 +220,6 @@ def _refuse_other_files(path: Path) -> None:
         f"{path}: this file exists and is not a traceq warehouse ({what}); give the warehouse another file name "
         "(a new one is created), or remove the file if it is a leftover"
     )
-
-
-def _upgrade(path: str, wait_s: float) -> None:
-    """Migrate a warehouse made by an older traceq that a report opened read-only (once)."""
-    try:
-        connect(path, wait_s=wait_s).close()
-    except WarehouseError as exc:
-        raise WarehouseError(
-            f"{path}: made by an older traceq and cannot be upgraded here ({exc}); open it once with write access, "
-            "e.g. traceq check on a writable copy"
-        ) from None
 
 
 @contextmanager
