@@ -16,6 +16,8 @@ from traceq.cli import app
 from traceq.ingest import ingest_traces
 
 runner = CliRunner()
+# the device events of one_step_trace(), counted from the trace itself
+DEVICE_EVENTS = sum(e["cat"] in ("kernel", "gpu_memcpy", "gpu_memset") for e in one_step_trace().events)
 
 READ_COMMANDS = [
     ["report", "--metric", "exposed_comm"], ["summary"], ["kernels"], ["collectives"], ["stragglers"],
@@ -104,3 +106,64 @@ def test_a_damaged_schema_version_is_one_line(tmp_path: Path, newer: Path) -> No
     out = runner.invoke(app, ["runs", "--db", str(newer)])
     assert out.exit_code == 1 and "damaged warehouse (its schema_version is 'two', not a number)" in out.stderr
     assert "Traceback" not in out.output
+
+
+# ------------------------------------------------------------------------------------- the SQL console
+
+
+@pytest.fixture
+def warehouse(tmp_path: Path) -> Path:
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([one_step_trace().write(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    return db
+
+
+@pytest.mark.parametrize("query", [
+    "copy (select * from traces) to '{out}/leak.csv'",
+    "select * from read_csv('/etc/passwd')",
+    "select * from read_text('/etc/hostname')",
+    "attach '{out}/other.duckdb' as o",
+    "install httpfs",
+    "set memory_limit = '100GB'",
+    "set enable_external_access = true",
+], ids=["copy to", "read_csv", "read_text", "attach", "install", "set", "re-enable"])
+def test_the_sql_console_reads_the_warehouse_and_nothing_else(warehouse: Path, tmp_path: Path, query: str) -> None:
+    out_dir = tmp_path / "outside"
+    out_dir.mkdir()
+    before = fingerprint(warehouse)
+    done = runner.invoke(app, ["sql", query.format(out=out_dir), "--db", str(warehouse)])
+    assert done.exit_code == 1, done.output
+    assert done.stderr.startswith("error: DuckDB refused the query:") and done.stderr.count("\n") == 1
+    assert list(out_dir.iterdir()) == [] and fingerprint(warehouse) == before
+    # what the console is for still works, on a Parquet export too
+    assert runner.invoke(app, ["sql", "select count(*) as n from gpu_activity", "--db", str(warehouse),
+                               "--format", "csv"]).stdout == f"n\n{DEVICE_EVENTS}\n"
+
+
+def test_the_sql_console_on_a_parquet_warehouse_reads_its_folder_only(warehouse: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "pq"
+    assert runner.invoke(app, ["export", "--parquet", str(folder), "--db", str(warehouse)]).exit_code == 0
+    done = runner.invoke(app, ["sql", "select count(*) as n from gpu_events", "--db", str(folder), "--format", "csv"])
+    assert done.exit_code == 0 and done.stdout == f"n\n{DEVICE_EVENTS}\n", done.output
+    done = runner.invoke(app, ["sql", "select * from read_csv('/etc/passwd')", "--db", str(folder)])
+    assert done.exit_code == 1 and "Permission Error" in done.stderr
+
+
+def test_the_sql_console_caps_its_rows_and_says_so(warehouse: Path) -> None:
+    done = runner.invoke(app, ["sql", "select * from range(250000) as t(i)", "--db", str(warehouse), "--format", "csv"])
+    assert done.exit_code == 0
+    lines = done.stdout.splitlines()
+    assert len(lines) == 100_001 and lines[-1] == "99999"
+    assert "more than 100,000 rows: the first 100,000 are printed (--max-rows)" in done.stderr
+    done = runner.invoke(app, ["sql", "select * from range(7) as t(i)", "--db", str(warehouse), "--max-rows", "5",
+                               "--format", "csv"])
+    assert done.stdout.splitlines()[1:] == ["0", "1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize("db", ["md:foo", "motherduck:bar", "s3://bucket/w.duckdb", "https://example.com/w.duckdb"])
+def test_remote_warehouses_are_refused_before_anything_is_opened(db: str) -> None:
+    for command in (["runs"], ["sql", "select 1"], ["report", "--metric", "idle"]):
+        done = runner.invoke(app, [*command, "--db", db])
+        # (a path option collapses "//": the message shows s3:/bucket/...)
+        assert done.exit_code == 1 and ": a warehouse is a local DuckDB file or Parquet directory" in done.stderr
+        assert db.split("//")[-1] in done.stderr

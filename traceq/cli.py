@@ -272,11 +272,13 @@ def sql(
     trace_processor: TraceProcessorOption = None,
     rank: Annotated[Optional[int], typer.Option(help="With --engine perfetto: the rank of a trace that names none.")] = None,
     step_marker: Annotated[Optional[str], typer.Option(help="With --engine perfetto: a regular expression on the names of the step spans (as traceq ingest --step-marker).")] = None,
+    max_rows: Annotated[int, typer.Option("--max-rows", help="Print at most this many rows (the query's first ones), and say so when there were more.", min=1)] = 100_000,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Run your own query over traceq's classification, step windows and metrics.
 
-    --engine duckdb (the default): DuckDB SQL on the warehouse, read-only. Besides its tables
+    --engine duckdb (the default): DuckDB SQL on the warehouse, read-only, and on nothing else (no
+    other file, no extension, no settings: COPY TO, read_csv and INSTALL are refused). Besides its tables
     (gpu_events, host_events, steps, traces, ...) the query may name traceq's relations:
     gpu_activity (every device event, classified), device_activity, device_windows,
     selected_steps, selected_windows, trace_windows, interval_breakdown (the metrics of the
@@ -310,10 +312,13 @@ def sql(
             if len(words) != 1:
                 raise ConfigError("give the query alone (the DuckDB engine reads the warehouse, --db); "
                                   "to query a trace file use --engine perfetto", param="words", value=" ".join(words))
-            frame = warehouse_sql(words[0], db)
+            frame = warehouse_sql(words[0], db, max_rows=max_rows)
     except TraceqError as exc:
         _fail(exc)
         return
+    if frame.height > max_rows:
+        frame = frame.head(max_rows)
+        notes.append(f"the query gives more than {max_rows:,} rows: the first {max_rows:,} are printed (--max-rows)")
     for note in notes:
         typer.echo(f"note: {note}", err=True)
     _emit(frame, fmt)

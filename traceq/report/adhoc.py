@@ -27,11 +27,17 @@ BINDINGS = {"interval_breakdown": {"windows": "selected_windows"}}  # the select
 
 
 def warehouse_sql(
-    sql: str, db: Warehouse = DEFAULT_DB, selection: StepSelection = StepSelection(include_last=True)
+    sql: str, db: Warehouse = DEFAULT_DB, selection: StepSelection = StepSelection(include_last=True),
+    max_rows: int | None = None,
 ) -> pl.DataFrame:
     """The rows of ``sql`` (DuckDB) on the warehouse, where the names of :data:`RELATIONS` are traceq's
     relations (by default over every step, the open last one included, as the Perfetto engine's tables
-    hold them: reports leave it out); ConfigError with DuckDB's message when the query fails."""
+    hold them: reports leave it out); ConfigError with DuckDB's message when the query fails.
+
+    The query reads the warehouse and nothing else: where ``db`` is a path, the connection is closed to
+    files (DuckDB's external access off: no COPY TO, no read_csv of other files, no ATTACH), to extensions
+    (none installed or loaded) and to configuration changes. ``max_rows``: give at most this many rows
+    and one more (so the caller can tell there were more); None: all."""
     from traceq.store.frames import to_polars
 
     with opened(db) as con:
@@ -39,8 +45,12 @@ def warehouse_sql(
             if re.search(rf"\b{name}\b", sql, re.IGNORECASE):
                 _rows = relation(con, name, selection, BINDINGS.get(name))  # noqa: F841 (read below)
                 con.execute(f'create or replace temp table "{name}" as select * from _rows')
+        if not isinstance(db, duckdb.DuckDBPyConnection):  # a caller's own connection stays as it was
+            _sandbox(con, Path(db))
         try:
             result = con.sql(sql)
+            if result is not None and max_rows is not None:
+                result = result.limit(max_rows + 1)
             if result is None:  # a statement without rows (the warehouse is opened read-only)
                 raise ConfigError(f"not a query (it returns no rows): {sql[:80]!r}; give a SELECT")
             twice = sorted({c for c in result.columns if result.columns.count(c) > 1})
@@ -49,6 +59,18 @@ def warehouse_sql(
             return to_polars(result)
         except duckdb.Error as exc:
             raise ConfigError(f"DuckDB refused the query: {str(exc).strip().splitlines()[0]}") from None
+
+
+def _sandbox(con: duckdb.DuckDBPyConnection, db: Path) -> None:
+    """Close ``con`` to everything but the warehouse: files (a Parquet warehouse's own directory stays
+    readable), extensions, and further configuration."""
+    if db.is_dir():
+        folder = str(db.resolve()).replace("'", "''") + "/"
+        con.execute(f"set allowed_directories = ['{folder}']")
+    con.execute("set autoinstall_known_extensions = false")
+    con.execute("set autoload_known_extensions = false")
+    con.execute("set enable_external_access = false")
+    con.execute("set lock_configuration = true")
 
 
 def trace_sql(

@@ -32,6 +32,7 @@ DEFAULT_DB = "traceq.duckdb"
 REPORT_MEMORY_LIMIT = "2GB"
 _SIZE = re.compile(r"\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
 _spill_ids = itertools.count()
+_REMOTE = re.compile(r"^(?:md|motherduck):|^[A-Za-z][A-Za-z0-9+.-]+:/")  # md:db, s3://..., https://...
 Warehouse = str | Path | duckdb.DuckDBPyConnection  # a path to open, or a connection already open
 
 
@@ -49,6 +50,9 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
         wait_s: how long to wait for another process that holds the write lock.
     """
     path = str(db)
+    if _REMOTE.match(path):
+        raise WarehouseError(f"{path}: a warehouse is a local DuckDB file or Parquet directory; traceq opens no URL "
+                             "and no MotherDuck database (copy it here first)")
     if path != ":memory:" and Path(path).is_dir():  # Parquet written by `traceq export` or a cluster ingest
         con = open_parquet(path, read_only=read_only)
         limit_memory(con, _spill_dir())
