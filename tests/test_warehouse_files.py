@@ -167,3 +167,43 @@ def test_remote_warehouses_are_refused_before_anything_is_opened(db: str) -> Non
         # (a path option collapses "//": the message shows s3:/bucket/...)
         assert done.exit_code == 1 and ": a warehouse is a local DuckDB file or Parquet directory" in done.stderr
         assert db.split("//")[-1] in done.stderr
+
+
+# ------------------------------------------------------------------------------------- control characters
+
+HOSTILE = "\x1b]0;PWNED\x07\x1b[2J\x9b31m"  # retitle the terminal, clear it, a C1 CSI
+
+
+def test_control_characters_in_names_are_shown_not_obeyed(tmp_path: Path) -> None:
+    """A kernel named with ESC sequences comes out written out (\\x1b...) in every format, and nothing of
+    what the CLI prints holds a control character but its own line ends."""
+    from tests.tracegen import TraceBuilder
+
+    t = TraceBuilder(rank=0)
+    t.step(1, 0, 100_000)
+    t.step(2, 100_000, 200_000)
+    t.kernel(f"gemm{HOSTILE}\nerror: forged line", 0, 50_000, launch_ns=0)
+    t.kernel("gemm_plain", 100_000, 150_000, launch_ns=100_000)
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([t.write(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    shown = "gemm\\x1b]0;PWNED\\x07\\x1b[2J\\x9b31m\\nerror: forged line"
+    for fmt in ("table", "csv", "json"):
+        done = runner.invoke(app, ["kernels", "--db", str(db), "--format", fmt, "--include-last"])
+        assert done.exit_code == 0, done.output
+        printed = done.stdout + done.stderr
+        assert not [c for c in printed if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F], fmt
+        assert "\nerror: forged line" not in printed, fmt
+        assert (shown if fmt != "json" else "gemm\\u001b]0;PWNED\\u0007\\u001b[2J\\u009b31m\\nerror: forged line") in printed
+
+
+@pytest.mark.parametrize("name", [f"job{HOSTILE}", "job\nerror: forged", "job\x00"])
+def test_run_names_with_control_characters_are_refused(tmp_path: Path, name: str) -> None:
+    trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
+    db = tmp_path / "w.duckdb"
+    done = runner.invoke(app, ["ingest", str(trace), "--db", str(db), "--run", name])
+    assert done.exit_code == 1
+    assert "a run name cannot hold control characters" in done.stderr and done.stderr.count("\n") == 1
+    assert "\x1b" not in done.stderr and "\nerror: forged" not in done.stderr
+    assert runner.invoke(app, ["ingest", str(trace), "--db", str(db), "--run", "job"]).exit_code == 0
+    done = runner.invoke(app, ["runs", "rename", "job", name, "--db", str(db)])
+    assert done.exit_code == 1 and "control characters" in done.stderr

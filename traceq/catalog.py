@@ -18,6 +18,7 @@ from importlib.resources import files
 from urllib.parse import quote
 
 from traceq.errors import ConfigError
+from traceq.terminal import CONTROL, visible
 
 # The step marker of PyTorch's profiler: ProfilerStep#N, numbered by N.
 DEFAULT_STEP_MARKER = r"^ProfilerStep#(\d+)$"
@@ -340,6 +341,10 @@ def check_run_name(run: str) -> str:
     """``run`` when it can name a run (non-empty, and its export folder fits in 255 bytes); else ConfigError."""
     if not run.strip():
         raise ConfigError("a run needs a name that is not empty", param="run", value=run)
+    if CONTROL.search(run):
+        raise ConfigError("a run name cannot hold control characters (ESC, newline, ...): they would act on the "
+                          "terminal of whoever lists it; give a name of printable characters", param="run",
+                          value=visible(run))
     folder = len("run=") + len(quote(run, safe=""))
     if folder > _MAX_RUN_FOLDER:
         raise ConfigError(

@@ -61,17 +61,25 @@ EngineOption = Annotated[Engine, typer.Option("--engine", help="duckdb: the ware
 TraceProcessorOption = Annotated[Optional[Path], typer.Option("--trace-processor", help="Perfetto's trace_processor_shell binary (default: $TRACEQ_TRACE_PROCESSOR, else the perfetto package's download).")]
 
 
+def _echo(text: Any = "", *, err: bool = False, nl: bool = True) -> None:
+    """A line (or the text of lines) to the terminal, its control characters written out: a name holding
+    ESC or a newline is shown, never obeyed (:mod:`traceq.terminal`)."""
+    from traceq.terminal import visible
+
+    typer.echo(visible(str(text)), err=err, nl=nl)
+
+
 def _say_migrations() -> None:
     """A writing command that migrated a warehouse made by an older traceq says so."""
     from traceq.store.warehouse import migrations
 
     for line in migrations():
-        typer.echo(f"note: {line}", err=True)
+        _echo(f"note: {line}", err=True)
 
 
 def _fail(error: str | TraceqError) -> None:
     message = error.cli_message() if isinstance(error, ConfigError) else str(error)
-    typer.echo(f"error: {message}", err=True)
+    _echo(f"error: {message}", err=True)
     raise typer.Exit(code=1)
 
 
@@ -113,19 +121,19 @@ def ingest(
         _fail(exc)
         return
     for note in summary.notes:
-        typer.echo(f"note: {note}", err=True)
+        _echo(f"note: {note}", err=True)
     for f in summary.files:
         if f.status == "ingested":
             ranks = ",".join(str(r) for r in f.ranks) or "none"
-            typer.echo(f"ingested {f.path}: run {f.run}, rank {ranks}, {f.events:,} events ({f.gpu_events:,} on GPU) in {f.seconds:.2f} s")
+            _echo(f"ingested {f.path}: run {f.run}, rank {ranks}, {f.events:,} events ({f.gpu_events:,} on GPU) in {f.seconds:.2f} s")
             for note in f.notes:
-                typer.echo(f"note: {note}", err=True)
+                _echo(f"note: {note}", err=True)
         elif f.status == "skipped":
-            typer.echo(f"skipped {f.message}")
+            _echo(f"skipped {f.message}")
         else:
-            typer.echo(f"failed {f.message}", err=True)
+            _echo(f"failed {f.message}", err=True)
     counts = {s: len(summary.by_status(s)) for s in ("ingested", "skipped", "failed")}
-    typer.echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {db}")
+    _echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {db}")
     if not summary.ok:
         raise typer.Exit(code=1)
 
@@ -235,12 +243,12 @@ def report(
         used = "whole trace, every kernel" if whole_trace else _steps_note(selection)
         if engine is Engine.perfetto:  # trace files carry no run metadata
             used = used.replace("the run's warmup_steps, 0 if unset", "none unless --skip-steps") + "; Perfetto engine"
-        typer.echo(f"{result.metric} by {by} ({used})", err=True)
+        _echo(f"{result.metric} by {by} ({used})", err=True)
     for note in result.notes:
-        typer.echo(f"note: {note}", err=True)
+        _echo(f"note: {note}", err=True)
     _emit(result.table, fmt)
     if html is not None:
-        typer.echo(f"wrote {html}", err=True)
+        _echo(f"wrote {html}", err=True)
 
 
 def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: str, whole_trace: bool,
@@ -320,7 +328,7 @@ def sql(
         frame = frame.head(max_rows)
         notes.append(f"the query gives more than {max_rows:,} rows: the first {max_rows:,} are printed (--max-rows)")
     for note in notes:
-        typer.echo(f"note: {note}", err=True)
+        _echo(f"note: {note}", err=True)
     _emit(frame, fmt)
 
 
@@ -363,17 +371,17 @@ def summary(
                 db = Path(scratch) / "summary.duckdb"
                 ingested = ingest_traces(traces, db)
                 for f in ingested.by_status("failed"):
-                    typer.echo(f"failed {f.message}", err=True)
+                    _echo(f"failed {f.message}", err=True)
                 for note in [*ingested.notes, *(n for f in ingested.files for n in f.notes)]:
-                    typer.echo(f"note: {note}", err=True)
+                    _echo(f"note: {note}", err=True)
             table, notes = summarise(db, by=by, selection=selection, runs=run)
     except TraceqError as exc:
         _fail(exc)
         return
     if fmt is Format.table:
-        typer.echo(f"summary by {by} ({_steps_note(selection)}); ms per step, % of the device window", err=True)
+        _echo(f"summary by {by} ({_steps_note(selection)}); ms per step, % of the device window", err=True)
     for note in notes:
-        typer.echo(f"note: {note}", err=True)
+        _echo(f"note: {note}", err=True)
     # on a narrow terminal: step time and the shares of compute, exposed comm and idle stay longest
     _emit(table, fmt, drop_first=(*(f"{p}_ms" for p in PARTS), "overlapped_comm_pct", "exposed_memcpy_pct", "steps"))
 
@@ -415,7 +423,7 @@ def kernels(
         return
     if fmt is Format.table:
         what = "categories" if level == "category" else "kernels"
-        typer.echo(f"top {top} {what} by device time, by {by} ({_steps_note(selection)})", err=True)
+        _echo(f"top {top} {what} by device time, by {by} ({_steps_note(selection)})", err=True)
     # on a narrow terminal: the name, its total and its share stay longest
     _emit(table, fmt, drop_first=("min_us", "max_us", "mean_us", "class", "count"))
 
@@ -462,9 +470,9 @@ def collectives(
         return
     if fmt is Format.table:
         used = "every kernel" if instances or whole_trace else _steps_note(selection)
-        typer.echo(f"collectives by {'instance' if instances else by} ({used})", err=True)
+        _echo(f"collectives by {'instance' if instances else by} ({used})", err=True)
         for note in notes:
-            typer.echo(f"note: {note}", err=True)
+            _echo(f"note: {note}", err=True)
     _emit(table, fmt, drop_first=("algbw_gbps", "inter_node", "group_size", "ordinal", "seq", "reason", "device"))
 
 
@@ -503,10 +511,10 @@ def stragglers(
         _fail(exc)
         return
     if fmt is Format.table:
-        typer.echo(f"stragglers by run,rank{',step' if by_step else ''} "
+        _echo(f"stragglers by run,rank{',step' if by_step else ''} "
                    f"({'whole trace' if whole_trace else _steps_note(selection)})", err=True)
         for note in notes:
-            typer.echo(f"note: {note}", err=True)
+            _echo(f"note: {note}", err=True)
     _emit(table, fmt, drop_first=("matched_count",))
 
 
@@ -576,16 +584,16 @@ def critical_path(
     else:
         table = result.steps
     if fmt is Format.table:
-        typer.echo(f"critical path of run {result.steps['run'][0]} ({_steps_note(selection)})", err=True)
+        _echo(f"critical path of run {result.steps['run'][0]} ({_steps_note(selection)})", err=True)
         for note in result.notes:
-            typer.echo(f"note: {note}", err=True)
+            _echo(f"note: {note}", err=True)
         if not (segments or ranks or kernels):
             for s in result.steps["step"].to_list()[:20]:
-                typer.echo(f"  {result.sentence(s)}", err=True)
+                _echo(f"  {result.sentence(s)}", err=True)
     _emit(table, fmt, drop_first=("path_start_ns", "category", "process_group", "top_kernel_ms", "copy_ms", "wait_ms",
                                   "compute_ms", "waited_for", "steps"))
     if drawn is not None:
-        typer.echo(f"wrote {html} (step {drawn})", err=True)
+        _echo(f"wrote {html} (step {drawn})", err=True)
 
 
 @app.command()
@@ -627,12 +635,12 @@ def diff(
         _fail(exc)
         return
     if fmt is Format.table:
-        typer.echo(f"A = {a}, B = {b}", err=True)
+        _echo(f"A = {a}, B = {b}", err=True)
         for note in notes:
-            typer.echo(f"note: {note}", err=True)
+            _echo(f"note: {note}", err=True)
     _emit(table, fmt, drop_first=("a_p10", "a_p90", "b_p10", "b_p90", "delta"))
     if html is not None:
-        typer.echo(f"wrote {html}", err=True)
+        _echo(f"wrote {html}", err=True)
 
 
 def _steps_note(selection: Any) -> str:
@@ -650,11 +658,16 @@ def _emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
     """``frame`` as CSV, JSON or a table; a table wider than the terminal leaves columns out (the
     ``drop_first`` ones first, then as :func:`_fit` says) and says which."""
     if fmt is Format.csv:
+        import polars as pl
+
+        from traceq.terminal import CONTROLS, ESCAPES
+
         buf = io.StringIO()
-        frame.write_csv(buf)
+        text = [name for name in frame.columns if frame.schema[name] == pl.String]
+        frame.with_columns(frame[c].str.replace_many(CONTROLS, ESCAPES) for c in text).write_csv(buf)
         typer.echo(buf.getvalue(), nl=False)
     elif fmt is Format.json:
-        typer.echo(json.dumps(frame.to_dicts(), indent=1, default=str))
+        typer.echo(json.dumps(frame.to_dicts(), indent=1, default=str))  # JSON escapes control characters
     else:
         from rich.console import Console
         from rich.table import Table
@@ -671,7 +684,7 @@ def _emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
         shown = _fit(frame.columns, widths, room, empty, drop_first)
         if len(shown) < len(frame.columns):
             left = [c for i, c in enumerate(frame.columns) if i not in shown]
-            typer.echo(f"note: {len(left)} column(s) left out to fit the terminal: {', '.join(left)} "
+            _echo(f"note: {len(left)} column(s) left out to fit the terminal: {', '.join(left)} "
                        "(--format csv or json gives every column)", err=True)
         for i in shown:
             name = frame.columns[i]
@@ -739,11 +752,13 @@ def _terminal_width() -> int | None:
 
 
 def _cell(value: Any) -> str:
+    from traceq.terminal import visible
+
     if value is None:
         return ""
     if isinstance(value, float):
         return f"{value:,.3f}"
-    return str(value)
+    return visible(str(value))
 
 
 @app.command()
@@ -809,7 +824,7 @@ def runs(
                 _fail(f"nothing to set for run {words[0]}; pass e.g. --tokens-per-step N (see traceq runs --help)")
                 return
             set_run_metadata(db, words[0], given)
-            typer.echo(f"set {', '.join(sorted(given))} of run {words[0]}", err=True)
+            _echo(f"set {', '.join(sorted(given))} of run {words[0]}", err=True)
         frame = list_traces(db) if traces else list_runs(db)
     except TraceqError as exc:
         _fail(exc)
@@ -835,10 +850,10 @@ def _manage_run(action: str, words: list[str], db: Path, with_options: bool) -> 
         if action == "rm":
             removed = remove_run(db, words[0])
             rows = sum(n for table, n in removed.items() if table != "traces")
-            typer.echo(f"removed run {words[0]}: {removed.get('traces', 0)} trace(s), {rows:,} rows", err=True)
+            _echo(f"removed run {words[0]}: {removed.get('traces', 0)} trace(s), {rows:,} rows", err=True)
         else:
             moved = rename_run(db, words[0], words[1])
-            typer.echo(f"renamed run {words[0]} to {words[1]} ({moved} trace(s))", err=True)
+            _echo(f"renamed run {words[0]} to {words[1]} ({moved} trace(s))", err=True)
     except TraceqError as exc:
         _fail(exc)
 
@@ -888,7 +903,7 @@ def rules(
         with opened(db, read_only=add is None) as con:
             if add is not None:
                 n = add_rules(con, add)
-                typer.echo(f"added {n} rule(s) from {add}", err=True)
+                _echo(f"added {n} rule(s) from {add}", err=True)
             frame = to_polars(list_rules(con))
     except TraceqError as exc:
         _fail(exc)
@@ -936,9 +951,9 @@ def scaling(
 
             frame, notes = collective_scaling(db, metric, by=by, selection=selection, runs=run)
             if fmt is Format.table:
-                typer.echo(f"{metric} across {frame['run'].n_unique()} run(s) ({_steps_note(selection)})", err=True)
+                _echo(f"{metric} across {frame['run'].n_unique()} run(s) ({_steps_note(selection)})", err=True)
                 for note in notes:
-                    typer.echo(f"note: {note}", err=True)
+                    _echo(f"note: {note}", err=True)
             _emit(frame, fmt)
             return
         frame, notes, rows = scaling_report(db, by=by, selection=selection, runs=run)
@@ -951,12 +966,12 @@ def scaling(
         _fail(exc)
         return
     if fmt is Format.table:
-        typer.echo(f"scaling across {frame.height} run(s) ({_steps_note(selection)})", err=True)
+        _echo(f"scaling across {frame.height} run(s) ({_steps_note(selection)})", err=True)
     for note in notes:
-        typer.echo(f"note: {note}", err=True)
+        _echo(f"note: {note}", err=True)
     _emit(frame, fmt)
     if html is not None:
-        typer.echo(f"wrote {html}", err=True)
+        _echo(f"wrote {html}", err=True)
 
 
 @app.command()
@@ -991,7 +1006,7 @@ def check(
         return
     n_warn = findings.filter(findings["severity"] == "warning").height
     if fmt is Format.table:
-        typer.echo(f"{n_warn} warning(s), {findings.height - n_warn} info finding(s) in {db}", err=True)
+        _echo(f"{n_warn} warning(s), {findings.height - n_warn} info finding(s) in {db}", err=True)
     if findings.height or fmt is not Format.table:
         _emit(findings, fmt)
     if needs_attention(findings):
@@ -1051,7 +1066,7 @@ def export(
             _fail(exc)
             return
         tables = ", ".join(f"{name} {n:,}" for name, n in written.items() if n)
-        typer.echo(f"exported {db} -> {parquet} (rows: {tables})")
+        _echo(f"exported {db} -> {parquet} (rows: {tables})")
         return
     from traceq.report.selection import StepSelection
     from traceq.report.timeline import export_perfetto
@@ -1064,8 +1079,8 @@ def export(
         _fail(exc)
         return
     for note in done.notes:
-        typer.echo(f"note: {note}", err=True)
-    typer.echo(f"wrote {perfetto}: {done.size_bytes / 1e6:,.1f} MB, {len(done.runs)} run(s), {done.processes} rank(s), "
+        _echo(f"note: {note}", err=True)
+    _echo(f"wrote {perfetto}: {done.size_bytes / 1e6:,.1f} MB, {len(done.runs)} run(s), {done.processes} rank(s), "
                f"{done.slices:,} GPU events, {done.counter_values:,} counter values in {done.seconds:.1f} s; "
                "open it in https://ui.perfetto.dev")
 
@@ -1093,7 +1108,7 @@ def migrate(db: DbOption = Path(DEFAULT_DB)) -> None:
         _fail(exc)
         return
     done = migrations()
-    typer.echo(done[0] if done else f"{db}: already at schema {SCHEMA_VERSION}; nothing to do")
+    _echo(done[0] if done else f"{db}: already at schema {SCHEMA_VERSION}; nothing to do")
 
 
 @app.command("ingest-cluster")
@@ -1125,14 +1140,14 @@ def ingest_cluster(
         _fail(exc)
         return
     for note in summary.notes:
-        typer.echo(f"note: {note}", err=True)
+        _echo(f"note: {note}", err=True)
     for f in summary.files:
         if f.status == "failed":
-            typer.echo(f"failed {f.message}", err=True)
+            _echo(f"failed {f.message}", err=True)
         elif f.status == "skipped":
-            typer.echo(f"skipped {f.message}")
+            _echo(f"skipped {f.message}")
     counts = {s: len(summary.by_status(s)) for s in ("ingested", "skipped", "failed")}
-    typer.echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {parquet}")
+    _echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {parquet}")
     if not summary.ok:
         raise typer.Exit(code=1)
 
@@ -1155,7 +1170,7 @@ def import_parquet_command(
     except TraceqError as exc:
         _fail(exc)
         return
-    typer.echo(f"imported {added} trace(s) from {parquet} -> {db}")
+    _echo(f"imported {added} trace(s) from {parquet} -> {db}")
 
 
 _OS_PHRASES = ("no space left on device", "read-only file system", "disk quota exceeded", "file too large")
@@ -1206,7 +1221,7 @@ def main() -> None:
         message = _environment_error(exc)
         if message is None:
             raise  # a bug: the traceback is due
-        typer.echo(f"error: {message}", err=True)
+        _echo(f"error: {message}", err=True)
         code = 1
     remove_process_scratch()  # os._exit runs no atexit handlers
     sys.stdout.flush()  # click has made a closed pipe's stdout quiet (PacifyFlushWrapper)
