@@ -422,3 +422,49 @@ def test_sql_runs_your_own_query_on_either_engine(tmp_path: Path, binary: Path, 
     ):
         result = runner.invoke(app, args)
         assert result.exit_code == 1 and message in result.output, (args, result.output)
+
+
+def test_a_killed_command_leaves_no_trace_processor_behind() -> None:
+    """The trace processor serves the trace on a localhost port: `kill -9` of traceq while it runs must
+    not leave it running (reparented, the trace open to any local user). It runs under a watchdog that
+    ends it when traceq ends."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    binary = str(BINARY.resolve()) if BINARY.is_file() else None
+    if binary is None:
+        skip_or_fail(f"{BINARY} is absent")
+    trace = corpus_path("amd_hpctraining/fused_traces/merged_all_events.json.gz")
+
+    def processors() -> set[int]:
+        found = set()
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    cmd = (proc / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if cmd and cmd[0].decode(errors="replace") == binary and b"--http-port" in cmd:
+                    found.add(int(proc.name))
+        return found
+
+    before = processors()
+    for _ in range(2):
+        command = subprocess.Popen(
+            [sys.executable, "-m", "traceq.cli", "report", "--engine", "perfetto", "--trace-processor", binary,
+             "--metric", "exposed_comm", "--by", "run,rank,step", str(trace)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        started: set[int] = set()
+        while not started and command.poll() is None and time.monotonic() < deadline:
+            started = processors() - before
+            time.sleep(0.02)
+        assert started, "the trace processor never started"
+        command.send_signal(signal.SIGKILL)
+        command.wait()
+        deadline = time.monotonic() + 5
+        while processors() & started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not processors() & started, "a trace processor outlived the traceq that started it"

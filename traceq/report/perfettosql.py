@@ -218,7 +218,7 @@ def open_trace(path: Path, binary: Path | None, file_rank: int, marker: StepMark
     with ExitStack() as stack:
         modules = stack.enter_context(_modules_dir())
         config = TraceProcessorConfig(
-            bin_path=str(binary) if binary else None,
+            bin_path=_tied(binary, stack) if binary else None,
             add_sql_packages=[SqlPackage(str(modules), "traceq")],
             load_timeout=60,
         )
@@ -235,6 +235,35 @@ def open_trace(path: Path, binary: Path | None, file_rank: int, marker: StepMark
         for statement in statements:
             trace.execute(statement)
         yield trace
+
+
+# The trace processor serves the trace on a localhost port to anyone there: it must not outlive traceq. The
+# perfetto package starts it in a session of its own (so closing it ends its whole tree) but nothing ends it
+# when traceq is killed. It runs under this watchdog, which ends it within half a second of traceq's end.
+_TIED = """#!/bin/sh
+# traceq: run the trace processor only while the traceq process that started it lives
+parent=$PPID
+{binary} "$@" &
+child=$!
+trap 'kill -KILL "$child" 2>/dev/null; exit 143' TERM INT HUP
+while kill -0 "$child" 2>/dev/null; do
+    kill -0 "$parent" 2>/dev/null || {{ kill -KILL "$child" 2>/dev/null; exit 1; }}
+    sleep 0.5
+done
+wait "$child"
+"""
+
+
+def _tied(binary: Path, stack: ExitStack) -> str:
+    """A launcher of ``binary`` that ends it when this process ends, in a temporary folder of ``stack``."""
+    import shlex
+    import tempfile
+
+    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="traceq-tp-")))
+    launcher = folder / "trace_processor_shell"
+    launcher.write_text(_TIED.format(binary=shlex.quote(str(Path(binary).resolve()))))
+    launcher.chmod(0o700)
+    return str(launcher)
 
 
 def _message(exc: BaseException) -> str:
