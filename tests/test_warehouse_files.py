@@ -207,3 +207,22 @@ def test_run_names_with_control_characters_are_refused(tmp_path: Path, name: str
     assert runner.invoke(app, ["ingest", str(trace), "--db", str(db), "--run", "job"]).exit_code == 0
     done = runner.invoke(app, ["runs", "rename", "job", name, "--db", str(db)])
     assert done.exit_code == 1 and "control characters" in done.stderr
+
+
+# ------------------------------------------------------------------------------------- bounded work
+
+
+@pytest.mark.parametrize(("command", "workers", "lowest"), [
+    ("ingest", "100000", 0), ("ingest", "-1", 0), ("ingest-cluster", "0", 1), ("ingest-cluster", "500", 1),
+])
+def test_workers_beyond_a_few_per_core_are_refused_before_any_work(tmp_path: Path, command: str, workers: str,
+                                                                   lowest: int) -> None:
+    import os
+
+    trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
+    out = tmp_path / ("w.duckdb" if command == "ingest" else "pq")
+    args = [command, str(trace), "--workers", workers] + (["--db", str(out)] if command == "ingest" else ["--parquet", str(out)])
+    done = runner.invoke(app, args)
+    most = 4 * (os.cpu_count() or 1)
+    assert done.exit_code == 1 and f"--workers {workers}: give {lowest} to {most}" in done.stderr
+    assert not out.exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -335,6 +336,22 @@ RUN_KEY_NAMES = tuple(k.key for k in RUN_KEYS)
 # A run is a folder of a Parquet export, run=<name> with the name percent-encoded (at most 3 bytes
 # for each byte of UTF-8): the folder's name must fit a file system's 255 bytes.
 _MAX_RUN_FOLDER = 255
+
+
+# workers beyond a few per core only cost memory (ingest-cluster --workers 500 reached 10 GB) and threads
+MAX_WORKERS_PER_CORE = 4
+
+
+def check_workers(workers: int | None, *, lowest: int = 0) -> None:
+    """ConfigError unless ``workers`` is None (the default: every core) or from ``lowest`` to
+    :data:`MAX_WORKERS_PER_CORE` per core of this machine."""
+    if workers is None:
+        return
+    cores = os.cpu_count() or 1
+    most = MAX_WORKERS_PER_CORE * cores
+    if not lowest <= workers <= most:
+        raise ConfigError(f"give {lowest} to {most} ({MAX_WORKERS_PER_CORE} per core of this machine's {cores}); "
+                          "without it every core is used", param="workers", value=workers)
 
 
 def check_run_name(run: str) -> str:

@@ -903,7 +903,9 @@ def rules(
         with opened(db, read_only=add is None) as con:
             if add is not None:
                 n = add_rules(con, add)
-                _echo(f"added {n} rule(s) from {add}", err=True)
+                total = con.execute("select count(*) from kernel_rules").fetchone()[0]
+                _echo(f"added {n} rule(s) from {add}: {total} rule(s) now (traceq rules lists them)")
+                return
             frame = to_polars(list_rules(con))
     except TraceqError as exc:
         _fail(exc)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from traceq.errors import ConfigError, TraceFormatError
+from traceq.catalog import check_workers
 from traceq.ingest.inputs import check_run_name, expand_inputs
 from traceq.ingest.identity import check_rank
 from traceq.ingest.loader import INGEST_CHUNK_BYTES, FileResult, IngestSummary, ingest_in_process
@@ -118,6 +119,8 @@ def ingest_with_dask(
     Returns one result per file, in input order.
     """
     check_rank(rank)
+    if client is None and scheduler is None:
+        check_workers(local_workers, lowest=1)
     if run is not None:
         check_run_name(run)
     try:

@@ -35,7 +35,7 @@ import duckdb
 import msgspec
 
 from traceq import scratch
-from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, event_categories
+from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, check_workers, event_categories
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.ingest.inputs import check_run_name, expand_inputs, file_size, json_size, run_name_of
 from traceq.ingest.native import (
@@ -169,6 +169,7 @@ def ingest_traces(
     """
     marker = StepMarker.parse(step_marker)
     check_rank(rank)
+    check_workers(workers)
     if run is not None:
         check_run_name(run)
     summary = IngestSummary()
