@@ -182,3 +182,46 @@ def test_html_report_shows_waiting_and_bus_bandwidth_across_ranks(tmp_path: Path
     assert pixel_variance(shot) > 100.0
     text = page.read_text()
     assert re.search(r'"z":\[\[7\.0\],\[4\.0\],\[0\.0\]\]', text), "waits per rank 0, 1, 2 in step 1: 7, 4, 0 us"
+
+
+@pytest.mark.parametrize("command", [
+    ["report", "--metric", "idle"], ["critical-path", "--include-last"], ["scaling"],
+], ids=lambda c: c[0])
+def test_a_full_disk_leaves_the_earlier_page_whole_and_no_part_of_the_new_one(
+        tmp_path: Path, report_db: Path, command: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages are written to a temporary file beside their path and renamed at the end: a write that fails
+    (ENOSPC after 64 KiB) leaves the earlier page as it was and no temporary file."""
+    import errno
+    import os
+
+    import traceq.report.pftrace as pftrace
+
+    page = tmp_path / "page.html"
+    page.write_text("<html>the earlier report</html>")
+    real = os.fdopen
+
+    class Full:
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            self.n += len(data)
+            if self.n > 65536:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(data)
+
+    monkeypatch.setattr(pftrace.os, "fdopen", lambda fd, mode: Full(real(fd, mode)))
+    args = [*command, "--db", str(report_db), "--html", str(page)]
+    if command[0] == "critical-path":
+        args += ["--run", "coll"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "page.html: cannot write the HTML page (No space left on device)" in result.stderr
+    assert page.read_text() == "<html>the earlier report</html>"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html"]
