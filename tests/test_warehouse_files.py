@@ -226,3 +226,62 @@ def test_workers_beyond_a_few_per_core_are_refused_before_any_work(tmp_path: Pat
     most = 4 * (os.cpu_count() or 1)
     assert done.exit_code == 1 and f"--workers {workers}: give {lowest} to {most}" in done.stderr
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------- damaged Parquet exports
+
+
+@pytest.fixture
+def export(tmp_path: Path) -> Path:
+    """A Parquet export of a 3-rank run (three traces)."""
+    from tests.test_cross_rank import late_rank_run, write_run
+
+    db = tmp_path / "src.duckdb"
+    files = write_run(tmp_path / "job", late_rank_run())
+    assert ingest_traces(files, db, workers=0).ok
+    folder = tmp_path / "pq"
+    assert runner.invoke(app, ["export", "--parquet", str(folder), "--db", str(db)]).exit_code == 0
+    return folder
+
+
+def _import(folder: Path, db: Path):
+    return runner.invoke(app, ["import-parquet", str(folder), "--db", str(db)])
+
+
+def test_an_export_without_its_gpu_events_is_refused_and_nothing_imported(export: Path, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(export / "gpu_events")
+    db = tmp_path / "w.duckdb"
+    done = _import(export, db)
+    assert done.exit_code == 1, done.output
+    assert "damaged export: trace" in done.stderr and "reads 0 of its 2 GPU events (gpu_events/)" in done.stderr
+    assert "2 more trace(s) fall short" in done.stderr and "nothing was imported" in done.stderr
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select count(*) from traces").fetchone() == (0,)
+
+
+def test_an_export_file_of_another_schema_is_refused(export: Path, tmp_path: Path) -> None:
+    """One more file in gpu_events/ whose columns are not traceq's: its rows do not read as the trace's."""
+    part = next((export / "gpu_events").rglob("*.parquet"))
+    with duckdb.connect() as con:
+        con.execute(f"copy (select 1 as something, 'x' as other) to '{part.parent / 'stray.parquet'}' (format parquet)")
+        original = con.execute(f"select count(*) from read_parquet('{part}')").fetchone()[0]
+    part.unlink()  # the trace's own rows gone, a stray file in their place
+    done = _import(export, tmp_path / "w.duckdb")
+    assert done.exit_code == 1 and f"reads 0 of its {original} GPU events" in done.stderr, done.output
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_truncated_or_empty_parquet_file_is_one_line(export: Path, tmp_path: Path, damage: str) -> None:
+    part = next((export / "gpu_events").rglob("*.parquet"))
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
+    done = _import(export, tmp_path / "w.duckdb")
+    assert done.exit_code == 1 and done.stderr.count("\n") == 1 and "Traceback" not in done.output, done.output
+    assert f"{export}: a Parquet file of it cannot be read" in done.stderr and "nothing was imported" in done.stderr
+
+
+def test_a_whole_export_imports(export: Path, tmp_path: Path) -> None:
+    done = _import(export, tmp_path / "w.duckdb")
+    assert done.exit_code == 0 and "imported 3 trace(s)" in done.stdout, done.output

@@ -145,9 +145,9 @@ def import_parquet(directory: str | Path, db: str | Path) -> int:
         raise WarehouseError(f"{root}: not a traceq Parquet directory (no {TRACES}/ folder)")
     con = connect(db)
     try:
-        queries = parquet_queries(con, root)
         con.begin()
         try:
+            queries = parquet_queries(con, root)
             con.execute(
                 f"""
                 create or replace temp table _id_map as
@@ -169,15 +169,51 @@ def import_parquet(directory: str | Path, db: str | Path) -> int:
                     )
                 elif table.name in _ONE_ROW_PER:
                     con.execute(f"insert into {table.name} ({cols}) select {cols} from ({queries[table.name]}) on conflict do nothing")
+            _refuse_missing_rows(con, root)
             _refuse_rank_collisions(con, root)
             con.execute("drop table _id_map")
             con.commit()
+        except (duckdb.IOException, duckdb.InvalidInputException) as exc:
+            rollback(con)
+            raise ConfigError(f"{root}: a Parquet file of it cannot be read ({_reason(exc)}); nothing was imported. "
+                              "Export the warehouse again") from None
         except BaseException:
             rollback(con)
             raise
         return added
     finally:
         con.close()
+
+
+def _refuse_missing_rows(con: duckdb.DuckDBPyConnection, root: Path) -> None:
+    """ConfigError (the import is rolled back) when an imported trace did not bring every GPU and host event
+    its traces row counts: a table's folder removed, files lost, or files of another schema whose rows do
+    not read as the trace's. A later import would skip those traces as known, so the rows could never
+    come in."""
+    short = con.execute(
+        """
+        with new as (select new_id as trace_id from _id_map),
+        gpu as (select trace_id, count(*) as n from gpu_events semi join new using (trace_id) group by all),
+        host as (select trace_id, count(*) as n from host_events semi join new using (trace_id) group by all)
+        select t.path, t.n_gpu_events, coalesce(g.n, 0), t.n_host_events, coalesce(h.n, 0), count(*) over ()
+        from traces as t
+        semi join new using (trace_id)
+        left join gpu as g using (trace_id)
+        left join host as h using (trace_id)
+        where t.n_gpu_events <> coalesce(g.n, 0) or t.n_host_events <> coalesce(h.n, 0)
+        order by t.path
+        limit 1
+        """
+    ).fetchall()
+    if short:
+        path, gpu_want, gpu_got, host_want, host_got, traces = short[0]
+        what = (f"{gpu_got:,} of its {gpu_want:,} GPU events (gpu_events/)" if gpu_got != gpu_want
+                else f"{host_got:,} of its {host_want:,} host events (host_events/)")
+        raise ConfigError(
+            f"{root}: damaged export: trace {path} reads {what}"
+            + (f", and {traces - 1} more trace(s) fall short" if traces > 1 else "")
+            + "; nothing was imported. Export the warehouse again"
+        )
 
 
 def _refuse_rank_collisions(con: duckdb.DuckDBPyConnection, root: Path) -> None:
