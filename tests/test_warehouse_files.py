@@ -1,6 +1,8 @@
-"""DuckDB files that are not this traceq's warehouse: read commands never write, a DuckDB database of other
-tables is refused untouched ("not a traceq warehouse"), one made by a newer traceq is refused ("made by a
-newer traceq"), and only a writing command migrates an older one (tests/test_trace_identity.py)."""
+"""Reliability, round 3: DuckDB files that are not this traceq's warehouse (read commands never write, a DuckDB
+database of other tables is refused untouched, one made by a newer traceq too, and only a writing command
+migrates an older one: tests/test_trace_identity.py), the SQL console that reads the warehouse and nothing
+else, control characters shown and never obeyed, bounded work, damaged Parquet exports, and inputs that
+gave tracebacks."""
 
 from __future__ import annotations
 
@@ -104,7 +106,7 @@ def test_a_damaged_schema_version_is_one_line(tmp_path: Path, newer: Path) -> No
     with duckdb.connect(str(newer)) as con:
         con.execute("update warehouse_info set value = 'two' where key = 'schema_version'")
     out = runner.invoke(app, ["runs", "--db", str(newer)])
-    assert out.exit_code == 1 and "damaged warehouse (its schema_version is 'two', not a number)" in out.stderr
+    assert out.exit_code == 1 and "damaged warehouse or not traceq's (its schema_version is 'two', not a number)" in out.stderr
     assert "Traceback" not in out.output
 
 
@@ -285,3 +287,50 @@ def test_a_truncated_or_empty_parquet_file_is_one_line(export: Path, tmp_path: P
 def test_a_whole_export_imports(export: Path, tmp_path: Path) -> None:
     done = _import(export, tmp_path / "w.duckdb")
     assert done.exit_code == 0 and "imported 3 trace(s)" in done.stdout, done.output
+
+
+# ------------------------------------------------------------------------------------- one line, not a traceback
+
+
+def test_tables_of_traceqs_names_with_other_columns_are_refused_untouched(tmp_path: Path) -> None:
+    db = tmp_path / "lookalike.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute("create table traces (x int)")
+        con.execute("create table warehouse_info (key varchar, value varchar)")
+        con.execute("insert into warehouse_info values ('schema_version', '2')")
+    trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
+    before = fingerprint(db)
+    for command in (["runs"], ["report", "--metric", "idle"], ["ingest", str(trace)]):
+        done = runner.invoke(app, [*command, "--db", str(db)])
+        assert done.exit_code == 1 and "Traceback" not in done.output, (command, done.output)
+        assert "damaged warehouse or not traceq's (its schema is 2, but traces lacks trace_id, run, path" in done.stderr
+    assert fingerprint(db) == before
+
+
+def test_numbers_too_large_for_their_column_are_one_line_or_left_out(tmp_path: Path) -> None:
+    """kernels --top 99999999999999999999 is refused by the option; a run.json rank of 1e30 and a power log
+    wall_ns of 1e400 (infinity) are not integers a column holds: the trace still goes in."""
+    from tests.tracegen import TraceBuilder
+
+    db = tmp_path / "w.duckdb"
+    t = TraceBuilder(rank=0)
+    t.step(1, 0, 100_000)
+    t.kernel("gemm", 0, 50_000, launch_ns=0)
+    folder = tmp_path / "job"
+    t.write(folder / "rank0.trace.json")
+    (folder / "rank0.run.json").write_text('{"traceq_run_metadata": 1, "run": "job", "rank": 1e30, "world_size": 1}')
+    (folder / "rank0.power.jsonl").write_text(
+        '{"kind": "header", "source": "nvml", "interval_ms": 100, "gpus": [0]}\n'
+        '{"kind": "power", "wall_ns": 1e400, "gpu": 0, "power_w": 300.0}\n')
+    done = runner.invoke(app, ["ingest", str(folder), "--db", str(db)])
+    assert done.exit_code == 0 and "1 ingested" in done.stdout, done.output
+    done = runner.invoke(app, ["kernels", "--db", str(db), "--top", "99999999999999999999"])
+    assert done.exit_code == 2 and "Traceback" not in done.output and "is not in the range 1<=x<=10000000" in done.output
+
+
+def test_a_scheduler_address_that_is_none_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
+    done = runner.invoke(app, ["ingest-cluster", str(trace), "--parquet", str(tmp_path / "pq"), "--scheduler", "not a url"])
+    assert done.exit_code == 1 and "Traceback" not in done.output
+    assert done.stderr.startswith("error: --scheduler 'not a url': no Dask scheduler reached at this address")

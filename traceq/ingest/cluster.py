@@ -130,7 +130,12 @@ def ingest_with_dask(
     if client is not None:
         return _ingest(client, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
     if scheduler is not None:
-        with Client(scheduler) as own:
+        try:
+            own = Client(scheduler, timeout="30s")
+        except (ValueError, OSError, TimeoutError) as exc:
+            raise ConfigError(f"no Dask scheduler reached at this address ({type(exc).__name__}: {exc}); give a "
+                              "running scheduler's address, e.g. tcp://head:8786", param="scheduler", value=scheduler) from None
+        with own:
             return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
     with LocalCluster(n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         with Client(cluster) as own:

@@ -208,13 +208,18 @@ def read_power_log(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return records[0], records[1:]
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def _int(value: Any) -> int | None:
+    """``value`` as an integer a BIGINT holds; None for anything else (1e30, 1e400 = inf, "x", true)."""
     if isinstance(value, bool) or value is None:
         return None
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return None
+    return number if _INT64[0] <= number <= _INT64[1] else None
 
 
 def _float(value: Any) -> float | None:

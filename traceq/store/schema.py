@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from functools import cache
 from pathlib import Path
 
 import duckdb
@@ -31,6 +32,19 @@ RULE_COLUMNS = ("priority", "pattern", "class", "category", "collective")
 # comm, compute; memcpy: device copies that are not cat gpu_memcpy (MTIA dma); sync: a stream waiting on
 # another's event, not work (left out of every interval)
 RULE_CLASSES = ("comm", "compute", "memcpy", "sync")
+
+
+@cache
+def schema_columns() -> dict[str, tuple[str, ...]]:
+    """Each table of ``sql/schema.sql`` and its columns, as this traceq makes them."""
+    with duckdb.connect(":memory:") as con:
+        con.execute(sql_text("schema.sql"))
+        rows = con.execute("select table_name, column_name from duckdb_columns() where schema_name = 'main' "
+                           "order by table_name, column_index").fetchall()
+    columns: dict[str, list[str]] = {}
+    for table, column in rows:
+        columns.setdefault(table, []).append(column)
+    return {t: tuple(c) for t, c in columns.items()}
 
 
 def create_schema(con: duckdb.DuckDBPyConnection) -> None:

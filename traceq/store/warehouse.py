@@ -23,6 +23,7 @@ from traceq.store.schema import (
     TRACEQ_TABLES,
     create_schema,
     prepare_session,
+    schema_columns,
 )
 
 DEFAULT_DB = "traceq.duckdb"
@@ -140,7 +141,26 @@ def inspect_warehouse(con: duckdb.DuckDBPyConnection) -> tuple[str, int | str | 
         return "damaged", str(row[0])
     if version > SCHEMA_VERSION:
         return "newer", version
-    return ("older" if version < SCHEMA_VERSION else "current"), version
+    if version < SCHEMA_VERSION:
+        return "older", version
+    lacking = _lacking_columns(con)
+    return ("damaged", f"{version}, but {lacking}") if lacking else ("current", version)
+
+
+def _lacking_columns(con: duckdb.DuckDBPyConnection) -> str:
+    """The columns of this schema that the database's traceq tables lack ('traces lacks size_bytes, ...'),
+    '' when none: tables of traceq's names with other columns are not its tables."""
+    held: dict[str, set[str]] = {}
+    for table, column in con.execute(
+        "select table_name, column_name from duckdb_columns() where database_name = current_database() "
+        "and schema_name = 'main'"
+    ).fetchall():
+        held.setdefault(table, set()).add(column)
+    for table, columns in schema_columns().items():
+        missing = [c for c in columns if c not in held.get(table, columns)]
+        if missing:
+            return f"{table} lacks {', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}"
+    return ""
 
 
 def _refuse(path: str, state: str, version: int | str | None, read_only: bool) -> None:
@@ -152,8 +172,9 @@ def _refuse(path: str, state: str, version: int | str | None, read_only: bool) -
         raise WarehouseError(f"{path}: made by a newer traceq (schema {version}; this traceq knows schema "
                              f"{SCHEMA_VERSION}); it is left untouched: use that traceq, or upgrade this one")
     if state == "damaged":
-        raise WarehouseError(f"{path}: damaged warehouse (its schema_version is {version!r}, not a number); it is "
-                             "left untouched")
+        why = (f"its schema is {version}" if isinstance(version, str) and ", but " in version
+               else f"its schema_version is {version!r}, not a number")
+        raise WarehouseError(f"{path}: damaged warehouse or not traceq's ({why}); it is left untouched")
     if read_only and state == "empty":
         raise WarehouseError(f"{path}: no warehouse here yet (an empty DuckDB database); ingest traces into it first")
     if read_only and state == "older":
