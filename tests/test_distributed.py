@@ -148,3 +148,60 @@ def test_cross_rank_reports_on_a_cluster_ingest_equal_a_local_ingest(client: Cli
         assert table(out, selection=EVERY_STEP)[0].equals(table(db, selection=EVERY_STEP)[0])
     split = ["exposed_comm_wait_us", "exposed_comm_transfer_us"]
     assert compute_metric(out, split, by="run,rank,step").equals(compute_metric(db, split, by="run,rank,step"))
+
+
+def test_a_real_scheduler_and_two_workers_with_one_killed_mid_run_equal_a_local_ingest(tmp_path: Path) -> None:
+    """The distributed path as users run it: `dask scheduler` and two `dask worker` processes on loopback, 64
+    rank files, one worker killed (SIGKILL) once the first files are written: Dask gives its tasks to the
+    other, and the directory's reports equal a one-machine ingest's."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    dask = Path(sys.executable).with_name("dask")
+    if not dask.exists():
+        pytest.skip("the dask command is not installed beside this Python")
+    files = [rank_trace(r).write(tmp_path / "job" / f"rank{r}.json") for r in range(64)]
+    info = tmp_path / "scheduler.json"
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    started = [subprocess.Popen([str(dask), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                 "--scheduler-file", str(info)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=env)]
+    try:
+        deadline = time.monotonic() + 60
+        while not info.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.2)  # written whole
+        address = json.loads(info.read_text())["address"]
+        for _ in range(2):
+            started.append(subprocess.Popen(
+                [str(dask), "worker", address, "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
+                 "--no-nanny"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+        out = tmp_path / "pq"
+        ingest = subprocess.Popen([str(Path(sys.executable).with_name("traceq")), "ingest-cluster", *map(str, files),
+                                   "--parquet", str(out), "--scheduler", address],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while len(list(out.glob("traces/**/*.parquet"))) < 4 and ingest.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        killed_mid_run = ingest.poll() is None
+        started[1].send_signal(signal.SIGKILL)
+        stdout, stderr = ingest.communicate(timeout=300)
+        assert ingest.returncode == 0, stderr[-2000:]
+        assert stdout.strip().endswith(f"64 ingested, 0 skipped, 0 failed -> {out}"), stdout[-500:]
+        assert killed_mid_run, "the ingest ended before the worker was killed: nothing was tested"
+    finally:
+        for proc in reversed(started):
+            proc.send_signal(signal.SIGTERM)
+        for proc in started:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    db = tmp_path / "local.duckdb"
+    assert ingest_traces(files, db, workers=0).ok
+    for by in (("run",), ("run", "rank"), ("run", "rank", "step")):
+        assert compute_metric(out, "exposed_comm", by=by).equals(compute_metric(db, "exposed_comm", by=by))
