@@ -334,3 +334,50 @@ def test_a_scheduler_address_that_is_none_is_one_line(tmp_path: Path) -> None:
     done = runner.invoke(app, ["ingest-cluster", str(trace), "--parquet", str(tmp_path / "pq"), "--scheduler", "not a url"])
     assert done.exit_code == 1 and "Traceback" not in done.output
     assert done.stderr.startswith("error: --scheduler 'not a url': no Dask scheduler reached at this address")
+
+
+# ------------------------------------------------------------------------------------- files that change while read
+
+
+@pytest.mark.parametrize("files", [1, 3], ids=["one file", "a group of small files"])
+def test_a_file_rewritten_while_it_is_read_fails_alone_and_nothing_of_it_is_stored(tmp_path: Path, files: int) -> None:
+    """The file is rewritten (other content, same name) while the ingest reads it: it fails in one line,
+    nothing of it is stored; the files beside it go in."""
+    from tests.test_cross_rank import late_rank_run, write_run
+
+    paths = write_run(tmp_path / "job", late_rank_run())[:files]
+    target = paths[-1]
+    rewritten = []
+
+    def progress(event: str, info: dict) -> None:
+        if event == "file_read" and info.get("path") == str(target) and not rewritten:  # read, not committed
+            target.write_text(target.read_text().replace('"rank": ', '"rank":  ') + "\n")
+            rewritten.append(True)
+
+    db = tmp_path / "w.duckdb"
+    summary = ingest_traces(paths, db, workers=0, progress=progress)
+    assert rewritten, "the progress callback never saw the file being read"
+    assert [f.status for f in summary.files] == ["ingested"] * (files - 1) + ["failed"]
+    assert summary.files[-1].message == (f"{target}: the file changed while traceq read it (written, replaced or "
+                                         "removed): nothing of it was stored; ingest it again once it is complete")
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select count(*) from traces").fetchone() == (files - 1,)
+        assert con.execute("select count(*) from traces where path like ?", [f"%{target.name}"]).fetchone() == (0,)
+    again = ingest_traces([target], db, workers=0)  # complete now: it goes in
+    assert [f.status for f in again.files] == ["ingested"]
+
+
+def test_force_replaces_the_earlier_trace_of_a_file_whose_content_changed(tmp_path: Path) -> None:
+    """The README's promise: `ingest FILE --force` replaces the earlier trace of that file, also when the file
+    was written again with other content (found by its path, not only by its content)."""
+    from tests.test_cross_rank import late_rank_run, write_run
+
+    [path] = write_run(tmp_path / "job", {0: late_rank_run()[0]}, world_size=3)
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([path], db, workers=0).ok
+    path.write_text(path.read_text().replace('"rank": ', '"rank":  '))  # other bytes, the same steps of rank 0
+    done = runner.invoke(app, ["ingest", str(path), "--db", str(db), "--force"])
+    assert done.exit_code == 0 and "1 ingested" in done.stdout, done.output
+    assert f"{path}: ingested again; its earlier trace in run job is replaced" in done.stderr + done.stdout
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select count(*) from traces").fetchone() == (1,)

@@ -569,6 +569,15 @@ class _Loader:
         self._cursor: Any = None
         self._scratch: list[scratch.ScratchDir] = []  # every scratch directory made, removed by close()
         self._scratch_lock = threading.Lock()  # the reader thread makes them too
+        self.listed: dict[str, tuple[int, ...] | None] = {}  # each file as it was before any was read
+
+    def changed(self, path: Path) -> str | None:
+        """Why ``path`` is not the file it was when the ingest listed it (device, inode, size, mtime), or
+        None: a file rewritten while it was read would be stored mixed, under a digest of neither."""
+        if self.listed.get(str(path)) == _identity(path):
+            return None
+        return (f"{path}: the file changed while traceq read it (written, replaced or removed): nothing of it "
+                "was stored; ingest it again once it is complete")
 
     def close(self) -> None:
         """Stop the hashing thread, close the parse cursor and remove every scratch directory this
@@ -606,6 +615,7 @@ class _Loader:
         its transaction committed. Small files are written several to a transaction (:class:`_Together`):
         many small rank files are otherwise bound by the statements each file's steps take.
         """
+        self.listed.update((str(p), _identity(p)) for p in paths)
         if not self.native or len(paths) < 2:
             for path in paths:
                 yield self._load(path)
@@ -640,11 +650,12 @@ class _Loader:
         return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]})", run=known[0][1])
 
     def _replace(self, path: Path, digest: str, size: int) -> list[str]:
-        """Remove the trace(s) of this file's content (``force``), in the file's transaction; a note
-        for each."""
+        """Remove the trace(s) of this file's content, or of this file (its path: written again since,
+        with other content), in the file's transaction (``force``); a note for each."""
         digests = {digest} | ({stored} if (stored := _stored_digest(path, digest, self.known.of_size(size))) else set())
         earlier = self.con.execute(
-            "select trace_id, run from traces where content_digest in (select unnest(?)) order by trace_id", [sorted(digests)]
+            "select trace_id, run from traces where content_digest in (select unnest(?)) or path = ? order by trace_id",
+            [sorted(digests), str(path.resolve())],
         ).fetchall()
         remove_traces(self.con, [trace_id for trace_id, _ in earlier])
         target = run_name_of(path, self.run)
@@ -721,6 +732,9 @@ class _Loader:
                 raise
             if result.status == "skipped":
                 self._roll_back()
+            elif why := self.changed(path):
+                self._roll_back()
+                return FileResult(str(path), "failed", why)
             else:
                 con.commit()
                 self.committed([(size, digest.value())], [result.run])
@@ -962,6 +976,8 @@ class _Together:
                 self.open = True
                 self._write(held)
                 loader.derive_pending()
+                if any(loader.changed(h.path) for h in held):  # read alone, that one fails
+                    raise _Regroup
         except Exception as exc:  # a file that needs another reading, steps that clash (which file
             if is_interrupt(exc):  # keeps them), a side file, an error: one by one, below
                 self.close()
@@ -1086,6 +1102,15 @@ def _parsed(cursor: Any, files: BatchFiles, policy: OpsPolicy) -> Batch:
     batch is written as parsed, :meth:`_Loader._native`)."""
     used = policy.all_ops
     return files, used, parse_batch(cursor, files, used, policy.marker)
+
+
+def _identity(path: Path) -> tuple[int, ...] | None:
+    """(device, inode, size, mtime ns) of ``path``; None where it cannot be looked at."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 @dataclass
