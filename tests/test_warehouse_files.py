@@ -381,3 +381,17 @@ def test_force_replaces_the_earlier_trace_of_a_file_whose_content_changed(tmp_pa
     assert f"{path}: ingested again; its earlier trace in run job is replaced" in done.stderr + done.stdout
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("select count(*) from traces").fetchone() == (1,)
+
+
+def test_a_file_name_that_is_not_utf8_fails_alone_in_one_line(tmp_path: Path) -> None:
+    import os
+
+    folder = tmp_path / "job"
+    good = one_step_trace().write(folder / "rank0.json")
+    bad = os.path.join(os.fsencode(folder), b"rank1\xff.json")
+    with open(bad, "wb") as f:
+        f.write(good.read_bytes().replace(b'"rank": 0', b'"rank": 1'))
+    done = runner.invoke(app, ["ingest", str(folder), "--db", str(tmp_path / "w.duckdb")])
+    assert done.exit_code == 1 and "Traceback" not in done.output, done.output
+    assert "rank1\\xff.json: the file's name is not UTF-8 text; rename it" in done.stderr
+    assert "1 ingested, 0 skipped, 1 failed" in done.stdout

@@ -174,6 +174,10 @@ def ingest_traces(
         check_run_name(run)
     summary = IngestSummary()
     paths = expand_inputs(inputs, summary.notes)
+    for path in [p for p in paths if not _utf8(p)]:  # DuckDB holds text as UTF-8: such a name cannot be stored
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        summary.files.append(FileResult(shown, "failed", f"{shown}: the file's name is not UTF-8 text; rename it"))
+    paths = [p for p in paths if _utf8(p)]
     notify = progress or (lambda event, info: None)
     con = connect(db)
     try:
@@ -1102,6 +1106,14 @@ def _parsed(cursor: Any, files: BatchFiles, policy: OpsPolicy) -> Batch:
     batch is written as parsed, :meth:`_Loader._native`)."""
     used = policy.all_ops
     return files, used, parse_batch(cursor, files, used, policy.marker)
+
+
+def _utf8(path: Path) -> bool:
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _identity(path: Path) -> tuple[int, ...] | None:
