@@ -11,8 +11,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import corpus_files
-from tests.test_cross_rank import ALL_REDUCE, GEMM, US, collective_args, ingest, late_rank_run
+from tests.test_cross_rank import ALL_REDUCE, GEMM, US, ingest, late_rank_run
 from tests.tracegen import TraceBuilder
 from traceq import query
 from traceq.cli import app
