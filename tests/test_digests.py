@@ -72,10 +72,13 @@ def test_parquet_written_before_blake3_still_knows_its_files(tmp_path: Path) -> 
     a = _trace(tmp_path, "rank0.json", 0)
     db = tmp_path / "w.duckdb"
     assert ingest_traces([a], db).ok
-    _to_old_layout(db, [a])
     out = tmp_path / "pq"
-    export_parquet(db, out)  # read-only: the old layout goes into the files as it is
+    export_parquet(db, out)
+    # what an export before BLAKE3 wrote: the traces files with the SHA-256 hex in content_sha256
     con = duckdb.connect()
+    for part in (out / "traces").rglob("*.parquet"):
+        con.execute(f"copy (select * exclude (content_digest), ? as content_sha256 from read_parquet('{part}')) "
+                    f"to '{part}' (format parquet)", [_sha256(a)])
     old = con.execute(f"select content_sha256 from read_parquet('{out}/traces/**/*.parquet')").fetchall()
     con.close()
     assert old == [(_sha256(a),)]

@@ -395,3 +395,21 @@ def test_a_file_name_that_is_not_utf8_fails_alone_in_one_line(tmp_path: Path) ->
     assert done.exit_code == 1 and "Traceback" not in done.output, done.output
     assert "rank1\\xff.json: the file's name is not UTF-8 text; rename it" in done.stderr
     assert "1 ingested, 0 skipped, 1 failed" in done.stdout
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["DuckDB's reader", "the decoder"])
+def test_a_file_of_empty_events_is_not_read_to_its_end(tmp_path: Path, native: bool) -> None:
+    """1.5 million `{}` events (6 KB of gzip): no event holds anything, the file fails in one line once a
+    million are read, and nothing is stored (before: "ingested", with 0 events on the device)."""
+    import gzip
+
+    path = tmp_path / "empty.json.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(b'{"traceEvents": [' + b", ".join([b"{}"] * 1_500_000) + b"]}")
+    db = tmp_path / "w.duckdb"
+    summary = ingest_traces([path], db, workers=0, native=native)
+    [result] = summary.files
+    assert result.status == "failed", result
+    assert "events hold nothing a trace event holds (no phase, name, time or category): not a profiler trace" in result.message
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select count(*) from traces").fetchone() == (0,)

@@ -237,6 +237,10 @@ def _remapped(table: pa.Table, remap: np.ndarray) -> pa.Table:
     return table.set_column(table.schema.get_field_index("name_id"), "name_id", pa.array(remap[ids]))
 
 
+# events read with nothing stored, after which a file is not read on (real traces store their first events)
+UNUSABLE_EVENTS = 1_000_000
+
+
 @dataclass
 class _Counts:
     """Running totals over a file's chunks."""
@@ -250,6 +254,14 @@ class _Counts:
     rows_without_rank: int = 0
     skipped_ops: int = 0  # CPU operators left out while decoding (all_ops=False)
     kept_ops: bool = False  # some chunk was written with all_ops=True
+
+    def require_usable(self, path: Path) -> None:
+        """TraceFormatError once :data:`UNUSABLE_EVENTS` events are read and not one of them is stored: a
+        file of events without content (``{}`` by the hundred million, a few KB of gzip) is not read to
+        its end."""
+        if self.events >= UNUSABLE_EVENTS and not (self.gpu or self.host):
+            raise TraceFormatError(f"{path}: its first {self.events:,} events hold nothing a trace event holds "
+                                   "(no phase, name, time or category): not a profiler trace; nothing was stored")
 
     def add_batch(self, b: BatchCounts, all_ops: bool) -> None:
         """Count a batch written with its CPU operators (``all_ops``) or without."""
@@ -790,6 +802,7 @@ class _Loader:
                 del events  # written: its rows go before the next batch is waited for
                 files.remove()
                 counts.add_batch(batch, keep_ops)
+                counts.require_usable(path)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
 
     def _parse_file(self, path: Path, size: int, all_ops: bool | None) -> _FileParse:
@@ -828,6 +841,7 @@ class _Loader:
             ct = decode_chunk(c, used, policy.marker)
             policy.saw(ct.counts.get("gpu", 0))
             counts.add(ct, used)
+            counts.require_usable(path)
             remap = names.remap(ct.names)
             _insert(con, "gpu_events", _with_rank(_remapped(ct.gpu, remap), fill), trace_id)
             _insert(con, "host_events", _with_rank(_remapped(ct.host, remap), fill), trace_id)

@@ -34,6 +34,10 @@ RULE_COLUMNS = ("priority", "pattern", "class", "category", "collective")
 RULE_CLASSES = ("comm", "compute", "memcpy", "sync")
 
 
+# columns a migration renames: (table, column) -> its former name
+FORMER_COLUMNS = {("traces", "content_digest"): "content_sha256"}
+
+
 @cache
 def schema_columns() -> dict[str, tuple[str, ...]]:
     """Each table of ``sql/schema.sql`` and its columns, as this traceq makes them."""

@@ -19,6 +19,7 @@ from traceq import scratch
 from traceq.errors import ConfigError, WarehouseError
 from traceq.store.parquet import open_parquet
 from traceq.store.schema import (
+    FORMER_COLUMNS,
     SCHEMA_VERSION,
     TRACEQ_TABLES,
     create_schema,
@@ -143,24 +144,31 @@ def inspect_warehouse(con: duckdb.DuckDBPyConnection) -> tuple[str, int | str | 
         return "newer", version
     if version < SCHEMA_VERSION:
         return "older", version
-    lacking = _lacking_columns(con)
-    return ("damaged", f"{version}, but {lacking}") if lacking else ("current", version)
+    lacking, renamed = _lacking_columns(con)
+    if lacking:
+        return "damaged", f"{version}, but {lacking}"
+    return ("older", f"{version} with columns of an earlier name") if renamed else ("current", version)
 
 
-def _lacking_columns(con: duckdb.DuckDBPyConnection) -> str:
-    """The columns of this schema that the database's traceq tables lack ('traces lacks size_bytes, ...'),
-    '' when none: tables of traceq's names with other columns are not its tables."""
+def _lacking_columns(con: duckdb.DuckDBPyConnection) -> tuple[str, bool]:
+    """(the columns of this schema that the database's traceq tables lack, 'traces lacks size_bytes, ...',
+    '' when none: tables of traceq's names with other columns are not its tables; whether some are there
+    under a former name, which a migration renames)."""
     held: dict[str, set[str]] = {}
     for table, column in con.execute(
         "select table_name, column_name from duckdb_columns() where database_name = current_database() "
         "and schema_name = 'main'"
     ).fetchall():
         held.setdefault(table, set()).add(column)
+    renamed = False
     for table, columns in schema_columns().items():
-        missing = [c for c in columns if c not in held.get(table, columns)]
+        have = held.get(table, set(columns))
+        former = [c for c in columns if c not in have and FORMER_COLUMNS.get((table, c)) in have]
+        missing = [c for c in columns if c not in have and c not in former]
+        renamed = renamed or bool(former)
         if missing:
-            return f"{table} lacks {', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}"
-    return ""
+            return f"{table} lacks {', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}", renamed
+    return "", renamed
 
 
 def _refuse(path: str, state: str, version: int | str | None, read_only: bool) -> None:
