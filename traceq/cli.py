@@ -558,7 +558,7 @@ def critical_path(
 
       traceq critical-path --run job1 --step 12 --segments
 
-      traceq critical-path --run job1 --ranks          # who holds everyone else, over the steps
+      traceq critical-path --run job1 --ranks
 
       traceq critical-path --run job1 --html cp.html
     """
