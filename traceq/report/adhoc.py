@@ -49,14 +49,12 @@ def warehouse_sql(
             _sandbox(con, Path(db))
         try:
             result = con.sql(sql)
-            if result is not None and max_rows is not None:
-                result = result.limit(max_rows + 1)
             if result is None:  # a statement without rows (the warehouse is opened read-only)
                 raise ConfigError(f"not a query (it returns no rows): {sql[:80]!r}; give a SELECT")
             twice = sorted({c for c in result.columns if result.columns.count(c) > 1})
             if twice:
                 raise ConfigError(f"the query gives two columns named {', '.join(twice)}; name them apart (AS)")
-            return to_polars(result)
+            return to_polars(result if max_rows is None else result.limit(max_rows + 1))
         except duckdb.Error as exc:
             raise ConfigError(f"DuckDB refused the query: {str(exc).strip().splitlines()[0]}") from None
 
