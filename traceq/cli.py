@@ -391,7 +391,7 @@ def kernels(
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help="Grain: comma-separated run, rank, step.")] = "run",
     level: Annotated[str, typer.Option(help="kernel (one row per kernel name) or category (gemm, attention, elementwise, norm, optimizer, nccl, memcpy, other, ...).")] = "kernel",
-    top: Annotated[int, typer.Option(help="Rows per group of --by, the most device time first.", min=1, max=10_000_000)] = 20,
+    top: Annotated[int, typer.Option(help="Rows per group of --by, the most device time first.")] = 20,
     unclassified: Annotated[bool, typer.Option("--unclassified", help="Only kernels no rule classifies (category other): candidates for `traceq rules --add`.")] = False,
     steps: StepsOption = None,
     skip_steps: SkipStepsOption = None,

@@ -23,6 +23,9 @@ LEVELS = ("kernel", "category")
 UNCLASSIFIED = "other"  # the category of a compute kernel that no rule matched
 
 
+MAX_TOP = 10_000_000  # more rows than any trace has kernel names; beyond a 64-bit LIMIT
+
+
 def kernel_table(
     db: Warehouse = DEFAULT_DB,
     *,
@@ -48,6 +51,8 @@ def kernel_table(
         raise ConfigError(f"one of {', '.join(LEVELS)}", param="level", value=level)
     if top is not None and top < 1:
         raise ConfigError("must be 1 or more", param="top", value=top)
+    if top is not None and top > MAX_TOP:
+        raise ConfigError(f"must be at most {MAX_TOP:,} (rows per group)", param="top", value=top)
     with opened(db) as con:
         require_runs(con, runs)
         rows = to_polars(query.run(con, "kernel_times", query_params(selection)))
