@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import numpy as np
     import polars as pl
 
-# what a timeline is doing: a piece's kind, or an idle kind (negative codes in Timeline.codes)
+# what a timeline is doing: a piece's kind, or an idle kind (the negative codes of Timeline.run_code)
 KINDS = ("compute", "comm_transfer", "comm_wait", "memcpy", "memset", "idle_host_bound", "idle_sync", "idle_other")
 IDLE_OTHER, IDLE_HOST_BOUND, IDLE_SYNC = -1, -2, -3
 _IDLE_KIND = {IDLE_OTHER: "idle_other", IDLE_HOST_BOUND: "idle_host_bound", IDLE_SYNC: "idle_sync"}
