@@ -299,7 +299,7 @@ def test_same_file_under_two_names_is_ingested_once(db: Path, tmp_path: Path) ->
     code, out, err = ingest_cli(str(a), str(b), "--db", str(db))
     assert code == 0, err
     assert out[0].startswith(f"ingested {a}")
-    assert out[1] == f"skipped {b}: already ingested (as {a.resolve()}, run a)"
+    assert out[1] == f"skipped {b}: already ingested (as {a.resolve()}, run a); --force reads it again"
     after = table_counts(db)
     assert after["traces"] == before["traces"] + 1
     # again, under a third name: nothing changes

@@ -129,8 +129,12 @@ def test_export_overwrite_replaces_the_earlier_export(warehouse: Path, tmp_path:
 def test_parquet_directory_is_read_only_and_must_be_an_export(exported: Path, tmp_path: Path) -> None:
     with pytest.raises(WarehouseError, match="read-only"):
         connect(exported)
-    with pytest.raises(WarehouseError, match="not a traceq Parquet directory"):
+    with pytest.raises(WarehouseError, match="a directory, and not a traceq Parquet export"):
         connect(tmp_path, read_only=True)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(WarehouseError, match="a directory, and not a traceq Parquet export .* give --db a DuckDB file"):
+        connect(empty)  # a writing command: not "a Parquet directory is read-only"
 
 
 def test_import_parquet_round_trips_and_skips_what_is_there(warehouse: Path, exported: Path, tmp_path: Path) -> None:

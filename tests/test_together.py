@@ -357,7 +357,7 @@ def test_a_copy_inside_a_group_is_skipped_as_alone(
     del alone[:], derive_sizes[:]
     together = ingest_traces(paths, tmp_path / "together.duckdb")
     assert [f.status for f in together.files] == ["ingested", "skipped", "ingested"], [f.message for f in together.files]
-    assert together.files[1].message == f"{paths[1]}: already ingested (as {paths[0]}, run a)"
+    assert together.files[1].message == f"{paths[1]}: already ingested (as {paths[0]}, run a); --force reads it again"
     assert alone == [] and derive_sizes == [2], (alone, derive_sizes)  # one group, the copy not written
     assert _outcome(together.files) == _outcome(_one_by_one(paths, tmp_path / "alone.duckdb"))
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")

@@ -414,3 +414,12 @@ def test_a_file_of_empty_events_is_not_read_to_its_end(tmp_path: Path, native: b
     assert "events hold nothing a trace event holds (no phase, name, time or category): not a profiler trace" in result.message
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("select count(*) from traces").fetchone() == (0,)
+
+
+def test_export_into_a_directory_of_other_files_is_refused_and_touches_none(warehouse: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    done = runner.invoke(app, ["export", "--parquet", str(folder), "--db", str(warehouse)])
+    assert done.exit_code == 1 and f"{folder}: holds files of its own (notes.txt)" in done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]

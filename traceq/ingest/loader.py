@@ -663,7 +663,8 @@ class _Loader:
         if not known:
             return None
         self.notify("bytes", {"bytes": file_size(path), "path": str(path)})
-        return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]})", run=known[0][1])
+        return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]}); "
+                          "--force reads it again", run=known[0][1])
 
     def _replace(self, path: Path, digest: str, size: int) -> list[str]:
         """Remove the trace(s) of this file's content, or of this file (its path: written again since,

@@ -65,6 +65,12 @@ def _write(con: duckdb.DuckDBPyConnection, out: Path, overwrite: bool) -> dict[s
     existing = [t.name for t in tables if (out / t.name).exists()]
     if existing and not overwrite:
         raise ConfigError(f"{out}: holds an export already ({', '.join(existing)}); overwrite it, or export to a new directory")
+    names = {t.name for t in tables}
+    others = sorted(p.name for p in out.iterdir() if p.name not in names and not p.name.startswith((_STAGING, _REPLACED)))
+    if others:
+        shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+        raise ConfigError(f"{out}: holds files of its own ({shown}); the export's folders would go among them: "
+                          "export into a new or empty directory")
     staging = out / f"{_STAGING}{os.getpid()}"
     try:
         written = write_partitions(con, staging)

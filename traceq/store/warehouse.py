@@ -17,7 +17,7 @@ import duckdb
 
 from traceq import scratch
 from traceq.errors import ConfigError, WarehouseError
-from traceq.store.parquet import open_parquet
+from traceq.store.parquet import is_parquet_dir, open_parquet
 from traceq.store.schema import (
     FORMER_COLUMNS,
     SCHEMA_VERSION,
@@ -56,6 +56,9 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
         raise WarehouseError(f"{path}: a warehouse is a local DuckDB file or Parquet directory; traceq opens no URL "
                              "and no MotherDuck database (copy it here first)")
     if path != ":memory:" and Path(path).is_dir():  # Parquet written by `traceq export` or a cluster ingest
+        if not is_parquet_dir(path):
+            raise WarehouseError(f"{path}: a directory, and not a traceq Parquet export (no traces/ folder); give --db "
+                                 "a DuckDB file (created if missing), or a directory `traceq export --parquet` wrote")
         con = open_parquet(path, read_only=read_only)
         limit_memory(con, _spill_dir())
         return con
