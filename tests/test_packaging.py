@@ -13,13 +13,16 @@ from tests.test_metrics_given_expect import one_step_trace
 
 def test_wheel_installs_and_runs_ingest(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
-    subprocess.run(
+    built = subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
         check=True, capture_output=True, text=True,
     )
+    # no 25-line "Package would be ignored" or 12-line license-table warnings in every install
+    assert "would be ignored" not in built.stderr + built.stdout and "project.license" not in built.stderr + built.stdout
     wheel = next(dist.glob("traceq-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "traceq/sql/interval_breakdown.sql" in names and "traceq/sql/kernel_rules.csv" in names
+    assert "traceq/sql/perfetto/device_events.sql" in names
     assert "traceq/collectors/__init__.py" in names
 
     target = tmp_path / "site"
