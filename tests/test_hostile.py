@@ -584,3 +584,115 @@ def test_runs_set_killed_keeps_the_old_value_or_the_new(db: Path, tmp_path: Path
         _kill_after(["runs", "set", "trace", "--tp", "4", "--db", str(copy)], delay)
         run = traceq("runs", "--db", copy, "--format", "json")
         no_loss(run.code == 0 and json.loads(run.out)[0]["tp"] in (2, 4), f"killed after {delay} s: {run.out}{run.err}")
+
+
+# ------------------------------------------------------------------ 6. round 3: files, consoles, names
+# Each case makes its inputs in a folder of its own and runs one real command under the time limit; beyond
+# one error line naming the input (no traceback, no hang), the folder must hold exactly what it held before
+# (nothing written outside the named outputs: a refused command names none), no traceq child may outlive
+# the command, and its peak RSS stays under ROUND3_RSS_MB.
+
+ROUND3_RSS_MB = 1024
+
+
+def _foreign(d: Path) -> Path:
+    db = d / "mine.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute("create table measurements (x int)")
+    return db
+
+
+def _newer(d: Path) -> Path:
+    db = d / "newer.duckdb"
+    assert traceq("ingest", small_trace().write(d / "t" / "rank0.json"), "--db", db, "-q").code == 0
+    with duckdb.connect(str(db)) as con:
+        con.execute("update warehouse_info set value = '99' where key = 'schema_version'")
+    return db
+
+
+def _lookalike(d: Path) -> Path:
+    db = d / "lookalike.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute("create table traces (x int)")
+        con.execute("create table warehouse_info (key varchar, value varchar)")
+        con.execute("insert into warehouse_info values ('schema_version', '2')")
+    return db
+
+
+def _warehouse(d: Path) -> Path:
+    db = d / "w.duckdb"
+    assert traceq("ingest", small_trace().write(d / "t" / "rank0.json"), "--db", db, "-q").code == 0
+    return db
+
+
+def _damaged_export(d: Path) -> Path:
+    db = _warehouse(d)
+    out = d / "pq"
+    assert traceq("export", "--parquet", out, "--db", db).code == 0
+    shutil.rmtree(out / "gpu_events")
+    return out
+
+
+def _empty_events(d: Path) -> Path:
+    path = d / "empty.json.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(b'{"traceEvents": [' + b", ".join([b"{}"] * 1_200_000) + b"]}")
+    return path
+
+
+ROUND3 = {
+    # name: (make the input, the command's arguments given it, what the line says)
+    "report on a foreign DuckDB file": (_foreign, lambda p: ["report", "--db", p], "not a traceq warehouse"),
+    "runs on a foreign DuckDB file": (_foreign, lambda p: ["runs", "--db", p], "not a traceq warehouse"),
+    "ingest into a foreign DuckDB file": (_foreign, lambda p: ["ingest", p.parent / "t", "--db", p], "not a traceq warehouse"),
+    "report on a newer warehouse": (_newer, lambda p: ["report", "--db", p], "made by a newer traceq"),
+    "ingest into a newer warehouse": (_newer, lambda p: ["ingest", p.parent / "t", "--db", p, "--force"],
+                                      "made by a newer traceq"),
+    "tables of traceq's names, other columns": (_lookalike, lambda p: ["runs", "--db", p], "not traceq's"),
+    "sql: COPY TO a file": (_warehouse, lambda p: ["sql", f"copy (select 1) to '{p.parent}/x.csv'", "--db", p],
+                            "Permission Error"),
+    "sql: read_csv of another file": (_warehouse, lambda p: ["sql", "select * from read_csv('/etc/passwd')", "--db", p],
+                                      "Permission Error"),
+    "sql: INSTALL an extension": (_warehouse, lambda p: ["sql", "install httpfs", "--db", p], "Permission Error"),
+    "--db md:": (_warehouse, lambda p: ["report", "--db", "md:mine"], "md:mine: a warehouse is a local"),
+    "a run name with ESC": (_warehouse, lambda p: ["ingest", p.parent / "t", "--db", p, "--force", "--run", "x\x1b[2J"],
+                            "control characters"),
+    "an export without gpu_events/": (_damaged_export,
+                                      lambda p: ["import-parquet", p, "--db", p.parent / "new.duckdb"], "damaged export"),
+    "--workers 100000": (_warehouse, lambda p: ["ingest", p.parent / "t", "--db", p, "--workers", "100000"],
+                         "--workers 100000"),
+    "1.2 million empty events": (_empty_events, lambda p: ["ingest", p, "--db", p.parent / "e.duckdb"],
+                                 "hold nothing a trace event holds"),
+    "kernels --top 10^20": (_warehouse, lambda p: ["kernels", "--db", p, "--top", "99999999999999999999"],
+                            "--top 99999999999999999999"),
+}
+# a refused import or ingest may make its (new) warehouse file, empty of traces: named outputs
+ROUND3_OUTPUTS = {"new.duckdb", "e.duckdb", "new.duckdb.wal", "e.duckdb.wal"}
+
+
+def _children_of_traceq(folder: Path) -> list[int]:
+    """Processes whose command line names ``folder`` (a trace processor, a worker left behind)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if str(folder).encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("case", list(ROUND3))
+def test_round3_cases_end_in_one_line_and_leave_everything_as_it_was(tmp_path: Path, case: str) -> None:
+    make, command, needle = ROUND3[case]
+    given = make(tmp_path)
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    run = traceq(*command(given), timeout=60)
+    one_line_error(run, needle)
+    assert run.maxrss_mb < ROUND3_RSS_MB, f"{run.maxrss_mb:.0f} MB"
+    after = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    made = {p for p in after if p not in before and p.name not in ROUND3_OUTPUTS}
+    changed = {p for p in before if after.get(p) != before[p]}
+    no_loss(not made and not changed, f"written: {sorted(map(str, made))}, changed: {sorted(map(str, changed))}")
+    assert not _children_of_traceq(tmp_path), "a process of the command outlived it"
