@@ -6,7 +6,8 @@
 -- Columns: trace_id, rank, device (-1: none), stream (the thread on CPU), start_ns, end_ns, class (compute |
 -- comm | memcpy | memset), name, category, launch_ns (the earliest runtime event of its correlation: when
 -- the host launched it; null without one); communication: wait_ns (its first part, waiting for the last
--- peer: sql/comm_instances.sql), instance_id, collective_type, process_group, and where wait_ns > 0 the
+-- peer: sql/comm_instances.sql), instance_id, collective_type, process_group, arrival (how the last to
+-- arrive was found: duration | start time, on one clock | not inferable), and where wait_ns > 0 the
 -- kernel of the same instance on the rank that arrived last (to_trace_id, to_rank, to_device,
 -- to_start_ns): the walk jumps there.
 with others as (
@@ -25,7 +26,7 @@ with others as (
 
 comm as (
     select c.trace_id, c.rank, c.device, c.stream, c.start_ns, c.end_ns, c.name_id, c.correlation, c.wait_ns,
-           c.instance_id, c.collective_type, c.process_group
+           c.instance_id, c.collective_type, c.process_group, c.arrival
     from comm_instances as c
     inner join path_bounds as b on b.trace_id = c.trace_id and c.end_ns > b.lo_ns and c.start_ns < b.hi_ns
 ),
@@ -40,7 +41,7 @@ targets as (
 
 activity as (
     select *, 0::bigint as wait_ns, null::ubigint as instance_id, null::varchar as collective_type,
-           null::varchar as process_group
+           null::varchar as process_group, null::varchar as arrival
     from others
     union all by name
     select c.* exclude (name_id), n.name, 'collective' as category, 'comm' as class

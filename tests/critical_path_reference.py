@@ -41,7 +41,9 @@ Rules implemented (the brief's precise spec of the critical path, with DESIGN §
     the run R holding t - 1 on T; b = max(R.start, A.start - o). If R is the ``comm_wait`` piece of kernel
     k whose instance was not jumped through since the last segment: jump to the last arriver L's kernel
     k_L (start s_L): t_w = k.start + w_k; (T, t, o) <- (T_L, t + s_L - t_w, o + t_w - s_L); a jump record
-    (step, from rank, to rank, P, k's name and start, wait_on_path = t - k.start). Otherwise write the
+    (step, from rank, to rank, P, k's name and start, wait_on_path = t - b: the waiting on the path, what
+    ran beside it excluded). A rooted instance on one clock (rule 7r) jumps at the same instant (T_L, t, o).
+    Otherwise write the
     segment [b, t) on T (a jumped-through instance met again is written as a ``comm_wait`` segment: the
     cycle rule) and set t = b.
   * Segments in time order tile [A.start, A.end] in path time (asserted by the self-check).
@@ -70,13 +72,13 @@ Points the spec leaves open, and how they are resolved here (none silently):
   5. Launches: any host runtime event with an args.correlation counts (not only launch-pattern names),
      looked up by (rank, correlation) in the activity's own file (step_reference's launch_ts).
   6. Sync islands: the rank's runtime sync events from every file of the run holding that rank.
-  7. wait_on_path_ns = t - k.start literally, even when part of [k.start, t) lies before the step's start
-     in path time (not clipped).
+  7. wait_on_path_ns = t - b (b: where the wait run begins, cut at the step's start): the exposed wait, not
+     the kernel's whole wait part (revised after review: t - k.start counted wait hidden under compute).
   8. The jumps of a step are listed in the order the walk made them (latest path time first); steps and
      segments by step, segments by order (0 = earliest).
   9. A rooted instance on one clock whose waiting kernel ended before the last arriver started (w = dur):
-     t_w = k.start + w = k.end, which is not s_L; the spec's formula is applied as written (the cursor's
-     offset o changes by t_w - s_L although both kernels are on one clock).
+     t_w = k.start + w = k.end, which is not s_L: the jump then keeps the instant on the shared clock
+     (revised after review: the spec's formula moved the cursor forward in time there).
  10. Windows whose step number is None (a rank without CPU steps: step_reference's step-None window) are
      not steps: skipped. All steps are returned, including each rank's last (open) step: no selection.
  11. CPU-only is decided per file: a file without any device activity (sync-class kernels aside). A GPU
@@ -520,8 +522,13 @@ def _walk(step: int, a_tl: Timeline, a_start: int, a_end: int, timelines: dict, 
                 t_w = k.start + k.comm["wait_ns"]
                 s_l = L["start_ns"]
                 jumps.append(dict(step=step, from_rank=T.rank, to_rank=L["rank"], path_ns=t + o, name=k.name,
-                                  start_ns=k.start, wait_on_path_ns=t - k.start))
-                t, o = t + (s_l - t_w), o + t_w - s_l
+                                  start_ns=k.start, wait_on_path_ns=t - b))
+                # a rooted collective on one clock (all its kernels in one file): placed by start times, the
+                # jump keeps the instant; otherwise the end of the wait part is where L's kernel began
+                one_clock = k.comm.get("pi") == L.get("pi") and (
+                    k.comm["collective_type"] in cr.ROOTED or L["collective_type"] in cr.ROOTED)
+                if not one_clock:
+                    t, o = t + (s_l - t_w), o + t_w - s_l
                 T = timelines[(L["rank"], L["device"])]
                 continue
             # cycle rule: an instance already jumped through since the last segment -> a comm_wait segment

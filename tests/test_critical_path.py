@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_cross_rank import ALL_REDUCE, GEMM, US, ingest, late_rank_run
+from tests.test_cross_rank import ALL_REDUCE, GEMM, US, collective_args, ingest, late_rank_run
 from tests.tracegen import TraceBuilder
 from traceq import query
 from traceq.cli import app
@@ -55,16 +55,17 @@ def test_a_late_rank_holds_the_path_as_worked_by_hand(tmp_path: Path) -> None:
     ending at 50 us on each. The walk starts on rank 0 (the windows end together: lowest rank): [47, 50) is
     its AllReduce's transfer (its gemm ended at 44); [44, 47) is its wait (kernel [40, 50), transfer 3 us,
     wait 7): it waited for rank 2, whose kernel starts at 47 = the end of rank 0's wait part. On rank 2 at
-    47 its gemm [30, 48) runs (compute wins over the transfer beside it): 17 us of compute back to 30."""
+    47 its gemm [30, 48) runs (compute wins over the transfer beside it): 17 us of compute back to 30.
+    Of rank 0's 7 us of waiting, 3 ([44, 47)) are on the path: before 44 its own gemm ran beside it."""
     db = ingest(tmp_path, late_rank_run())
     result = critical_path(db, selection=EVERY_STEP)
     assert path_of(result, 1) == [(2, "compute", GEMM, 17 * US), (0, "comm_transfer", ALL_REDUCE, 3 * US)]
     jump = result.jumps.row(0, named=True)
-    assert (jump["from_rank"], jump["to_rank"], jump["wait_on_path_ns"], jump["collective_type"]) == (0, 2, 7 * US, "AllReduce")
+    assert (jump["from_rank"], jump["to_rank"], jump["wait_on_path_ns"], jump["collective_type"]) == (0, 2, 3 * US, "AllReduce")
     assert result.steps.select("step", "last_rank", "ranks_on_path", "jumps", "top_rank").row(0) == (1, 0, 2, 1, 2)
     ranks = result.ranks()
-    assert ranks.select("rank", "critical_ms", "wait_caused_ms").rows() == [(2, 0.017, 0.007), (0, 0.003, 0.0)]
-    assert "17.0" not in result.sentence(1) and "rank 2's compute" in result.sentence(1)
+    assert ranks.select("rank", "critical_ms", "wait_caused_ms").rows() == [(2, 0.017, 0.003), (0, 0.003, 0.0)]
+    assert result.sentence(1).startswith("step 1 took 0.020 ms on rank 0's clock (the last to end): 0.017 ms is rank 2's compute")
     assert_tiles(result)
 
 
@@ -130,7 +131,8 @@ def test_cli_prints_the_steps_the_segments_and_writes_the_page(tmp_path: Path) -
     page = tmp_path / "cp.html"
     out = runner.invoke(app, ["critical-path", "--db", str(db), "--include-last", "--html", str(page)])
     assert out.exit_code == 0, out.output
-    assert "step 1 took 0.0 ms" in out.stderr and f"wrote {page} (step 1)" in out.stderr
+    assert "step 1 took 0.020 ms on rank 0's clock (the last to end): 0.017 ms is rank 2's compute" in out.stderr
+    assert f"wrote {page} (step 1)" in out.stderr
     text = page.read_text()
     assert "rank 2" in text and "comm transfer" in text and "step 1 took" in text
     assert not list(tmp_path.glob(".cp.html.*"))  # written whole, no temporary left
@@ -331,3 +333,36 @@ def test_the_html_page_renders_the_path_offline_in_headless_chromium(tmp_path: P
     assert dom.count('class="plot-container plotly"') == 1 and 'id="path"' in dom
     assert "rank 2" in dom and "rank 0" in dom and "compute" in dom and "comm transfer" in dom
     assert pixel_variance(shot) > 100.0
+
+
+def test_a_rooted_collective_on_one_clock_jumps_at_the_same_instant(tmp_path: Path) -> None:
+    """One merged file (one clock), two ranks. Rank 0: gemm [1, 10), Broadcast [10, 12), gemm [30, 60);
+    rank 1: gemm [1, 20), Broadcast [20, 25). The Broadcast is placed by start times: rank 1 started last
+    (20), so rank 0's whole kernel [10, 12) is waiting. Windows [1, 60) and [1, 25): the walk starts on rank
+    0 at 60: gemm 30 us, idle [12, 30) 18 us (its launch at 2 us came long before: other), then the wait at
+    12: the jump keeps the instant (one clock; the end of the wait part, 12, is not where rank 1's kernel
+    began, 20), and rank 1's gemm runs there back to 1: 11 us. Before the fix the cursor went forward to 20
+    and credited rank 1's [9, 20) instead."""
+    from tests import critical_path_reference as reference
+
+    bcast = "ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    t = TraceBuilder(rank=None)
+    for r in (0, 1):
+        t.step(1, 0, 100 * US, rank=r)
+    t.kernel(GEMM, 1 * US, 10 * US, device=0, rank=0, launch_ns=0)
+    t.kernel(bcast, 10 * US, 12 * US, stream=20, device=0, rank=0, launch_ns=1 * US, **collective_args("broadcast", (0, 1)))
+    t.kernel(GEMM, 30 * US, 60 * US, device=0, rank=0, launch_ns=2 * US)
+    t.kernel(GEMM, 1 * US, 20 * US, device=1, rank=1, launch_ns=0)
+    t.kernel(bcast, 20 * US, 25 * US, stream=20, device=1, rank=1, launch_ns=1 * US, **collective_args("broadcast", (0, 1)))
+    path = t.write(tmp_path / "job" / "merged.json", distributedInfo={"backend": "nccl", "world_size": 2})
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([path], db, workers=0).ok
+    result = critical_path(db, selection=EVERY_STEP)
+    assert path_of(result, 1) == [(1, "compute", GEMM, 11 * US), (0, "idle_other", None, 18 * US),
+                                  (0, "compute", GEMM, 30 * US)]
+    first = result.segments.sort("order").row(0, named=True)
+    assert (first["start_ns"], first["end_ns"], first["path_start_ns"]) == (1 * US, 12 * US, 1 * US)
+    assert _jumps_of(result, 1) == [(0, 1, 12 * US, bcast, 2 * US)]
+    expected = reference.critical_paths([path])
+    assert reference.path_tuples(expected, 1) == path_of(result, 1)
+    assert [(f, to, p, n, w) for f, to, p, n, _, w in reference.jump_tuples(expected, 1)] == _jumps_of(result, 1)

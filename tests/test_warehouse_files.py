@@ -423,3 +423,56 @@ def test_export_into_a_directory_of_other_files_is_refused_and_touches_none(ware
     done = runner.invoke(app, ["export", "--parquet", str(folder), "--db", str(warehouse)])
     assert done.exit_code == 1 and f"{folder}: holds files of its own (notes.txt)" in done.stderr
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+
+
+# ------------------------------------------------------------------------------------- found in review
+
+
+def test_a_foreign_database_with_a_table_named_traces_is_not_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "mine.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute("create table traces (id int, span varchar)")
+        con.execute("insert into traces values (1, 'a')")
+        con.execute("create table users (x int)")
+    before = fingerprint(db)
+    for command in (["migrate"], ["runs"]):
+        done = runner.invoke(app, [*command, "--db", str(db)])
+        assert done.exit_code == 1 and "not a traceq warehouse (a DuckDB database of other tables: traces, users)" in done.stderr
+    assert fingerprint(db) == before
+
+
+def test_a_second_writing_connection_in_one_process_still_opens(tmp_path: Path) -> None:
+    """DuckDB refuses a read-only connection beside a writing one of the same process: the look at the file
+    is then taken on the writing connection."""
+    from traceq.store.warehouse import connect
+
+    db = tmp_path / "w.duckdb"
+    trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
+    with connect(db):
+        assert ingest_traces([trace], db, workers=0).ok
+
+
+def test_table_cells_show_rich_markup_as_typed(tmp_path: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
+    assert runner.invoke(app, ["ingest", str(trace), "--db", str(db), "--run", "exp[lr=1e-3]"]).exit_code == 0
+    done = runner.invoke(app, ["runs", "--db", str(db)])
+    assert done.exit_code == 0 and "exp[lr=1e-3]" in done.stdout, done.output
+    done = runner.invoke(app, ["sql", "select 'x[/]y' as a, '[bold]B' as b", "--db", str(db)])
+    assert done.exit_code == 0 and "x[/]y" in done.stdout and "[bold]B" in done.stdout, done.output
+
+
+def test_bidi_overrides_are_written_out() -> None:
+    from traceq.terminal import visible
+
+    assert visible("run\u202egnp.exe\u2066x\u2028") == "run\\u202egnp.exe\\u2066x\\u2028"
+
+
+def test_export_overwrite_replaces_an_export_of_an_earlier_traceq(warehouse: Path, tmp_path: Path) -> None:
+    """An export written before step_windows was renamed step_wall_times is an earlier export, not files of
+    the user's own."""
+    out = tmp_path / "pq"
+    assert runner.invoke(app, ["export", "--parquet", str(out), "--db", str(warehouse)]).exit_code == 0
+    (out / "step_wall_times").rename(out / "step_windows")
+    done = runner.invoke(app, ["export", "--parquet", str(out), "--db", str(warehouse), "--overwrite"])
+    assert done.exit_code == 0, done.output

@@ -61,6 +61,14 @@ EngineOption = Annotated[Engine, typer.Option("--engine", help="duckdb: the ware
 TraceProcessorOption = Annotated[Optional[Path], typer.Option("--trace-processor", help="Perfetto's trace_processor_shell binary (default: $TRACEQ_TRACE_PROCESSOR, else the perfetto package's download).")]
 
 
+@app.callback()
+def _start() -> None:
+    # migrations noted before this command (by library calls in this process) are not this command's to say
+    from traceq.store.warehouse import migrations
+
+    migrations()
+
+
 def _echo(text: Any = "", *, err: bool = False, nl: bool = True) -> None:
     """A line (or the text of lines) to the terminal, its control characters written out: a name holding
     ESC or a newline is shown, never obeyed (:mod:`traceq.terminal`)."""
@@ -78,6 +86,7 @@ def _say_migrations() -> None:
 
 
 def _fail(error: str | TraceqError) -> None:
+    _say_migrations()  # a command that fails after migrating a warehouse still says so
     message = error.cli_message() if isinstance(error, ConfigError) else str(error)
     _echo(f"error: {message}", err=True)
     raise typer.Exit(code=1)
@@ -688,7 +697,7 @@ def _emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
                        "(--format csv or json gives every column)", err=True)
         for i in shown:
             name = frame.columns[i]
-            table.add_column(name, justify="right" if frame.schema[name].is_numeric() else "left", no_wrap=True)
+            table.add_column(_cell(name), justify="right" if frame.schema[name].is_numeric() else "left", no_wrap=True)
         for row in rows:
             table.add_row(*(row[i] for i in shown))
         Console(width=sum(widths[i] for i in shown) + 3 * len(shown) + 1, soft_wrap=False).print(table)
@@ -752,13 +761,16 @@ def _terminal_width() -> int | None:
 
 
 def _cell(value: Any) -> str:
+    """A table cell as text: control characters written out, Rich markup (``[bold]``) shown as typed."""
+    from rich.markup import escape
+
     from traceq.terminal import visible
 
     if value is None:
         return ""
     if isinstance(value, float):
         return f"{value:,.3f}"
-    return visible(str(value))
+    return escape(visible(str(value)))
 
 
 @app.command()

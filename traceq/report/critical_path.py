@@ -118,13 +118,13 @@ class CriticalPath:
         parts = self.blame(("rank", "kind")).filter(pl.col("step") == step)
         words = []
         for r in parts.head(3).iter_rows(named=True):
-            text = f"{r['critical_ms']:.1f} ms is rank {r['rank']}'s {r['kind'].replace('_', ' ')}"
+            text = f"{_ms_text(r['critical_ms'])} ms is rank {r['rank']}'s {r['kind'].replace('_', ' ')}"
             if r["kind"] in ("compute", "comm_transfer", "memcpy", "memset"):
                 top = (self.segments.filter((pl.col("step") == step) & (pl.col("rank") == r["rank"])
                                             & (pl.col("kind") == r["kind"]))
                        .group_by("name").agg(pl.col("dur_ns").sum()).sort(["dur_ns", "name"], descending=[True, False]))
                 if top.height:
-                    text += f" (mostly {_short(top['name'][0])}, {top['dur_ns'][0] / 1e6:.1f} ms)"
+                    text += f" (mostly {_short(top['name'][0])}, {_ms_text(top['dur_ns'][0] / 1e6)} ms)"
             words.append(text)
         jumps = self.jumps.filter(pl.col("step") == step)
         tail = ""
@@ -132,9 +132,14 @@ class CriticalPath:
             waited = jumps.group_by("to_rank").agg(pl.col("wait_on_path_ns").sum(), pl.len()).sort(
                 "wait_on_path_ns", descending=True).row(0, named=True)
             tail = (f"; the path jumps {jumps.height} time(s) at collectives, most to rank {waited['to_rank']} "
-                    f"({waited['len']} time(s), {waited['wait_on_path_ns'] / 1e6:.1f} ms of waiting on the path)")
-        return (f"step {step} took {row['span_ms']:.1f} ms on rank {row['last_rank']}'s clock (the last to end): "
+                    f"({waited['len']} time(s), {_ms_text(waited['wait_on_path_ns'] / 1e6)} ms of waiting on the path)")
+        return (f"step {step} took {_ms_text(row['span_ms'])} ms on rank {row['last_rank']}'s clock (the last to end): "
                 + "; ".join(words) + tail)
+
+
+def _ms_text(ms: float) -> str:
+    """ms for a sentence: one decimal from 1 ms, three below (a 3 us segment is not '0.0 ms')."""
+    return f"{ms:.1f}" if ms >= 1 else f"{ms:.3f}"
 
 
 def _ms(ns: pl.Expr) -> pl.Expr:
@@ -246,7 +251,10 @@ def _step_starts(run: str, batch: pl.DataFrame) -> Iterator[Step]:
 
 
 def _ranges(values: list[int]) -> str:
-    return f"{values[0]}..{values[-1]}" if len(values) > 1 else str(values[0])
+    """Step numbers as text: '3..9' where they run on, else '1, 5, 9' (the first eight)."""
+    if len(values) > 1 and values[-1] - values[0] == len(values) - 1:
+        return f"{values[0]}..{values[-1]}"
+    return ", ".join(map(str, values[:8])) + (f" and {len(values) - 8} more" if len(values) > 8 else "")
 
 
 SEGMENT_SCHEMA = {

@@ -8,7 +8,8 @@ data wins over waiting), and among activities of one kind the one that started f
 lowest stream, smallest name); where nothing ran, idle split host-bound / sync / other as
 ``sql/idle_breakdown.sql`` does. Where the device was in the *wait* part of a matched collective
 (``sql/comm_instances.sql``), the walk jumps to the rank that arrived last, at the end of the wait part
-(by the duration rule, where that rank's kernel started).
+(by the duration rule, where that rank's kernel started); for a rooted collective placed by start times
+(all its kernels on one clock), at the same instant.
 """
 
 from __future__ import annotations
@@ -282,18 +283,19 @@ class Walker:
             if kind == "comm_wait" and int(act["instance_id"][i]) not in jumped and act["to_trace_id"][i] >= 0:
                 instance = int(act["instance_id"][i])
                 jumped.add(instance)
-                t_w = int(act["start_ns"][i]) + int(act["wait_ns"][i])
-                s_l = int(act["to_start_ns"][i])
                 jumps.append({
                     "run": step.run, "step": step.step, "from_rank": key[1], "to_rank": int(act["to_rank"][i]),
                     "path_ns": t + offset, "collective_type": act["collective_type"][i],
                     "process_group": act["process_group"][i], "instance_id": instance, "name": act["name"][i],
-                    "wait_on_path_ns": t - int(act["start_ns"][i]),
+                    "wait_on_path_ns": t - begin,  # the waiting on the path: nothing else ran beside it
                 })
                 key = (int(act["to_trace_id"][i]), int(act["to_rank"][i]), int(act["to_device"][i]))
-                offset += t_w - s_l
-                t += s_l - t_w
-                continue
+                if act["arrival"][i] != "start time":  # on clocks of their own: where the late kernel began
+                    t_w = int(act["start_ns"][i]) + int(act["wait_ns"][i])
+                    s_l = int(act["to_start_ns"][i])
+                    offset += t_w - s_l
+                    t += s_l - t_w
+                continue  # one clock (a rooted collective placed by start times): the same instant
             jumped.clear()
             segment = {
                 "run": step.run, "step": step.step, "rank": key[1], "device": key[2], "trace_id": key[0],

@@ -13,6 +13,7 @@ import duckdb
 
 from traceq.errors import ConfigError, WarehouseError
 from traceq.store.parquet import (
+    _FORMER_NAMES,
     _ONE_ROW_PER,
     TRACES,
     is_parquet_dir,
@@ -65,7 +66,7 @@ def _write(con: duckdb.DuckDBPyConnection, out: Path, overwrite: bool) -> dict[s
     existing = [t.name for t in tables if (out / t.name).exists()]
     if existing and not overwrite:
         raise ConfigError(f"{out}: holds an export already ({', '.join(existing)}); overwrite it, or export to a new directory")
-    names = {t.name for t in tables}
+    names = {t.name for t in tables} | set(_FORMER_NAMES.values())  # an earlier traceq's export too
     others = sorted(p.name for p in out.iterdir() if p.name not in names and not p.name.startswith((_STAGING, _REPLACED)))
     if others:
         shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")

@@ -69,7 +69,25 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     deadline = time.monotonic() + wait_s
     older = None
     if path != ":memory:" and Path(path).exists():
-        con = _open(path, True, deadline)
+        try:
+            con = _open(path, True, deadline)
+        except _OpenHere:
+            if read_only:
+                raise WarehouseError(f"{path}: this process has it open for writing; read it on that connection "
+                                     "(traceq's functions take a connection for db)") from None
+            con = _open(path, False, deadline)  # inspected on the writing connection, before anything is written
+            try:
+                state, version = inspect_warehouse(con)
+                _refuse(path, state, version, read_only)
+                create_schema(con)
+            except BaseException:
+                con.close()
+                raise
+            if state == "older":
+                _MIGRATIONS.append(f"{path}: migrated from schema {version or 1} (made by an older traceq) to schema "
+                                   f"{SCHEMA_VERSION}")
+            prepare_session(con)
+            return con
         try:
             state, version = inspect_warehouse(con)
             _refuse(path, state, version, read_only)
@@ -103,11 +121,17 @@ def migrations() -> list[str]:
     return done
 
 
+class _OpenHere(Exception):
+    """The file is open in this process with another configuration (a writing connection)."""
+
+
 def _open(path: str, read_only: bool, deadline: float) -> duckdb.DuckDBPyConnection:
     """``duckdb.connect``, waiting until ``deadline`` for another process's write lock."""
     while True:
         try:
             return duckdb.connect(path, read_only=read_only)
+        except duckdb.ConnectionException:
+            raise _OpenHere from None
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
                 raise WarehouseError(f"{path}: cannot open the warehouse ({exc})") from None
@@ -134,11 +158,15 @@ def inspect_warehouse(con: duckdb.DuckDBPyConnection) -> tuple[str, int | str | 
         return "empty", None
     if not ours:
         return "foreign", ", ".join(tables[:6]) + (", ..." if len(tables) > 6 else "")
-    if "warehouse_info" not in tables:
+    if "warehouse_info" not in tables or con.execute(
+            "select value from warehouse_info where key = 'schema_version'").fetchone() is None:
+        # before versions were recorded: traceq's first tables, with their columns (else someone else's
+        # tables that share a name with one of traceq's)
+        held = _columns(con)
+        if not all(c in held.get(t, ()) for t, cs in FIRST_SCHEMA.items() for c in cs):
+            return "foreign", ", ".join(tables[:6]) + (", ..." if len(tables) > 6 else "")
         return "older", None
     row = con.execute("select value from warehouse_info where key = 'schema_version'").fetchone()
-    if row is None:
-        return "older", None
     try:
         version = int(row[0])
     except (TypeError, ValueError):
@@ -153,16 +181,26 @@ def inspect_warehouse(con: duckdb.DuckDBPyConnection) -> tuple[str, int | str | 
     return ("older", f"{version} with columns of an earlier name") if renamed else ("current", version)
 
 
-def _lacking_columns(con: duckdb.DuckDBPyConnection) -> tuple[str, bool]:
-    """(the columns of this schema that the database's traceq tables lack, 'traces lacks size_bytes, ...',
-    '' when none: tables of traceq's names with other columns are not its tables; whether some are there
-    under a former name, which a migration renames)."""
+# what every traceq warehouse has held since the first: its core tables and their key columns
+FIRST_SCHEMA = {"traces": ("trace_id", "run", "path"), "gpu_events": ("trace_id", "start_ns", "dur_ns"),
+                "host_events": ("trace_id", "start_ns", "dur_ns"), "names": ("trace_id", "name_id", "name")}
+
+
+def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
     held: dict[str, set[str]] = {}
     for table, column in con.execute(
         "select table_name, column_name from duckdb_columns() where database_name = current_database() "
         "and schema_name = 'main'"
     ).fetchall():
         held.setdefault(table, set()).add(column)
+    return held
+
+
+def _lacking_columns(con: duckdb.DuckDBPyConnection) -> tuple[str, bool]:
+    """(the columns of this schema that the database's traceq tables lack, 'traces lacks size_bytes, ...',
+    '' when none: tables of traceq's names with other columns are not its tables; whether some are there
+    under a former name, which a migration renames)."""
+    held = _columns(con)
     renamed = False
     for table, columns in schema_columns().items():
         have = held.get(table, set(columns))
