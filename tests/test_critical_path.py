@@ -210,15 +210,17 @@ def test_a_single_rank_path_is_the_interval_and_idle_breakdown(corpus_db: Path) 
 
 def test_the_path_tiles_the_steps_of_real_gloo_runs(gloo_run, tmp_path: Path) -> None:
     """A real 2-rank gloo job (DDP: all_reduce, FSDP: all_gather / reduce_scatter) on CPU: the path walks
-    the CPU spans (device -1) and jumps at the gloo collectives."""
+    the CPU spans (device -1) and, where the rank it is on waited at a gloo collective, jumps to the other.
+    Whether it ever waits on the path depends on the run's timing (the rank that ends last may also arrive
+    last everywhere): the jumps on CPU spans are pinned by the hand-made gloo run above."""
     parallel, run_dir = gloo_run
     db = tmp_path / "gloo.duckdb"
     assert ingest_traces([run_dir], db, workers=0).ok
     result = critical_path(db, selection=EVERY_STEP)
     assert_tiles(result)
     assert set(result.segments["device"].to_list()) == {-1}
-    assert result.jumps.height > 0, parallel
     assert set(result.segments["rank"].to_list()) <= {0, 1}
+    assert all(f != t and {f, t} == {0, 1} for f, t in result.jumps.select("from_rank", "to_rank").rows()), parallel
 
 
 # ------------------------------------------------------------------------------------------ against the reference
