@@ -29,6 +29,7 @@ import pytest
 
 from tests.conftest import skip_or_fail
 from tests.test_bad_input import small_trace
+from tests.test_warehouse_files import LOOKALIKE, duckdb_file
 from traceq.ingest.reader import MAX_SCAN_BYTES
 
 TRACEQ = Path(sys.executable).with_name("traceq")
@@ -596,10 +597,7 @@ ROUND3_RSS_MB = 1024
 
 
 def _foreign(d: Path) -> Path:
-    db = d / "mine.duckdb"
-    with duckdb.connect(str(db)) as con:
-        con.execute("create table measurements (x int)")
-    return db
+    return duckdb_file(d / "mine.duckdb", "create table measurements (x int)")
 
 
 def _newer(d: Path) -> Path:
@@ -611,12 +609,7 @@ def _newer(d: Path) -> Path:
 
 
 def _lookalike(d: Path) -> Path:
-    db = d / "lookalike.duckdb"
-    with duckdb.connect(str(db)) as con:
-        con.execute("create table traces (x int)")
-        con.execute("create table warehouse_info (key varchar, value varchar)")
-        con.execute("insert into warehouse_info values ('schema_version', '2')")
-    return db
+    return duckdb_file(d / "lookalike.duckdb", *LOOKALIKE)
 
 
 def _warehouse(d: Path) -> Path:

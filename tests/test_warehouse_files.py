@@ -28,6 +28,18 @@ READ_COMMANDS = [
 ]
 
 
+def duckdb_file(path: Path, *statements: str) -> Path:
+    """A DuckDB database at ``path`` made by ``statements`` (someone else's file, or one that imitates traceq's)."""
+    with duckdb.connect(str(path)) as con:
+        for statement in statements:
+            con.execute(statement)
+    return path
+
+
+LOOKALIKE = ("create table traces (x int)", "create table warehouse_info (key varchar, value varchar)",
+             "insert into warehouse_info values ('schema_version', '2')")
+
+
 def fingerprint(path: Path) -> tuple[str, list[str]]:
     """The file's bytes (digest) and what lies beside it (a WAL, a spill folder)."""
     return hashlib.sha256(path.read_bytes()).hexdigest(), sorted(p.name for p in path.parent.iterdir())
@@ -36,11 +48,8 @@ def fingerprint(path: Path) -> tuple[str, list[str]]:
 @pytest.fixture
 def foreign(tmp_path: Path) -> Path:
     """A DuckDB database of the user's own, with nothing of traceq's."""
-    path = tmp_path / "mine.duckdb"
-    with duckdb.connect(str(path)) as con:
-        con.execute("create table measurements (run varchar, seconds double)")
-        con.execute("insert into measurements values ('a', 1.5), ('b', 2.5)")
-    return path
+    return duckdb_file(tmp_path / "mine.duckdb", "create table measurements (run varchar, seconds double)",
+                       "insert into measurements values ('a', 1.5), ('b', 2.5)")
 
 
 @pytest.fixture
@@ -293,11 +302,7 @@ def test_a_whole_export_imports(export: Path, tmp_path: Path) -> None:
 
 
 def test_tables_of_traceqs_names_with_other_columns_are_refused_untouched(tmp_path: Path) -> None:
-    db = tmp_path / "lookalike.duckdb"
-    with duckdb.connect(str(db)) as con:
-        con.execute("create table traces (x int)")
-        con.execute("create table warehouse_info (key varchar, value varchar)")
-        con.execute("insert into warehouse_info values ('schema_version', '2')")
+    db = duckdb_file(tmp_path / "lookalike.duckdb", *LOOKALIKE)
     trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
     before = fingerprint(db)
     for command in (["runs"], ["report", "--metric", "idle"], ["ingest", str(trace)]):
@@ -429,11 +434,8 @@ def test_export_into_a_directory_of_other_files_is_refused_and_touches_none(ware
 
 
 def test_a_foreign_database_with_a_table_named_traces_is_not_migrated(tmp_path: Path) -> None:
-    db = tmp_path / "mine.duckdb"
-    with duckdb.connect(str(db)) as con:
-        con.execute("create table traces (id int, span varchar)")
-        con.execute("insert into traces values (1, 'a')")
-        con.execute("create table users (x int)")
+    db = duckdb_file(tmp_path / "mine.duckdb", "create table traces (id int, span varchar)",
+                     "insert into traces values (1, 'a')", "create table users (x int)")
     before = fingerprint(db)
     for command in (["migrate"], ["runs"]):
         done = runner.invoke(app, [*command, "--db", str(db)])

@@ -174,10 +174,14 @@ def ingest_traces(
         check_run_name(run)
     summary = IngestSummary()
     paths = expand_inputs(inputs, summary.notes)
-    for path in [p for p in paths if not _utf8(p)]:  # DuckDB holds text as UTF-8: such a name cannot be stored
+    named = []
+    for path in paths:  # DuckDB holds text as UTF-8: a name that is not cannot be stored
+        if _utf8(path):
+            named.append(path)
+            continue
         shown = os.fsencode(path).decode("utf-8", "backslashreplace")
         summary.files.append(FileResult(shown, "failed", f"{shown}: the file's name is not UTF-8 text; rename it"))
-    paths = [p for p in paths if _utf8(p)]
+    paths = named
     notify = progress or (lambda event, info: None)
     con = connect(db)
     try:

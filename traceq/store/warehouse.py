@@ -69,28 +69,17 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     deadline = time.monotonic() + wait_s
     older = None
     if path != ":memory:" and Path(path).exists():
+        writing = False
         try:
             con = _open(path, True, deadline)
         except _OpenHere:
+            writing = True
             if read_only:
                 raise WarehouseError(f"{path}: this process has it open for writing; read it on that connection "
                                      "(traceq's functions take a connection for db)") from None
-            con = _open(path, False, deadline)  # inspected on the writing connection, before anything is written
-            try:
-                state, version = inspect_warehouse(con)
-                _refuse(path, state, version, read_only)
-                create_schema(con)
-            except BaseException:
-                con.close()
-                raise
-            if state == "older":
-                _MIGRATIONS.append(f"{path}: migrated from schema {version or 1} (made by an older traceq) to schema "
-                                   f"{SCHEMA_VERSION}")
-            prepare_session(con)
-            return con
+            con = _open(path, False, deadline)  # looked at on the writing connection, before anything is written
         try:
-            state, version = inspect_warehouse(con)
-            _refuse(path, state, version, read_only)
+            older = _looked_at(con, path, read_only)
         except BaseException:
             con.close()
             raise
@@ -98,9 +87,11 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
             prepare_session(con)
             limit_memory(con, None)
             return con
-        con.close()
-        older = (version or 1) if state == "older" else None
-    con = _open(path, read_only, deadline)
+        if not writing:
+            con.close()
+            con = _open(path, False, deadline)
+    else:
+        con = _open(path, read_only, deadline)
     if not read_only:
         create_schema(con)
         if older is not None:
@@ -109,6 +100,14 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     if read_only:
         limit_memory(con, _spill_dir())
     return con
+
+
+def _looked_at(con: duckdb.DuckDBPyConnection, path: str, read_only: bool) -> int | str | None:
+    """Refuse what ``con`` holds unless it is a warehouse this traceq may open (:func:`_refuse`); the
+    schema it is to be migrated from where it is an older one, else None."""
+    state, version = inspect_warehouse(con)
+    _refuse(path, state, version, read_only)
+    return (version or 1) if state == "older" else None
 
 
 _MIGRATIONS: list[str] = []  # what connect() migrated in this process, for the CLI to say
@@ -158,15 +157,15 @@ def inspect_warehouse(con: duckdb.DuckDBPyConnection) -> tuple[str, int | str | 
         return "empty", None
     if not ours:
         return "foreign", ", ".join(tables[:6]) + (", ..." if len(tables) > 6 else "")
-    if "warehouse_info" not in tables or con.execute(
-            "select value from warehouse_info where key = 'schema_version'").fetchone() is None:
+    row = None if "warehouse_info" not in tables else con.execute(
+        "select value from warehouse_info where key = 'schema_version'").fetchone()
+    if row is None:
         # before versions were recorded: traceq's first tables, with their columns (else someone else's
         # tables that share a name with one of traceq's)
         held = _columns(con)
         if not all(c in held.get(t, ()) for t, cs in FIRST_SCHEMA.items() for c in cs):
             return "foreign", ", ".join(tables[:6]) + (", ..." if len(tables) > 6 else "")
         return "older", None
-    row = con.execute("select value from warehouse_info where key = 'schema_version'").fetchone()
     try:
         version = int(row[0])
     except (TypeError, ValueError):
