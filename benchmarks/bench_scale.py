@@ -28,6 +28,10 @@ Sections (each prints a table; all figures also go to ``benchmarks/out/bench_sca
 - ``critical_path``: ``traceq critical-path`` of every step of such a run of 2048 ranks x 50 steps with
   4 collectives per step (8 kernels per rank and step, the report benchmark's kind), then 20; and HTA's
   critical path (one rank: it has no cross-rank path) on the merged RCCL file in the same run.
+- ``rules``: ``traceq kernels`` on a warehouse of 10,000 distinct kernel names after ``traceq rules
+  --add`` of 100,000 rules (prefixes, anchored patterns with a wildcard, case-insensitive classes);
+  against the per-pair join traceq used before (each name against each rule, a pattern compiled per
+  pair) on 100 of the names, scaled to 10,000, and checked to give the same rules on those 100.
 - ``parquet``: ``traceq export --parquet`` of the 64-rank warehouse, and the report run on it.
 - ``perfetto``: ``traceq export --perfetto`` of the 64-rank warehouse (every rank, and ``--ranks 0-7``)
   and of the synthetic 2048-rank run: seconds, file size, peak memory.
@@ -540,6 +544,73 @@ def _hta_critical_path(tmp: Path) -> dict:
     return {"hta_one_rank": f"failed: {last[:160]}"}
 
 
+def rule_patterns(count: int, seed: int = 2) -> list[str]:
+    """``count`` classification patterns of three kinds: a name fragment, an anchored pattern with a
+    wildcard, a case-insensitive character class."""
+    import random
+
+    rng = random.Random(seed)
+    patterns = []
+    for _ in range(count):
+        kind = rng.random()
+        if kind < 0.5:
+            patterns.append("kernel_" + "".join(rng.choices("abcdefgh", k=6)))
+        elif kind < 0.8:
+            patterns.append(f"^void at::native::kernel_{''.join(rng.choices('abcdefgh', k=4))}.*<{rng.randrange(10_000)}>$")
+        else:
+            patterns.append("(?i)KERNEL_[a-c]{3}" + "".join(rng.choices("abcdefgh", k=3)))
+    return patterns
+
+
+def bench_rules(repeats: int, tmp: Path, names: int = 10_000, rules: int = 100_000, sample: int = 100) -> dict:
+    """``traceq kernels`` with ``rules`` user rules over ``names`` kernel names; the former per-pair
+    join on ``sample`` names, scaled."""
+    import random
+
+    import duckdb
+
+    from traceq.store.warehouse import connect
+
+    db, csv_path = tmp / "rules.duckdb", tmp / "rules.csv"
+    _rm(db)
+    synthesize_run(db, ranks=1, steps=2)
+    rng = random.Random(1)
+    kernel_names = [f"void at::native::kernel_{''.join(rng.choices('abcdefgh', k=12))}<{i}>" for i in range(names)]
+    con = connect(db)
+    con.execute("insert into names select 1, 3 + i, $1[i + 1] from range(len($1)) as t(i)", [kernel_names])
+    con.execute("""insert into gpu_events (trace_id, rank, device, stream, kind, name_id, start_ns, dur_ns, step, step_source)
+                   select 1, 0, 0, 7, 1, 3 + i, 100000 + i, 1, 1, 'launch' from range($1) as t(i)""", [names])
+    con.close()
+    patterns = rule_patterns(rules)
+    with csv_path.open("w") as f:
+        f.write("priority,pattern,class,category,collective\n")
+        f.writelines(f'{i},"{p}",compute,user_{i % 7},\n' for i, p in enumerate(patterns))
+    added = measure([TRACEQ, "rules", "--add", str(csv_path), "--db", str(db)])
+    got = repeated(lambda i: ([TRACEQ, "kernels", "--db", str(db), "--format", "csv", "--top", "5"], lambda: None), repeats)
+    out: dict = {"names": names, "rules": rules, "rules_add_s": round(added["seconds"], 2),
+                 "kernels_s": round(got["seconds"], 2), "kernels_cpu_s": round(got["cpu_s"], 2),
+                 "kernels_peak_rss_mb": round(got["peak_rss_mb"])}
+    from traceq import classify
+
+    con = duckdb.connect(str(db), read_only=True)
+    subset = kernel_names[:sample]
+    start = time.perf_counter()
+    joined = dict(con.execute(
+        "select n, min(i) from unnest($1) as t(n), (select unnest($2) as p, unnest(range(len($2))) as i) "
+        "where regexp_matches(n, p) group by n", [subset, patterns]).fetchall())
+    join_s = time.perf_counter() - start
+    start = time.perf_counter()
+    fast = classify.first_rules(con, subset, patterns)
+    out["same_rules_on_sample"] = joined == fast
+    out["sample_join_s"] = round(join_s, 2)
+    out["sample_chunked_s"] = round(time.perf_counter() - start, 2)
+    out["per_pair_join_scaled_s"] = round(join_s * names / sample)
+    out["ratio_join_over_kernels"] = round(out["per_pair_join_scaled_s"] / out["kernels_s"])
+    con.close()
+    _rm(db, csv_path)
+    return out
+
+
 def bench_parquet(repeats: int, tmp: Path) -> dict:
     db = tmp / "ranks.duckdb"
     if not db.exists():
@@ -619,7 +690,7 @@ def _print_table(title: str, rows: list[dict] | dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sections = ["memory", "speed", "ranks", "report2048", "collectives", "critical_path", "parquet", "perfetto", "dask"]
+    sections = ["memory", "speed", "ranks", "report2048", "collectives", "critical_path", "rules", "parquet", "perfetto", "dask"]
     ap.add_argument("--only", nargs="*", choices=sections, default=sections)
     ap.add_argument("--sizes", nargs="*", type=int, default=[100, 500, 1500], help="memory sweep, MB of JSON")
     ap.add_argument("--repeats", type=int, default=2)
@@ -648,6 +719,9 @@ def main(argv: list[str] | None = None) -> int:
             results["critical_path"] = bench_critical_path(args.repeats, tmp)
             _print_table("critical_path: traceq critical-path, 2048 ranks x 50 steps (4, then 20 collectives per step)",
                          results["critical_path"])
+        if "rules" in args.only:
+            results["rules"] = bench_rules(args.repeats, tmp)
+            _print_table("rules: traceq kernels, 10,000 kernel names, 100,000 user rules", results["rules"])
         if "parquet" in args.only:
             results["parquet"] = bench_parquet(args.repeats, tmp)
             _print_table("parquet: export of the 64-rank warehouse, report on it", results["parquet"])

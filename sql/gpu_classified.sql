@@ -1,35 +1,14 @@
+-- inputs: kernel_classes
 -- gpu_classified: one row per device event (kernel, memcpy, memset) with its class, category and the
 -- collective its rule names: all that interval metrics read (sql/device_activity.sql; they skip the
 -- launch lookup of sql/gpu_activity.sql, 0.05 -> 0.01 s on the 500 MB trace). Classified when read,
--- so changed rules apply to data already ingested.
+-- so changed rules apply to data already ingested; each kernel name is matched against the rules once
+-- per connection (traceq/classify.py: rule_collective is the collective the winning rule names).
 -- class: comm | compute | memcpy | memset | sync. A kernel is comm when it carries a "Collective name"
 -- argument or its name matches a comm rule, unless a rule makes it memcpy (MTIA dma) or sync (a stream
 -- waiting on another's event: not work, left out of every interval); otherwise the winning rule's
 -- class, else compute.
-with kernel_names as (
-    select distinct n.name
-    from names as n
-    semi join gpu_events as g on g.trace_id = n.trace_id and g.name_id = n.name_id and g.kind = 1
-),
-
-ranked_rules as (
-    select
-        k.name,
-        r.class,
-        r.category,
-        r.collective,
-        row_number() over (partition by k.name order by r.priority, r.source = 'builtin') as pick
-    from kernel_names as k
-    inner join kernel_rules as r on regexp_matches(k.name, r.pattern)
-),
-
-kernel_classes as (
-    select name, class, category, collective as rule_collective
-    from ranked_rules
-    where pick = 1
-),
-
-final as (
+with final as (
     select
         g.*,
         n.name,

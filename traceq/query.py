@@ -6,10 +6,11 @@ other files, named in its header::
     -- inputs: device_activity, windows
 
 :func:`compose` puts each input in front of the file as a common table expression, recursively, so
-that one query runs with every file it needs and nothing is created on the connection. An input is
-the file of the same name unless ``bind`` maps it to another file (``windows`` -> ``trace_windows``
-for the whole trace) or to a table. Values go in as named parameters (``$trace_id``); :func:`run`
-passes each statement only those it names.
+that one query runs with every file it needs. An input is the file of the same name unless ``bind``
+maps it to another file (``windows`` -> ``trace_windows`` for the whole trace) or to a table. One
+input is a table by default: ``kernel_classes``, each kernel name with its rule, which
+:func:`statement` keeps current on the connection (:mod:`traceq.classify`). Values go in as named
+parameters (``$trace_id``); :func:`run` passes each statement only those it names.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Mapping
 from functools import cache
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
+
+from traceq import classify
 
 if TYPE_CHECKING:
     import duckdb
@@ -53,7 +56,7 @@ def compose(name: str, bind: Mapping[str, str] | None = None) -> str:
         bind: input name -> the file (or table) that provides it, where that is not the file of the
             same name. One binding holds for the whole statement.
     """
-    bind = dict(bind or {})
+    bind = {"kernel_classes": classify.TABLE, **(bind or {})}
     ctes: dict[str, str] = {}
     _collect(name, bind, ctes, ())
     body = _LEADING.sub("", sql_text(f"{name}.sql"), count=1).rstrip().rstrip(";")
@@ -93,5 +96,13 @@ def run(
     bind: Mapping[str, str] | None = None,
 ) -> duckdb.DuckDBPyRelation:
     """The relation of ``sql/<name>.sql`` composed with its inputs (:func:`compose`), on ``con``."""
-    statement = compose(name, bind)
-    return con.sql(statement, params=params_of(statement, params or {}) or None)
+    text = statement(con, name, bind)
+    return con.sql(text, params=params_of(text, params or {}) or None)
+
+
+def statement(con: duckdb.DuckDBPyConnection, name: str, bind: Mapping[str, str] | None = None) -> str:
+    """:func:`compose`, with the kernel classes it reads brought up to date on ``con``."""
+    text = compose(name, bind)
+    if classify.TABLE in text:
+        classify.ensure(con)
+    return text

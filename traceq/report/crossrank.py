@@ -43,7 +43,7 @@ def matched(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -
     if held:
         yield INSTANCES_TABLE
         return
-    statement = query.compose("comm_instances")
+    statement = query.statement(con, "comm_instances")
     params = {**query_params(), "runs": list(runs) if runs else None}
     con.execute(f"create temp table {INSTANCES_TABLE} as {statement}", query.params_of(statement, params))
     try:

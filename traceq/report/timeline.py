@@ -490,7 +490,7 @@ def _device_events(con: duckdb.DuckDBPyConnection, plan: _Plan, matched: str) ->
     """The rows of sql/timeline_kernels.sql in process, device, stream and time order, a batch at a time."""
     if not plan.spans:
         return
-    statement = (f"select * from ({query.compose('timeline_kernels', {'comm_instances': matched})})\n"
+    statement = (f"select * from ({query.statement(con, 'timeline_kernels', {'comm_instances': matched})})\n"
                  "order by proc, device, stream nulls first, ts_ns, dur_ns, name")
     result = con.execute(statement, query.params_of(statement, {**query_params(), "spans": plan.spans}))
     while batch := result.fetchmany(FETCH_ROWS):

@@ -1,0 +1,124 @@
+"""Kernel names classified by the rules in force: each name once, by the whole rule set at a time.
+
+A kernel's class is that of the first rule, in the order rules win (lower priority first, a user rule
+before a builtin one of the same priority, then by pattern), whose RE2 pattern matches its name
+(``sql/gpu_classified.sql`` turns the class into the event's). Matching each name against each rule
+costs a regular expression compiled per pair: 100k rules and 10k names ran past 600 s. Here a
+pattern is compiled once per query, and many rules go into one: the rules are tried
+:data:`CHUNK` at a time as one alternation, and only the names it matches are narrowed down to their
+first rule, halving the chunk until few (name, rule) pairs are left to test one by one. 41 builtin
+rules and 744 names: one query for the chunk and a handful to narrow.
+
+The result is kept per connection, in the temporary table :data:`TABLE` (a read-only warehouse may
+hold temporary tables), with a digest of the rules it was made with: :func:`ensure` reclassifies
+everything when the rules changed, and otherwise only the names ingested since, so changed rules
+apply to data already ingested and a report's queries classify nothing twice.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import duckdb
+
+TABLE = "traceq_kernel_classes"  # name, class, category, rule_collective (null where no rule matches)
+_DIGEST_TABLE = "traceq_kernel_classes_rules"
+CHUNK = 256  # rules tried together in one pattern
+PAIRS = 2048  # at most this many (name, rule) pairs left: each is tested alone
+
+ORDER = "priority, source = 'builtin', pattern, class, category, collective"  # the first wins
+_DIGEST = f"select hash(list((priority, pattern, class, category, collective, source) order by {ORDER})) from kernel_rules"
+_KERNEL_NAMES = f"""
+select distinct n.name
+from names as n
+semi join gpu_events as g on g.trace_id = n.trace_id and g.name_id = n.name_id and g.kind = 1
+where n.name not in (select name from {TABLE})
+"""
+
+
+def ensure(con: duckdb.DuckDBPyConnection) -> None:
+    """Make :data:`TABLE` on ``con`` hold every kernel name of the warehouse with its class."""
+    digest = con.execute(_DIGEST).fetchone()[0]
+    held = con.execute(
+        "select count(*) from duckdb_tables() where temporary and table_name = ?", [_DIGEST_TABLE]
+    ).fetchone()[0]
+    if not held or con.execute(f"select digest from {_DIGEST_TABLE}").fetchone() != (digest,):
+        con.execute(f"create or replace temp table {TABLE} "
+                    "(name varchar, class varchar, category varchar, rule_collective varchar)")
+        con.execute(f"create or replace temp table {_DIGEST_TABLE} as select ?::ubigint as digest", [digest])
+    names = [name for (name,) in con.execute(_KERNEL_NAMES).fetchall()]
+    if not names:
+        return
+    rules = con.execute(f"select pattern, class, category, collective from kernel_rules order by {ORDER}").fetchall()
+    winners = first_rules(con, names, [pattern for pattern, *_ in rules])
+    rows = [(name, *(rules[winners[name]][1:] if name in winners else (None, None, None))) for name in names]
+    con.execute(f"insert into {TABLE} select unnest($1), unnest($2), unnest($3), unnest($4)",
+                [list(column) for column in zip(*rows)])
+
+
+def first_rules(con: duckdb.DuckDBPyConnection, names: Sequence[str], patterns: Sequence[str]) -> dict[str, int]:
+    """name -> the index of the first pattern of ``patterns`` that matches it (RE2, anywhere in the
+    name), for the names some pattern matches."""
+    found: dict[str, int] = {}
+    left = list(names)
+    for lo in range(0, len(patterns), CHUNK):
+        if not left:
+            break
+        hi = min(lo + CHUNK, len(patterns))
+        hits = _matching(con, left, patterns, lo, hi)
+        if hits:
+            _narrow(con, [name for name in left if name in hits], patterns, lo, hi, found)
+            left = [name for name in left if name not in hits]
+    return found
+
+
+def _narrow(con: duckdb.DuckDBPyConnection, names: list[str], patterns: Sequence[str], lo: int, hi: int,
+            found: dict[str, int]) -> None:
+    """Put in ``found`` the first rule of ``patterns[lo:hi]`` of each of ``names``, all of which match one."""
+    if len(names) * (hi - lo) <= PAIRS:
+        pairs = con.execute(
+            "select n, min(i) from unnest($1) as t(n), (select unnest($2) as p, unnest($3) as i) "
+            "where regexp_matches(n, p) group by n",
+            [names, list(patterns[lo:hi]), list(range(lo, hi))],
+        ).fetchall()
+        found.update(pairs)
+        return
+    mid = (lo + hi) // 2
+    first = _matching(con, names, patterns, lo, mid)
+    if first:
+        _narrow(con, [name for name in names if name in first], patterns, lo, mid, found)
+    rest = [name for name in names if name not in first]
+    if rest:
+        _narrow(con, rest, patterns, mid, hi, found)
+
+
+def _matching(con: duckdb.DuckDBPyConnection, names: list[str], patterns: Sequence[str], lo: int, hi: int) -> set[str]:
+    """The names that some pattern of ``patterns[lo:hi]`` matches, with one compiled pattern where it can.
+
+    Each pattern is wrapped in a group of its own, which keeps its flags and anchors to itself; a
+    quoted span (``\\Q...``) could run past its group, so a pattern holding one is matched alone, as is
+    any chunk RE2 will not compile as one (too large)."""
+    chunk = patterns[lo:hi]
+    if len(chunk) == 1:
+        alternation = chunk[0]
+    elif any("\\Q" in p for p in chunk):
+        return _split(con, names, patterns, lo, hi)
+    else:
+        alternation = "|".join(f"(?:{p})" for p in chunk)
+    import duckdb
+
+    try:
+        rows = con.execute("select n from unnest($1) as t(n) where regexp_matches(n, $2)", [names, alternation]).fetchall()
+    except duckdb.InvalidInputException:  # RE2's "pattern too large"; each rule compiled alone when added
+        if len(chunk) == 1:
+            raise
+        return _split(con, names, patterns, lo, hi)
+    return {name for (name,) in rows}
+
+
+def _split(con: duckdb.DuckDBPyConnection, names: list[str], patterns: Sequence[str], lo: int, hi: int) -> set[str]:
+    mid = (lo + hi) // 2
+    return _matching(con, names, patterns, lo, mid) | _matching(con, names, patterns, mid, hi)
