@@ -220,3 +220,25 @@ def test_an_interrupted_parse_stops_the_ingest_and_never_changes_its_path(long_t
         done.set()
         thread.join()
         con.close()
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_ctrl_c_in_a_query_ends_the_command_quietly_with_130(db: Path) -> None:
+    """SIGINT while DuckDB runs a statement ends it with DuckDB's RuntimeError("Query interrupted"),
+    not KeyboardInterrupt: in `sql`, `report`, `kernels` it came out as a 40-line traceback, exit 1.
+    Now as any Ctrl-C: exit 130, nothing on stderr."""
+    query = "select sum(a) from range(3000000000000) as t(a) where a % 7 = 3"  # hours
+    proc = subprocess.Popen([str(TRACEQ), "sql", query, "--db", str(db)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and _cpu_s(proc.pid) < 2.5 and time.monotonic() < deadline:
+        time.sleep(0.05)  # past its imports (about 1 CPU s): in its queries
+    if proc.poll() is not None:
+        pytest.fail(f"the command ended (exit {proc.returncode}) before it could be interrupted")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err, out) == (130, "", "")

@@ -1214,6 +1214,13 @@ def _environment_error(exc: BaseException) -> str | None:
     return None
 
 
+def _interrupted_exit() -> None:
+    from traceq.scratch import remove_process_scratch
+
+    remove_process_scratch()
+    os._exit(130)
+
+
 def main() -> None:
     """Console-script entry point.
 
@@ -1225,18 +1232,25 @@ def main() -> None:
     """
     from traceq.scratch import remove_process_scratch, remove_stale_scratch_everywhere
 
+    from traceq.ingest.native import is_interrupt, noting_interrupts
+
     remove_stale_scratch_everywhere()  # what a killed ingest left, as soon as its owner is gone
     try:
-        app()  # click's standalone mode ends with SystemExit(int)
+        # Ctrl-C in a DuckDB statement comes out as DuckDB's error; a statement that heeds no signal
+        # ends with the process, 6 s after Ctrl-C (its writes are a transaction DuckDB undoes)
+        with noting_interrupts(knock_s=1.0, knocks=5, stuck=_interrupted_exit):
+            app()  # click's standalone mode ends with SystemExit(int); Ctrl-C with SystemExit(130)
         code: Any = 0
     except SystemExit as exc:
         code = exc.code or 0
     except BaseException as exc:
-        message = _environment_error(exc)
-        if message is None:
+        if is_interrupt(exc):
+            code = 130  # as typer ends a KeyboardInterrupt: silently, 128 + SIGINT
+        elif (message := _environment_error(exc)) is not None:
+            _echo(f"error: {message}", err=True)
+            code = 1
+        else:
             raise  # a bug: the traceback is due
-        _echo(f"error: {message}", err=True)
-        code = 1
     remove_process_scratch()  # os._exit runs no atexit handlers
     sys.stdout.flush()  # click has made a closed pipe's stdout quiet (PacifyFlushWrapper)
     sys.stderr.flush()

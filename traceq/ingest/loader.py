@@ -43,6 +43,7 @@ from traceq.ingest.native import (
     BatchFiles,
     NotNative,
     Part,
+    interruptible,
     is_interrupt,
     batch_files,
     count_batches,
@@ -183,34 +184,31 @@ def ingest_traces(
         summary.files.append(FileResult(shown, "failed", f"{shown}: the file's name is not UTF-8 text; rename it"))
     paths = named
     notify = progress or (lambda event, info: None)
-    con = connect(db)
-    try:
-        con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT}'")
-        # row order within a table means nothing to traceq; keeping it would make DuckDB parse the
-        # JSON on one thread within this memory limit
-        con.execute("set preserve_insertion_order = false")
-        con.execute(f"set threads = {max(1, (os.cpu_count() or 1) if workers is None else workers)}")
-        check_marker(con, marker)
-        loader = _Loader(con, run, rank, chunk_bytes, notify, native, marker, force=force)
-    except BaseException:
-        con.close()
-        raise
-    try:
-        notify("start", {"files": len(paths), "bytes": sum(file_size(p) for p in paths)})
-        # closed here, whatever stops the loop (Ctrl-C between two results, a progress callback that
-        # raises): its reading thread is joined now, not when the generator is collected, and makes
-        # no scratch directory after loader.close() removed them
-        with closing(loader.load(paths)) as results:
-            for result in results:
-                summary.files.append(result)
-                notify("done", {"result": result})
-    except RuntimeError as exc:
-        if is_interrupt(exc):
-            raise KeyboardInterrupt from None
-        raise
-    finally:
-        loader.close()
-        con.close()
+    with interruptible():  # Ctrl-C stops the ingest, whatever it landed in
+        con = connect(db)
+        try:
+            con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT}'")
+            # row order within a table means nothing to traceq; keeping it would make DuckDB parse the
+            # JSON on one thread within this memory limit
+            con.execute("set preserve_insertion_order = false")
+            con.execute(f"set threads = {max(1, (os.cpu_count() or 1) if workers is None else workers)}")
+            check_marker(con, marker)
+            loader = _Loader(con, run, rank, chunk_bytes, notify, native, marker, force=force)
+        except BaseException:
+            con.close()
+            raise
+        try:
+            notify("start", {"files": len(paths), "bytes": sum(file_size(p) for p in paths)})
+            # closed here, whatever stops the loop (Ctrl-C between two results, a progress callback that
+            # raises): its reading thread is joined now, not when the generator is collected, and makes
+            # no scratch directory after loader.close() removed them
+            with closing(loader.load(paths)) as results:
+                for result in results:
+                    summary.files.append(result)
+                    notify("done", {"result": result})
+        finally:
+            loader.close()
+            con.close()
     return summary
 
 
