@@ -478,3 +478,68 @@ def test_export_overwrite_replaces_an_export_of_an_earlier_traceq(warehouse: Pat
     (out / "step_wall_times").rename(out / "step_windows")
     done = runner.invoke(app, ["export", "--parquet", str(out), "--db", str(warehouse), "--overwrite"])
     assert done.exit_code == 0, done.output
+
+
+def test_a_warehouse_whose_write_ahead_log_cannot_be_made_is_refused_for_writing_and_still_read(warehouse: Path) -> None:
+    """DuckDB keeps its write-ahead log beside the file and finds out it cannot make it only when a
+    transaction commits ("TransactionContext Error: Failed to commit": a traceback). Here a directory
+    stands where the log goes (which also keeps DuckDB from reading it: one line); the next test takes
+    the directory's permission away."""
+    wal = warehouse.with_name(warehouse.name + ".wal")
+    wal.mkdir()
+    trace = one_step_trace().write(warehouse.parent / "more" / "rank1.json")
+    before = fingerprint(warehouse)
+    result = CliRunner().invoke(app, ["ingest", str(trace), "--db", str(warehouse)])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"error: {warehouse}: cannot write its write-ahead log ({wal} is a directory; DuckDB keeps it beside the "
+        "file); use a --db in a writable directory, or copy the warehouse to one"]
+    assert fingerprint(warehouse) == before
+    report = CliRunner().invoke(app, ["report", "--db", str(warehouse)])  # DuckDB replays the log to read
+    assert report.exit_code == 1
+    assert report.output.startswith(f"error: {warehouse}: cannot open the warehouse (")
+    assert len(report.output.strip().splitlines()) == 1
+
+def test_a_warehouse_in_a_directory_the_user_cannot_write_is_refused_for_writing_and_still_read() -> None:
+    """The file is writable, its directory is not: no write-ahead log can be made. As root (whom
+    permissions do not stop) the commands run as nobody (setpriv), in a folder of /tmp anyone may read."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv to run as another user than root")
+        as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    with tempfile.TemporaryDirectory(prefix="traceq-nowal-") as name:
+        top = Path(name)
+        top.chmod(0o755)
+        folder = top / "warehouse"
+        warehouse = folder / "w.duckdb"
+        folder.mkdir()
+        assert ingest_traces([one_step_trace().write(top / "job" / "rank0.json")], warehouse, workers=0).ok
+        trace = one_step_trace().write(top / "more" / "rank1.json")
+        for path in (top / "job", top / "more", folder):
+            path.chmod(0o755)
+        warehouse.chmod(0o666)
+        folder.chmod(0o555)
+        traceq = str(Path(sys.executable).with_name("traceq"))
+        env = {**os.environ, "HOME": str(top)}
+        try:
+            before = fingerprint(warehouse)
+            ingest = subprocess.run([*as_user, traceq, "ingest", str(trace), "--db", str(warehouse)],
+                                    capture_output=True, text=True, env=env, timeout=120)
+            report = subprocess.run([*as_user, traceq, "report", "--db", str(warehouse), "--format", "csv"],
+                                    capture_output=True, text=True, env=env, timeout=120)
+            assert (ingest.returncode, ingest.stdout) == (1, "")
+            assert ingest.stderr.splitlines() == [
+                f"error: {warehouse}: cannot write its write-ahead log ({folder} is not writable here; DuckDB keeps "
+                "it beside the file); use a --db in a writable directory, or copy the warehouse to one"]
+            assert fingerprint(warehouse) == before
+            assert report.returncode == 0, report.stderr
+            assert sorted(os.listdir(folder)) == [warehouse.name]
+        finally:
+            folder.chmod(0o755)

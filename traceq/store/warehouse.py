@@ -38,6 +38,21 @@ _REMOTE = re.compile(r"^(?:md|motherduck):|^[A-Za-z][A-Za-z0-9+.-]+:/")  # md:db
 Warehouse = str | Path | duckdb.DuckDBPyConnection  # a path to open, or a connection already open
 
 
+def _check_writable_beside(path: Path) -> None:
+    """WarehouseError unless a writing connection can make its write-ahead log (``<db>.wal``, beside
+    the file): DuckDB finds out only when it commits, as "TransactionContext Error: Failed to commit"."""
+    wal = path.with_name(path.name + ".wal")
+    folder = path.parent
+    if wal.exists() and not wal.is_dir() and os.access(wal, os.W_OK):
+        return
+    if not wal.exists() and (not folder.exists() or os.access(folder, os.W_OK | os.X_OK)):
+        return  # (a missing folder: DuckDB says so when it opens the file)
+    why = (f"{wal} is a directory" if wal.is_dir() else f"{wal} is not writable here" if wal.exists()
+           else f"{folder} is not writable here")
+    raise WarehouseError(f"{path}: cannot write its write-ahead log ({why}; DuckDB keeps it beside the file); "
+                         "use a --db in a writable directory, or copy the warehouse to one")
+
+
 def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: float = 10.0) -> duckdb.DuckDBPyConnection:
     """Open (and on first use create) the warehouse at ``db``.
 
@@ -64,6 +79,8 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
         return con
     if path != ":memory:":
         _refuse_other_files(Path(path))
+        if not read_only:
+            _check_writable_beside(Path(path))
     if read_only and path != ":memory:" and not Path(path).exists():
         raise WarehouseError(f"{path}: no warehouse here; ingest traces into it first")
     deadline = time.monotonic() + wait_s
