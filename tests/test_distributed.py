@@ -90,6 +90,23 @@ def test_failed_file_leaves_no_partition(client: Client, traces: list[Path], tmp
     assert not list(out.rglob("trace2_*.parquet"))
 
 
+def test_a_file_name_that_is_not_utf8_fails_alone_in_its_place(client: Client, traces: list[Path], tmp_path: Path) -> None:
+    """Before, such a name stopped the whole cluster ingest with a traceback (DuckDB cannot take it)."""
+    import os
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    bad = os.path.join(os.fsencode(folder), b"rank1\xff.json.gz")
+    with open(bad, "wb") as f:
+        f.write(traces[1].read_bytes())
+    good = folder / "rank0.json.gz"
+    good.write_bytes(traces[0].read_bytes())
+    summary = ingest_with_dask([os.fsdecode(bad), good], tmp_path / "pq", client=client)
+    assert [f.status for f in summary.files] == ["failed", "ingested"]
+    assert summary.files[0].message == f"{folder}/rank1\\xff.json.gz: the file's name is not UTF-8 text; rename it"
+    assert summary.files[1].path == str(good)
+
+
 def test_the_warehouse_loads_what_the_cluster_wrote(client: Client, traces: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "pq"
     assert ingest_with_dask(traces, out, client=client).ok

@@ -25,7 +25,7 @@ from traceq.errors import ConfigError, TraceFormatError
 from traceq.catalog import check_workers
 from traceq.ingest.inputs import check_run_name, expand_inputs
 from traceq.ingest.identity import check_rank
-from traceq.ingest.loader import INGEST_CHUNK_BYTES, FileResult, IngestSummary, ingest_in_process
+from traceq.ingest.loader import INGEST_CHUNK_BYTES, FileResult, IngestSummary, ingest_in_process, not_utf8
 from traceq.ingest.reader import digest_in
 from traceq.store.parquet import (
     TRACES,
@@ -155,16 +155,17 @@ def _ingest(
     known = known_digests(root)
     first_id = next_trace_id(root)
     lowest = lowest_rank(root)  # files that name no rank get -1, -2, ... below every rank in the directory
+    unnamed = [not_utf8(p) for p in paths]  # failed here: a task could not pass such a name on
     futures = [
         client.submit(
             ingest_file_to_parquet, str(p), first_id + i, str(root), run=run, rank=rank,
             skip_digests=frozenset(known.get(p.stat().st_size, ())) if p.exists() else frozenset(),
             chunk_bytes=chunk_bytes, rank_if_none=lowest - 1 - i, pure=False,
         )
-        for i, p in enumerate(paths)
+        for i, (p, failed) in enumerate(zip(paths, unnamed)) if failed is None
     ]
-    results = client.gather(futures)
-    return IngestSummary(files=_refuse_rank_collisions(root, _drop_duplicates(root, results)), notes=notes)
+    gathered = iter(_refuse_rank_collisions(root, _drop_duplicates(root, client.gather(futures))))
+    return IngestSummary(files=[failed or next(gathered) for failed in unnamed], notes=notes)
 
 
 def _remove_trace(root: Path, trace_id: int) -> None:

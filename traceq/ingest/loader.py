@@ -175,14 +175,9 @@ def ingest_traces(
         check_run_name(run)
     summary = IngestSummary()
     paths = expand_inputs(inputs, summary.notes)
-    named = []
-    for path in paths:  # DuckDB holds text as UTF-8: a name that is not cannot be stored
-        if _utf8(path):
-            named.append(path)
-            continue
-        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-        summary.files.append(FileResult(shown, "failed", f"{shown}: the file's name is not UTF-8 text; rename it"))
-    paths = named
+    unnamed = [not_utf8(path) for path in paths]
+    summary.files += [result for result in unnamed if result is not None]
+    paths = [path for path, result in zip(paths, unnamed) if result is None]
     notify = progress or (lambda event, info: None)
     with interruptible():  # Ctrl-C stops the ingest, whatever it landed in
         con = connect(db)
@@ -1125,12 +1120,15 @@ def _parsed(cursor: Any, files: BatchFiles, policy: OpsPolicy) -> Batch:
     return files, used, parse_batch(cursor, files, used, policy.marker)
 
 
-def _utf8(path: Path) -> bool:
+def not_utf8(path: Path) -> FileResult | None:
+    """The failed result of a file whose name is not UTF-8 text (DuckDB holds text as UTF-8: such a
+    name cannot be stored), shown with its odd bytes escaped; None for any other name."""
     try:
         str(path).encode("utf-8")
     except UnicodeEncodeError:
-        return False
-    return True
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        return FileResult(shown, "failed", f"{shown}: the file's name is not UTF-8 text; rename it")
+    return None
 
 
 def _identity(path: Path) -> tuple[int, ...] | None:
