@@ -468,3 +468,37 @@ def test_a_killed_command_leaves_no_trace_processor_behind() -> None:
         while processors() & started and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not processors() & started, "a trace processor outlived the traceq that started it"
+
+
+def test_the_perfetto_packages_own_trace_processor_runs_under_the_watchdog_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, binary: Path
+) -> None:
+    """Without --trace-processor the package's download runs it; it was started bare, and a killed
+    traceq left it serving the trace. The download itself cannot happen here (no network): the
+    package's look-up is made to answer with the binary it would have cached."""
+    from perfetto.trace_processor.api import PLATFORM_DELEGATE
+
+    def cached(self: object, bin_path: str | None, fetch_latest: bool = False) -> str:
+        return bin_path if bin_path is not None else str(binary)
+
+    monkeypatch.setattr(PLATFORM_DELEGATE, "get_shell_path", cached)
+    trace = TraceBuilder(rank=0)
+    trace.step(1, 0, 100_000)
+    trace.kernel("sgemm", 10_000, 20_000, launch_ns=1_000)
+    path = trace.write(tmp_path / "job" / "rank0.json")
+
+    def launched() -> list[list[str]]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                cmd = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if proc.name.isdigit() and len(cmd) > 1 and "/traceq-tp-" in cmd[1] and "--http-port" in cmd:
+                found.append(cmd)
+        return found
+
+    with open_trace(path, None, 0) as opened_trace:
+        opened_trace.execute("select 1")
+        running = launched()
+    assert len(running) == 1 and running[0][1].endswith("/trace_processor_shell"), running

@@ -218,15 +218,12 @@ def open_trace(path: Path, binary: Path | None, file_rank: int, marker: StepMark
     with ExitStack() as stack:
         modules = stack.enter_context(_modules_dir())
         config = TraceProcessorConfig(
-            bin_path=_tied(binary, stack) if binary else None,
+            bin_path=_tied(binary or _package_binary(), stack),
             add_sql_packages=[SqlPackage(str(modules), "traceq")],
             load_timeout=60,
         )
         try:
             processor = TraceProcessor(trace=str(path), config=config)
-        except subprocess.CalledProcessError as exc:  # the package's download (curl) failed
-            raise EngineError(f"no trace processor: the perfetto package could not download one ({Path(str(exc.cmd[0])).name} "
-                              f"exit status {exc.returncode}); {GET_IT}") from None
         except Exception as exc:
             where = f"the trace processor {binary}" if binary else "the perfetto package's trace processor"
             raise EngineError(f"{path}: {where} did not load it ({_message(exc)})") from None
@@ -239,7 +236,8 @@ def open_trace(path: Path, binary: Path | None, file_rank: int, marker: StepMark
 
 # The trace processor serves the trace on a localhost port to anyone there: it must not outlive traceq. The
 # perfetto package starts it in a session of its own (so closing it ends its whole tree) but nothing ends it
-# when traceq is killed. It runs under this watchdog, which ends it within half a second of traceq's end.
+# when traceq is killed. It runs under this watchdog (the package's own download too), which ends it within
+# half a second of traceq's end.
 _TIED = """#!/bin/sh
 # traceq: run the trace processor only while the traceq process that started it lives
 parent=$PPID
@@ -252,6 +250,17 @@ while kill -0 "$child" 2>/dev/null; do
 done
 wait "$child"
 """
+
+
+def _package_binary() -> Path:
+    """The perfetto package's own trace processor, downloaded on first use (tied as any other)."""
+    from perfetto.trace_processor.api import PLATFORM_DELEGATE
+
+    try:
+        return Path(PLATFORM_DELEGATE().get_shell_path(None))
+    except subprocess.CalledProcessError as exc:  # the package's download (curl) failed
+        raise EngineError(f"no trace processor: the perfetto package could not download one ({Path(str(exc.cmd[0])).name} "
+                          f"exit status {exc.returncode}); {GET_IT}") from None
 
 
 def _tied(binary: Path, stack: ExitStack) -> str:
