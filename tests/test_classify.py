@@ -91,12 +91,18 @@ def test_a_chunk_too_large_to_compile_as_one_pattern_is_split() -> None:
     assert sorted(got.values()) == list(range(0, 300, 7))  # each long name its own rule; the short ones none
 
 
+def ingested(folder: Path, rank: int, *kernels: str, db: Path) -> Path:
+    """``db`` with a trace of one step in which ``kernels`` run one after another, ingested."""
+    trace = TraceBuilder(rank=rank)
+    trace.step(1, 0, 100_000)
+    for n, name in enumerate(kernels):
+        trace.kernel(name, 10_000 + 20_000 * n, 20_000 + 20_000 * n, launch_ns=1_000 + n)
+    assert ingest_traces([trace.write(folder / f"rank{rank}.json")], db, workers=0).ok
+    return db
+
+
 def test_the_classes_follow_rules_added_and_names_ingested_on_the_same_connection(tmp_path: Path) -> None:
-    first = TraceBuilder(rank=0)
-    first.step(1, 0, 100_000)
-    first.kernel("my_custom_allreduce_kernel", 10_000, 20_000, launch_ns=1_000)
-    db = tmp_path / "w.duckdb"
-    ingest_traces([first.write(tmp_path / "a" / "rank0.json")], db, workers=0)
+    db = ingested(tmp_path / "a", 0, "my_custom_allreduce_kernel", db=tmp_path / "w.duckdb")
 
     def classes(con: duckdb.DuckDBPyConnection) -> dict[str, tuple]:
         gpu_classified = relation(con, "gpu_classified")  # noqa: F841 (the SQL reads it by name)
@@ -109,11 +115,7 @@ def test_the_classes_follow_rules_added_and_names_ingested_on_the_same_connectio
         add_rules(con, rules)
         assert classes(con) == {"my_custom_allreduce_kernel": ("comm", "custom")}
 
-        second = TraceBuilder(rank=1)
-        second.step(1, 0, 100_000)
-        second.kernel("my_custom_allreduce_v2", 10_000, 20_000, launch_ns=1_000)
-        second.kernel("ncclDevKernel_AllGather_RING_LL", 30_000, 40_000, launch_ns=2_000)
-        ingest_traces([second.write(tmp_path / "b" / "rank1.json")], db, workers=0)
+        ingested(tmp_path / "b", 1, "my_custom_allreduce_v2", "ncclDevKernel_AllGather_RING_LL", db=db)
         assert classes(con) == {
             "my_custom_allreduce_kernel": ("comm", "custom"),
             "my_custom_allreduce_v2": ("comm", "custom"),
@@ -124,11 +126,7 @@ def test_the_classes_follow_rules_added_and_names_ingested_on_the_same_connectio
 
 
 def test_a_user_rule_wins_over_a_builtin_one_of_the_same_priority(tmp_path: Path) -> None:
-    t = TraceBuilder(rank=0)
-    t.step(1, 0, 100_000)
-    t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 10_000, 20_000, launch_ns=1_000)
-    db = tmp_path / "w.duckdb"
-    ingest_traces([t.write(tmp_path / "a" / "rank0.json")], db, workers=0)
+    db = ingested(tmp_path / "a", 0, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", db=tmp_path / "w.duckdb")
     priority = next(p for p, pattern, *_ in builtin_rules() if pattern.startswith("^nccl(Dev)?Kernel_AllReduce"))
     rules = tmp_path / "rules.csv"
     rules.write_text(f"priority,pattern,class,category,collective\n{priority},AllReduce_Sum,comm,mine,AllReduce\n")
