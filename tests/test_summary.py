@@ -3,6 +3,7 @@ trace files without a warehouse, and on every corpus trace (the shares of the wi
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import polars as pl
@@ -122,3 +123,34 @@ def test_tables_fit_a_100_column_terminal(command: list[str], corpus_db: Path) -
         assert {"step_time_ms", "compute_pct", "exposed_comm_pct"} <= set(shown)
     if command == ["kernels"]:  # a kernel's name (cut short), its total and its share
         assert {"name", "total_ms", "share_pct"} <= set(shown)
+
+
+def _column_text(stdout: str, column: str) -> str:
+    """What ``column`` of a table as printed holds, line after line, spaces dropped (a wrapped cell
+    goes on in the next lines of the same column; a line may break at a space)."""
+    lines = stdout.splitlines()
+    at = [c.strip() for c in lines[0].split("┃")].index(column)
+    return "".join(line.split("│")[at].replace(" ", "") for line in lines[2:])
+
+
+@pytest.mark.parametrize(("command", "column"), [
+    (["kernels", "--top", "8"], "name"),
+    (["runs", "--traces"], "path"),
+    (["check"], "detail"),
+    (["rules"], "pattern"),
+])
+def test_narrow_tables_keep_the_column_that_names_a_row_whole(command: list[str], column: str, corpus_db: Path) -> None:
+    """At 100 columns the kernel's name, the trace's path, the finding, the pattern were cut to 24
+    characters (`void at::native::vector…` three times) or left out (`runs --traces` without its path);
+    now they wrap, and figures are left out first."""
+    runner = CliRunner()
+    narrow = runner.invoke(app, [*command, "--db", str(corpus_db)], env={"COLUMNS": "100"})
+    full = runner.invoke(app, [*command, "--db", str(corpus_db), "--format", "csv"])
+    assert narrow.stdout and max(len(line) for line in narrow.stdout.splitlines()) <= 100
+    want = [value.replace(" ", "") for value in pl.read_csv(io.StringIO(full.stdout), infer_schema=False)[column].fill_null("")]
+    shown, at = _column_text(narrow.stdout, column), 0
+    for value in want:  # every value whole, in order
+        found = shown.find(value, at)
+        assert found >= 0, (value, shown[at:at + 200])
+        at = found + len(value)
+    assert any(len(value) > 40 for value in want)  # long enough to have been cut before

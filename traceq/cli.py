@@ -684,46 +684,56 @@ def _emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
         table = Table(show_edge=False, pad_edge=False)
         rows = [[_cell(v) for v in row] for row in frame.iter_rows()]
         room = _terminal_width()
-        widths = _widths(frame.columns, rows)
-        if room is not None and sum(widths) + 3 * len(widths) + 1 > room:  # long names (kernels) are cut first
-            text = [i for i, name in enumerate(frame.columns) if not frame.schema[name].is_numeric()]
-            rows = [[_shorten(v, _TEXT_CELL) if i in text else v for i, v in enumerate(r)] for r in rows]
-            widths = _widths(frame.columns, rows)
+        full = _widths(frame.columns, rows)
+        widths = list(full)
+        text = [i for i, name in enumerate(frame.columns) if not frame.schema[name].is_numeric()]
+        if room is not None and sum(widths) + 3 * len(widths) + 1 > room:
+            # text (a kernel's name, a path, a finding) is what names a row: it is wrapped, never cut,
+            # in at least _TEXT_CELL characters, and figures are left out before it is narrowed further
+            for i in text:
+                widths[i] = min(full[i], max(_TEXT_CELL, len(frame.columns[i])))
         empty = {i for i in range(len(frame.columns)) if not any(r[i] for r in rows)}
-        shown = _fit(frame.columns, widths, room, empty, drop_first)
+        shown = _fit(frame.columns, widths, room, empty, drop_first, set(text))
+        if room is not None:  # the room left goes back to the wrapped columns, the longest first
+            spare = room - (sum(widths[i] for i in shown) + 3 * len(shown) + 1)
+            for i in sorted((i for i in shown if i in text), key=lambda i: widths[i] - full[i]):
+                grow = min(max(spare, 0), full[i] - widths[i])
+                widths[i] += grow
+                spare -= grow
         if len(shown) < len(frame.columns):
             left = [c for i, c in enumerate(frame.columns) if i not in shown]
             _echo(f"note: {len(left)} column(s) left out to fit the terminal: {', '.join(left)} "
                        "(--format csv or json gives every column)", err=True)
         for i in shown:
             name = frame.columns[i]
-            table.add_column(_cell(name), justify="right" if frame.schema[name].is_numeric() else "left", no_wrap=True)
+            if widths[i] < full[i]:
+                table.add_column(_cell(name), justify="left", width=widths[i], overflow="fold")
+            else:
+                table.add_column(_cell(name), justify="right" if frame.schema[name].is_numeric() else "left", no_wrap=True)
         for row in rows:
             table.add_row(*(row[i] for i in shown))
         Console(width=sum(widths[i] for i in shown) + 3 * len(shown) + 1, soft_wrap=False).print(table)
 
 
-_TEXT_CELL = 24  # characters of a text cell when the table is wider than the terminal
+_TEXT_CELL = 24  # characters of a text column, at least, when the table is wider than the terminal
 
 
 def _widths(columns: list[str], rows: list[list[str]]) -> list[int]:
     return [max([len(name), *(len(r[i]) for r in rows)]) for i, name in enumerate(columns)]
 
 
-def _shorten(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 # Left out first when a table is wider than the terminal: columns with no value, the spread of a
-# mean, the slowest rank or run, a part's ms where its % is shown, then columns from the right (the
-# first column, the key, always stays)
+# mean, the slowest rank or run, a part's ms where its % is shown, then figures from the right, then
+# text from the right (the first column, the key, always stays)
 _SPREAD = ("_median", "_p10", "_p90", "_min", "_max")
 
 
 def _fit(
     columns: list[str], widths: list[int], room: int | None, empty: set[int] = frozenset(), drop_first: tuple[str, ...] = (),
+    text: set[int] = frozenset(),
 ) -> list[int]:
-    """Indexes of the columns to show in ``room`` characters (all where room is None)."""
+    """Indexes of the columns to show in ``room`` characters (all where room is None): figures are left
+    out before ``text`` columns (what names a row: a kernel, a path), each from the right."""
     shown = list(range(len(columns)))
 
     def width() -> int:
@@ -737,6 +747,7 @@ def _fit(
         lambda c, i: c.endswith(_SPREAD),
         lambda c, i: c.startswith("slowest_"),
         lambda c, i: c.endswith("_ms") and c.removesuffix("_ms") + "_pct" in columns,
+        lambda c, i: i > 0 and i not in text,
         lambda c, i: i > 0,
     )
     for tier in tiers:
@@ -848,7 +859,9 @@ def runs(
         if frame.height == 0:
             _fail(f"no run {words[0]!r} in {db}; `traceq runs` lists them")
             return
-    _emit(frame, fmt)
+    # the path is what --traces is for: it stays, and the figures and labels beside it go first
+    _emit(frame, fmt, drop_first=("step_marker", "device_events", "events", "first_step", "last_step", "rank_source",
+                                  "gpu_model", "steps") if traces else ())
 
 
 def _manage_run(action: str, words: list[str], db: Path, with_options: bool) -> None:
@@ -1022,7 +1035,7 @@ def check(
     if fmt is Format.table:
         _echo(f"{n_warn} warning(s), {findings.height - n_warn} info finding(s) in {db}", err=True)
     if findings.height or fmt is not Format.table:
-        _emit(findings, fmt)
+        _emit(findings, fmt, drop_first=("count", "rank", "path"))  # the finding (check, severity, detail) stays
     if needs_attention(findings):
         raise typer.Exit(code=1)
 
