@@ -181,13 +181,12 @@ def test_a_single_rank_path_is_the_interval_and_idle_breakdown(corpus_db: Path) 
             "having count(distinct rank) = 1 order by run").fetchall()]
         params = query_params(EVERY_STEP)
         bind = {"windows": "selected_windows"}
+        intervals, idle = (query.statement(con, name, bind) for name in ("interval_breakdown", "idle_breakdown"))
         breakdown = con.sql(
             "select b.trace_id, b.rank, b.device, b.step, b.compute_ns, b.exposed_comm_ns, b.exposed_memcpy_ns, "
             "i.idle_host_bound_ns, i.idle_sync_ns, i.idle_other_ns "
-            f"from ({query.compose('interval_breakdown', bind)}) as b "
-            f"inner join ({query.compose('idle_breakdown', bind)}) as i using (trace_id, rank, device, step)",
-            params=query.params_of(query.compose("interval_breakdown", bind) + query.compose("idle_breakdown", bind),
-                                   params),
+            f"from ({intervals}) as b inner join ({idle}) as i using (trace_id, rank, device, step)",
+            params=query.params_of(intervals + idle, params),
         ).pl()
     assert len(singles) >= 10, singles
     checked = 0
