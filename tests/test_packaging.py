@@ -47,3 +47,14 @@ def test_import_traceq_is_light() -> None:
     code = "import sys, traceq; print(sorted(m for m in ('torch', 'plotly', 'duckdb', 'polars') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_dir_of_traceq_is_its_public_api_and_every_name_resolves() -> None:
+    """`dir(traceq)` listed `Any` and `import_module` and none of the functions imported on first use."""
+    import traceq
+
+    names = dir(traceq)
+    assert "critical_path" in names and "ingest_traces" in names and "compute_metric" in names
+    assert not {"Any", "import_module", "annotations"} & set(names)
+    missing = [name for name in names if getattr(traceq, name, None) is None]
+    assert not missing

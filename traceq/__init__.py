@@ -10,8 +10,8 @@ functions are imported on first use.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from importlib import import_module as _import_module
+from typing import Any as _Any
 
 from traceq.errors import (
     ConfigError,
@@ -60,8 +60,13 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'traceq' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+    return getattr(_import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    """The public API, the lazy names included (what ``dir(traceq)`` and completion show)."""
+    return sorted(__all__)
