@@ -91,3 +91,14 @@ def test_kineto_event_list_through_the_interval_api_gives_traceqs_whole_trace(re
         pairs = {k: (np.array([s for s, _ in v], np.int64), np.array([e for _, e in v], np.int64)) for k, v in by_kind.items()}
         expected = intervals.breakdown(pairs["comm"], pairs["compute"], pairs["memcpy"])
         assert {k: rows[device][k] for k in expected} == expected
+
+
+def test_a_nullable_integer_column_with_na_is_refused_as_missing_not_as_float() -> None:
+    """pandas Int64 with NA arrives as float64 with NaN: it was refused as "dtype float64 is not an
+    integer type", which sent users to convert a column that is integer already."""
+    pd = require_module("pandas", "pandas comes with HTA, a test dependency")
+    starts = pd.Series([0, None, 30], dtype="Int64")
+    ends = pd.Series([10, 20, 40], dtype="Int64")
+    with pytest.raises(intervals.IntervalError, match=r"value 1 is missing \(NA or NaN\), 1 in all; drop or fill"):
+        intervals.total_length(starts, ends)
+    assert intervals.total_length(starts.dropna(), ends[starts.notna()]) == 20

@@ -233,6 +233,10 @@ def _as_int64(values: Any, what: str) -> np.ndarray:
         if int(arr.max()) > _INT64_MAX:
             raise IntervalError(f"{what}: a value exceeds the int64 range; pass ns that fit in int64")
         return arr.astype(np.int64)
+    if arr.dtype.kind == "f" and np.isnan(arr).any():  # a nullable integer column (pandas Int64) with NA
+        i = int(np.flatnonzero(np.isnan(arr))[0])
+        raise IntervalError(f"{what}: value {i} is missing (NA or NaN), {int(np.isnan(arr).sum())} in all; "
+                            "drop or fill the intervals without times first")
     if arr.dtype.kind != "i":
         raise IntervalError(
             f"{what}: dtype {arr.dtype} is not an integer type; convert times to integer ns first"
