@@ -308,3 +308,32 @@ def test_cli_without_a_warehouse_says_what_to_do(tmp_path: Path) -> None:
 def test_cli_help_documents_the_exit_code() -> None:
     text = CliRunner().invoke(app, ["check", "--help"]).stdout
     assert "Exit code" in text and "traceq check --db runs.duckdb" in text
+
+
+def test_device_side_copies_and_waits_are_not_kernels_without_launch(corpus_db: Path) -> None:
+    """MTIA issues dma_request, event_record and event_wait on the device: no runtime call launches
+    them, and the check explained 298 of them as kernels launched before the profiler started. The
+    count here is made apart, by name, over the trace's raw tables."""
+    import duckdb
+
+    with duckdb.connect(str(corpus_db), read_only=True) as con:
+        counts = con.execute("""
+            with launches as (
+                select distinct trace_id, rank, correlation from host_events
+                where cat in ('cuda_runtime', 'cuda_driver', 'mtia_runtime') and correlation is not null)
+            select n.name in ('dma_request', 'event_record', 'event_wait') as device_side, count(*)
+            from gpu_events g inner join names n using (trace_id, name_id) inner join traces t using (trace_id)
+            anti join launches l on l.trace_id = g.trace_id and l.rank = g.rank and l.correlation = g.correlation
+            where t.run = 'mtia_inference_trace' and g.kind = 1
+            group by all""").fetchall()
+        kernels = con.execute("""
+            select count(*) from gpu_events g inner join names n using (trace_id, name_id) inner join traces t using (trace_id)
+            where t.run = 'mtia_inference_trace' and g.kind = 1
+              and n.name not in ('dma_request', 'event_record', 'event_wait')""").fetchall()[0][0]
+    orphans, device_side = dict(counts)[False], dict(counts)[True]
+    assert device_side > 200 and 0 < orphans < 50
+    row = check_warehouse(corpus_db).filter(
+        (pl.col("run") == "mtia_inference_trace") & (pl.col("check") == "kernels_without_launch"))
+    assert row["count"].to_list() == [orphans]
+    assert row["detail"][0].startswith(f"{orphans} of {kernels} kernels (")
+    assert row["detail"][0].endswith(f"({device_side} device-side copies and waits, which no launch starts, are not counted)")
