@@ -17,7 +17,7 @@ LAYERS = (
     ("store", ("traceq.store",)),
     ("ingest", ("traceq.ingest",)),
     ("report", ("traceq.report",)),
-    ("cli", ("traceq.cli",)),
+    ("cli", ("traceq.cli", "traceq.console")),
 )
 HEAVY = {"torch", "plotly", "pyarrow", "numpy", "polars", "duckdb", "distributed", "dask", "pynvml", "msgspec"}
 

@@ -242,3 +242,32 @@ def test_ctrl_c_in_a_query_ends_the_command_quietly_with_130(db: Path) -> None:
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, err, out) == (130, "", "")
+
+
+def _catches_sigint(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return False
+
+
+def test_ctrl_c_while_traceq_loads_ends_it_without_a_traceback(db: Path) -> None:
+    """SIGINT while the command line's modules load (most of a second) ended with a traceback of
+    whichever import it landed in; now as the signal ends a process. The signal is sent once the
+    interpreter has started (it catches SIGINT) and traceq's script has let go of it for the loading."""
+    proc = subprocess.Popen([str(TRACEQ), "report", "--db", str(db)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen_caught = False
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        caught = _catches_sigint(proc.pid)
+        if seen_caught and not caught:
+            break
+        seen_caught = seen_caught or caught
+        time.sleep(0.001)
+    else:
+        pytest.fail("traceq never let go of SIGINT while it loaded")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert proc.returncode in (-signal.SIGINT, 130)  # 130: the loading had just ended, the command ran
