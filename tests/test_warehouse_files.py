@@ -536,7 +536,7 @@ def test_a_warehouse_in_a_directory_the_user_cannot_write_is_refused_for_writing
                                     capture_output=True, text=True, env=env, timeout=120)
             assert (ingest.returncode, ingest.stdout) == (1, "")
             assert ingest.stderr.splitlines() == [
-                f"error: {warehouse}: cannot write its write-ahead log ({folder} is not writable here; DuckDB keeps "
+                f"error: {warehouse}: cannot write its write-ahead log ({folder}: Permission denied; DuckDB keeps "
                 "it beside the file); use a --db in a writable directory, or copy the warehouse to one"]
             assert fingerprint(warehouse) == before
             assert report.returncode == 0, report.stderr

@@ -666,6 +666,8 @@ def _steps_note(selection: Any) -> str:
 def _emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
     """``frame`` as CSV, JSON or a table; a table wider than the terminal leaves columns out (the
     ``drop_first`` ones first, then as :func:`_fit` says) and says which."""
+    if fmt in (Format.csv, Format.json):
+        frame = _without_float_noise(frame)
     if fmt is Format.csv:
         import polars as pl
 
@@ -713,6 +715,15 @@ def _emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
         for row in rows:
             table.add_row(*(row[i] for i in shown))
         Console(width=sum(widths[i] for i in shown) + 3 * len(shown) + 1, soft_wrap=False).print(table)
+
+
+def _without_float_noise(frame: Any) -> Any:
+    """``frame`` with its floats at 15 significant digits, all a float64 holds for sure: figures in ms
+    made of integer ns came out as ``12854.103000000001``; now ``12854.103``."""
+    import polars as pl
+
+    floats = [name for name, dtype in frame.schema.items() if dtype in (pl.Float32, pl.Float64)]
+    return frame.with_columns(pl.col(floats).round_sig_figs(15)) if floats else frame
 
 
 _TEXT_CELL = 24  # characters of a text column, at least, when the table is wider than the terminal

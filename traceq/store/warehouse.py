@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import re
@@ -47,8 +48,12 @@ def _check_writable_beside(path: Path) -> None:
         return
     if not wal.exists() and (not folder.exists() or os.access(folder, os.W_OK | os.X_OK)):
         return  # (a missing folder: DuckDB says so when it opens the file)
-    why = (f"{wal} is a directory" if wal.is_dir() else f"{wal} is not writable here" if wal.exists()
-           else f"{folder} is not writable here")
+    if wal.is_dir():
+        why = f"{wal} is a directory"
+    else:
+        where = wal if wal.exists() else folder
+        read_only = bool(os.statvfs(where).f_flag & os.ST_RDONLY)
+        why = f"{where}: {os.strerror(errno.EROFS if read_only else errno.EACCES)}"
     raise WarehouseError(f"{path}: cannot write its write-ahead log ({why}; DuckDB keeps it beside the file); "
                          "use a --db in a writable directory, or copy the warehouse to one")
 
