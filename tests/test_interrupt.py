@@ -234,13 +234,17 @@ def test_ctrl_c_in_a_query_ends_the_command_quietly_with_130(db: Path) -> None:
     query = "select sum(a) from range(3000000000000) as t(a) where a % 7 = 3"  # hours
     proc = subprocess.Popen([str(TRACEQ), "sql", query, "--db", str(db)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while proc.poll() is None and _cpu_s(proc.pid) < 2.5 and time.monotonic() < deadline:
-        time.sleep(0.05)  # past its imports (about 1 CPU s): in its queries
-    if proc.poll() is not None:
-        pytest.fail(f"the command ended (exit {proc.returncode}) before it could be interrupted")
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:  # a query of hours: never left running, whatever fails
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and _cpu_s(proc.pid) < 2.5 and time.monotonic() < deadline:
+            time.sleep(0.05)  # past its imports (about 1 CPU s): in its queries
+        if proc.poll() is not None:
+            pytest.fail(f"the command ended (exit {proc.returncode}) before it could be interrupted")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
     assert (proc.returncode, err, out) == (130, "", "")
 
 
