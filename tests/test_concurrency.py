@@ -4,6 +4,7 @@ warehouse.connect's wait_s) and then works, or fails with one clear line. No cor
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +13,12 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-import traceq.store.warehouse
 from tests.conftest import corpus_path
 from tests.test_bad_input import small_trace, table_counts
 from tests.test_interrupt import TRACEQ, wait_until_mid_file
 from traceq.cli import app
 from traceq.ingest import ingest_traces
+from traceq.store.warehouse import LOCK_WAIT_ENV
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="needs Linux /proc to see the file offset")
 
@@ -37,7 +38,10 @@ def db(tmp_path: Path) -> Path:
 
 
 def _start(*args: object) -> subprocess.Popen:
-    return subprocess.Popen([TRACEQ, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """A traceq command that waits for another's lock as long as this test may take: on a loaded
+    machine the first ingest ran past the 10 s a command waits by default (a run beside a CPU hog)."""
+    env = {**os.environ, LOCK_WAIT_ENV: "300"}
+    return subprocess.Popen([TRACEQ, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _assert_complete(db: Path, n_traces: int) -> None:
@@ -108,7 +112,7 @@ class Locked:
 def locked(db: Path, monkeypatch: pytest.MonkeyPatch):
     """The warehouse locked by another process; traceq waits 0.3 s for the lock instead of 10 s."""
     lock = Locked(db)
-    monkeypatch.setitem(traceq.store.warehouse.connect.__kwdefaults__, "wait_s", 0.3)
+    monkeypatch.setenv(LOCK_WAIT_ENV, "0.3")
     yield lock
     lock.release()
 
@@ -120,9 +124,18 @@ def test_a_command_that_cannot_get_the_lock_fails_with_one_clear_line(command: l
     result = CliRunner().invoke(app, [*args, "--db", str(locked.db)])
     assert result.exit_code == 1
     assert result.stderr == (
-        f"error: {locked.db}: another traceq process holds the warehouse lock; wait for it to finish "
-        "(or use --db with another file)\n"
+        f"error: {locked.db}: another traceq process holds the warehouse lock; wait for it to finish, set "
+        "TRACEQ_LOCK_WAIT_S to wait longer, or use --db with another file\n"
     )
     locked.release()
     assert table_counts(locked.db) == locked.before
     _assert_complete(locked.db, 1)
+
+
+@pytest.mark.parametrize("value", ["ten", "-1", "1e9", "nan"])
+def test_a_lock_wait_that_is_no_number_of_seconds_is_one_line(value: str, db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LOCK_WAIT_ENV, value)
+    result = CliRunner().invoke(app, ["report", "--db", str(db)])
+    assert result.exit_code == 1
+    assert result.stderr == (f"error: {LOCK_WAIT_ENV}={value!r}: give the seconds to wait for another traceq's lock, "
+                             "0 to 86400\n")

@@ -58,7 +58,24 @@ def _check_writable_beside(path: Path) -> None:
                          "use a --db in a writable directory, or copy the warehouse to one")
 
 
-def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: float = 10.0) -> duckdb.DuckDBPyConnection:
+LOCK_WAIT_ENV = "TRACEQ_LOCK_WAIT_S"  # seconds a command waits for another's write lock (default 10)
+
+
+def lock_wait_s() -> float:
+    """How long to wait for another process's write lock: $TRACEQ_LOCK_WAIT_S, else 10 s."""
+    given = os.environ.get(LOCK_WAIT_ENV, "").strip()
+    if not given:
+        return 10.0
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 86_400:
+        raise ConfigError(f"{LOCK_WAIT_ENV}={given!r}: give the seconds to wait for another traceq's lock, 0 to 86400")
+    return seconds
+
+
+def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: float | None = None) -> duckdb.DuckDBPyConnection:
     """Open (and on first use create) the warehouse at ``db``.
 
     A file that exists is looked at read-only first, and refused untouched unless it is a traceq warehouse:
@@ -69,7 +86,8 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     Args:
         db: path of the DuckDB file, or ":memory:".
         read_only: open without taking the write lock (reports).
-        wait_s: how long to wait for another process that holds the write lock.
+        wait_s: how long to wait for another process that holds the write lock (default
+            :func:`lock_wait_s`).
     """
     path = str(db)
     if _REMOTE.match(path):
@@ -88,7 +106,7 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
             _check_writable_beside(Path(path))
     if read_only and path != ":memory:" and not Path(path).exists():
         raise WarehouseError(f"{path}: no warehouse here; ingest traces into it first")
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + (lock_wait_s() if wait_s is None else wait_s)
     older = None
     if path != ":memory:" and Path(path).exists():
         writing = False
@@ -158,8 +176,8 @@ def _open(path: str, read_only: bool, deadline: float) -> duckdb.DuckDBPyConnect
                 raise WarehouseError(f"{path}: cannot open the warehouse ({exc})") from None
             if time.monotonic() >= deadline:
                 raise WarehouseError(
-                    f"{path}: another traceq process holds the warehouse lock; wait for it to finish "
-                    "(or use --db with another file)"
+                    f"{path}: another traceq process holds the warehouse lock; wait for it to finish, set "
+                    f"{LOCK_WAIT_ENV} to wait longer, or use --db with another file"
                 ) from None
             time.sleep(0.2)
         except duckdb.Error as exc:
