@@ -18,6 +18,26 @@ from traceq.catalog import StepMarker
 from traceq.ingest import ingest_traces
 
 
+@pytest.fixture
+def python_sigint(capsys: pytest.CaptureFixture[str]):
+    """SIGINT as a fresh Python process has it (the default handler, not blocked), whatever an earlier
+    test or library left: these tests are about traceq's handling of Python's KeyboardInterrupt. In
+    full-suite runs beside a CPU hog, Ctrl-C sent here raised nothing at all (the handler or the mask
+    was not Python's); what was found is printed, to name the culprit."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGINT)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if handler is not signal.default_int_handler or signal.SIGINT in blocked:
+        with capsys.disabled():
+            print(f"\nnote: SIGINT found with handler {handler!r}, blocked={signal.SIGINT in blocked}; reset")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, handler if handler is not None else signal.SIG_DFL)
+    if signal.SIGINT in blocked:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
 def _gpu_trace(rank: int, kernels: int) -> TraceBuilder:
     b = TraceBuilder(rank=rank)
     for n in range(3):
@@ -105,7 +125,7 @@ def test_files_parsed_ahead_end_as_files_read_one_by_one(
 
 
 def test_ctrl_c_while_the_writer_waits_for_the_read_ahead_is_an_interrupt_and_leaves_no_scratch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, python_sigint: None
 ) -> None:
     """SIGINT reaches the writer while the reader thread is parsing the first file: a
     KeyboardInterrupt comes out (once it ended the read-ahead, closing the file's batches took
@@ -132,7 +152,9 @@ def test_ctrl_c_while_the_writer_waits_for_the_read_ahead_is_an_interrupt_and_le
     assert [n for n in os.listdir(native.scratch_base()) if n.startswith(f"traceq-{os.getpid()}-")] == []
 
 
-def test_ctrl_c_at_any_moment_of_an_ingest_is_an_interrupt_and_leaves_the_warehouse_whole(tmp_path: Path) -> None:
+def test_ctrl_c_at_any_moment_of_an_ingest_is_an_interrupt_and_leaves_the_warehouse_whole(
+    tmp_path: Path, python_sigint: None
+) -> None:
     """SIGINT at 40 moments spread over an in-process ingest of 3 files: each time, KeyboardInterrupt
     comes out (not DuckDB's "Query interrupted", not "connection is busy", and never an ingest that
     went on after the signal) or the ingest had ended before it; the warehouse then holds whole files
