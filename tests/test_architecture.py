@@ -12,7 +12,7 @@ PACKAGE = ROOT / "traceq"
 COLLECTORS = ROOT / "collectors"
 # lower first; a module may import its own layer and the layers below, never one above
 LAYERS = (
-    ("leaf", ("traceq.errors", "traceq.terminal", "traceq.catalog", "traceq.kineto", "traceq.intervals", "traceq.query", "traceq.classify",
+    ("leaf", ("traceq.errors", "traceq.terminal", "traceq.catalog", "traceq.kineto", "traceq.intervals", "traceq.query", "traceq.classify", "traceq.interrupts",
               "traceq.scratch")),
     ("store", ("traceq.store",)),
     ("ingest", ("traceq.ingest",)),

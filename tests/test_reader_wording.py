@@ -80,7 +80,7 @@ def test_duckdb_words_an_interrupted_statement_as_ingest_reads_it() -> None:
 
     script = """
 import os, signal, threading, duckdb
-from traceq.ingest.native import is_interrupt
+from traceq.interrupts import is_interrupt
 signal.signal(signal.SIGINT, signal.default_int_handler)
 con = duckdb.connect()
 for attempt in range(3):  # the signal may come before the statement starts, on a loaded machine: again

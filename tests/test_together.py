@@ -16,6 +16,7 @@ import traceq.ingest.native as native
 from tests.test_native import TABLES, _rows
 from tests.tracegen import TraceBuilder
 from traceq.ingest import ingest_traces
+from traceq.interrupts import DUCKDB_INTERRUPTED
 
 ALL_TABLES = {
     **TABLES,
@@ -376,7 +377,7 @@ def test_ctrl_c_in_a_statement_of_a_group_write_stops_the_ingest(tmp_path: Path,
     def interrupted(*args: object) -> int:
         calls.append(args)
         if len(calls) == 1:  # the group's: read one by one, each file's would succeed
-            raise RuntimeError(native.DUCKDB_INTERRUPTED)
+            raise RuntimeError(DUCKDB_INTERRUPTED)
         return write_parts(*args)
 
     monkeypatch.setattr(ingest, "write_parts", interrupted)

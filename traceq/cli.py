@@ -1256,7 +1256,7 @@ def main() -> None:
     """
     from traceq.scratch import remove_process_scratch, remove_stale_scratch_everywhere
 
-    from traceq.ingest.native import is_interrupt, noting_interrupts
+    from traceq.interrupts import is_interrupt, noting_interrupts
 
     remove_stale_scratch_everywhere()  # what a killed ingest left, as soon as its owner is gone
     try:

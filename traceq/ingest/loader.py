@@ -43,8 +43,6 @@ from traceq.ingest.native import (
     BatchFiles,
     NotNative,
     Part,
-    interruptible,
-    is_interrupt,
     batch_files,
     count_batches,
     parse_batch,
@@ -74,6 +72,7 @@ from traceq.ingest.identity import (
     run_of,
 )
 from traceq.ingest.sidecar import load_side_files, write_wall_times
+from traceq.interrupts import interruptible, is_interrupt
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
 from traceq.store.derive import check_step_marker, device_properties, gpu_model_of, write_steps

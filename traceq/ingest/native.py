@@ -24,10 +24,8 @@ import itertools
 import mmap
 import os
 import queue
-import signal
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +34,7 @@ import duckdb
 from traceq import scratch
 from traceq.catalog import StepMarker, event_categories
 from traceq.ingest.reader import FileRange
+from traceq.interrupts import is_interrupt
 from traceq.query import params_of, sql_text
 from traceq.store.schema import execute_over
 
@@ -91,87 +90,6 @@ def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -
         return execute_over(con, statement, params_of(statement, params), events)
     except duckdb.Error as exc:
         raise _not_native(exc) from None
-
-
-# what DuckDB's RuntimeError says when SIGINT stopped a statement
-DUCKDB_INTERRUPTED = "Query interrupted"
-
-
-# set by the SIGINT handler of noting_interrupts() while an ingest runs on the main thread
-INTERRUPTED = threading.Event()
-
-
-def is_interrupt(exc: BaseException) -> bool:
-    """Whether ``exc`` comes of Ctrl-C: any error once SIGINT came during an ingest
-    (:func:`noting_interrupts`), or DuckDB's own for a statement it stopped: a bare RuntimeError
-    (``duckdb.InterruptException`` is for ``interrupt()``), whose wording is read, and
-    tests/test_reader_wording.py fails the day it changes."""
-    return (INTERRUPTED.is_set() or isinstance(exc, duckdb.InterruptException)
-            or (type(exc) is RuntimeError and str(exc) == DUCKDB_INTERRUPTED))
-
-
-@contextmanager
-def noting_interrupts(knock_s: float | None = None, knocks: int = 5,
-                      stuck: Callable[[], None] | None = None) -> Iterator[None]:
-    """Note SIGINT in :data:`INTERRUPTED` while the block runs, then raise KeyboardInterrupt as Python does.
-
-    KeyboardInterrupt is raised in whatever Python code the main thread runs when the signal is
-    handled. Inside a DuckDB statement that may be DuckDB's own look-up of a Python variable
-    (``inspect.currentframe``), and DuckDB reports it as an error of its own: neither
-    KeyboardInterrupt nor "Query interrupted". Without the note, such an error sent the file to the
-    decoder and the ingest went on (1 Ctrl-C in 60 at random times; a suite run beside a CPU hog).
-
-    ``knock_s``: once SIGINT came, send it again every ``knock_s`` seconds until the block ends, a
-    Ctrl-C that a library swallowed being taken the next time; after ``knocks`` of them, call
-    ``stuck`` (a command line ends its process there: a statement polars takes over DuckDB's Arrow
-    stream interface, which it had started before the signal was handled, heeds no signal and ran on
-    for hours, 7 times in 40). For a process's own command line only: a library sends no signals to
-    the program that imports it.
-    Only on the main thread, where Python's own handler is in force (a program's handler stays)."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    ended = threading.Event()
-
-    def knock() -> None:
-        for _ in range(knocks):
-            if ended.wait(knock_s):
-                return
-            os.kill(os.getpid(), signal.SIGINT)
-        if not ended.wait(knock_s) and stuck is not None:
-            stuck()
-
-    def note(signum: int, frame: Any) -> None:
-        if knock_s is not None and not INTERRUPTED.is_set():
-            threading.Thread(target=knock, name="traceq-interrupt", daemon=True).start()
-        INTERRUPTED.set()
-        signal.default_int_handler(signum, frame)
-
-    INTERRUPTED.clear()
-    signal.signal(signal.SIGINT, note)
-    try:
-        yield
-    finally:
-        ended.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        INTERRUPTED.clear()
-
-
-@contextmanager
-def interruptible() -> Iterator[None]:
-    """Ctrl-C during the block comes out of it as KeyboardInterrupt, whatever it was taken for on the
-    way: DuckDB's error of an interrupted statement, or a file's error after which the block went on."""
-    with noting_interrupts():
-        try:
-            yield
-        except BaseException as exc:
-            if is_interrupt(exc) and not isinstance(exc, KeyboardInterrupt):
-                raise KeyboardInterrupt from None
-            raise
-        if INTERRUPTED.is_set():
-            raise KeyboardInterrupt
 
 
 def _not_native(exc: duckdb.Error) -> BaseException:
