@@ -20,6 +20,15 @@ CORPUS = ROOT.parent / "shared" / "corpus"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+def sigint_as_at_a_terminal() -> None:
+    """``preexec_fn`` for a command a test sends SIGINT: the signal's default disposition, as a command
+    typed at a terminal has it. A suite started in the background (``nohup ... &``, a non-interactive
+    shell's ``&``) has SIGINT ignored from its start, and every child inherits that."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def skip_or_fail(reason: str) -> None:
     """Skip with ``reason`` on a developer's machine; fail in CI, where nothing may be missing."""
     if IN_CI:

@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from tests.conftest import sigint_as_at_a_terminal
 from tests.test_bad_input import small_trace, table_counts
 from traceq.ingest import ingest_traces
 from traceq.ingest.native import scratch_base
@@ -72,7 +73,8 @@ def wait_until_mid_file(proc: subprocess.Popen, path: Path, timeout_s: float = 6
 
 def _ingest(trace: Path, db: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [TRACEQ, "ingest", trace, "--db", db, "-q", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [TRACEQ, "ingest", trace, "--db", db, "-q", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=sigint_as_at_a_terminal,
     )
 
 
@@ -233,7 +235,7 @@ def test_ctrl_c_in_a_query_ends_the_command_quietly_with_130(db: Path) -> None:
     Now as any Ctrl-C: exit 130, nothing on stderr."""
     query = "select sum(a) from range(3000000000000) as t(a) where a % 7 = 3"  # hours
     proc = subprocess.Popen([str(TRACEQ), "sql", query, "--db", str(db)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_at_a_terminal)
     try:  # a query of hours: never left running, whatever fails
         deadline = time.monotonic() + 60
         while proc.poll() is None and _cpu_s(proc.pid) < 2.5 and time.monotonic() < deadline:
@@ -260,7 +262,7 @@ def test_ctrl_c_while_traceq_loads_ends_it_without_a_traceback(db: Path) -> None
     whichever import it landed in; now as the signal ends a process. The signal is sent once the
     interpreter has started (it catches SIGINT) and traceq's script has let go of it for the loading."""
     proc = subprocess.Popen([str(TRACEQ), "report", "--db", str(db)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_at_a_terminal)
     seen_caught = False
     deadline = time.monotonic() + 30
     while proc.poll() is None and time.monotonic() < deadline:
