@@ -32,6 +32,9 @@ Sections (each prints a table; all figures also go to ``benchmarks/out/bench_sca
   --add`` of 100,000 rules (prefixes, anchored patterns with a wildcard, case-insensitive classes);
   against the per-pair join traceq used before (each name against each rule, a pattern compiled per
   pair) on 100 of the names, scaled to 10,000, and checked to give the same rules on those 100.
+- ``selection``: ``traceq report --run`` of a small real run (the corpus' H200 overlap trace), in a
+  warehouse of its own and beside the 1.5 GB trace ingested as another run (medians of 3 at least);
+  the report of every run; ``traceq diff`` of two step ranges of the small run.
 - ``parquet``: ``traceq export --parquet`` of the 64-rank warehouse, and the report run on it.
 - ``perfetto``: ``traceq export --perfetto`` of the 64-rank warehouse (every rank, and ``--ranks 0-7``)
   and of the synthetic 2048-rank run: seconds, file size, peak memory.
@@ -562,6 +565,41 @@ def rule_patterns(count: int, seed: int = 2) -> list[str]:
     return patterns
 
 
+def bench_selection(repeats: int, tmp: Path) -> list[dict]:
+    """A report of one small run (a real H200 trace of the corpus, 9 steps reported) in a warehouse
+    of its own, and beside the 1.5 GB trace ingested as another run: the statements read the selected
+    runs' rows only, so the ratio is the cost of what the warehouse holds besides. Also the report of
+    every run (what a selection applied afterwards paid) and ``diff`` of two step ranges of the run."""
+    small_trace = REPO.parent / "shared" / "corpus" / "traceq_h200" / "h200-overlap"
+    small, both = tmp / "small.duckdb", tmp / "both.duckdb"
+    _rm(small, both)
+    subprocess.run([TRACEQ, "ingest", str(small_trace), "--db", str(small), "-q"], check=True, stdout=subprocess.DEVNULL)
+    shutil.copy(small, both)
+    subprocess.run([TRACEQ, "ingest", str(large_trace(1500)), "--run", "big", "--db", str(both), "-q"], check=True,
+                   stdout=subprocess.DEVNULL)
+    cases = [
+        ("report --run h200-overlap", small, ["report", "--run", "h200-overlap"]),
+        ("report --run h200-overlap", both, ["report", "--run", "h200-overlap"]),
+        ("report --run h200-overlap --steps 2:6", small, ["report", "--run", "h200-overlap", "--steps", "2:6"]),
+        ("report --run h200-overlap --steps 2:6", both, ["report", "--run", "h200-overlap", "--steps", "2:6"]),
+        ("report (every run)", both, ["report"]),
+        ("diff h200-overlap,steps=2:5 ,steps=6:9", small, ["diff", "h200-overlap,steps=2:5", "h200-overlap,steps=6:9"]),
+        ("diff h200-overlap,steps=2:5 ,steps=6:9", both, ["diff", "h200-overlap,steps=2:5", "h200-overlap,steps=6:9"]),
+    ]
+    rows, alone = [], {}
+    for label, db, args in cases:
+        m = repeated(lambda _i, a=args, d=db: ([TRACEQ, *a, "--db", str(d)], lambda: None), repeats)
+        row = {"command": label, "warehouse": "with the 1.5 GB run" if db == both else "the run alone",
+               "seconds": round(m["seconds"], 2), "cpu_s": round(m["cpu_s"], 2), "peak_rss_mb": round(m["peak_rss_mb"]),
+               "all_seconds": m["all_seconds"]}
+        if db == small:
+            alone[label] = m["seconds"]
+        elif label in alone:
+            row["x_alone"] = round(m["seconds"] / alone[label], 2)
+        rows.append(row)
+    return rows
+
+
 def bench_rules(repeats: int, tmp: Path, names: int = 10_000, rules: int = 100_000, sample: int = 100) -> dict:
     """``traceq kernels`` with ``rules`` user rules over ``names`` kernel names; the former per-pair
     join on ``sample`` names, scaled."""
@@ -690,7 +728,8 @@ def _print_table(title: str, rows: list[dict] | dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sections = ["memory", "speed", "ranks", "report2048", "collectives", "critical_path", "rules", "parquet", "perfetto", "dask"]
+    sections = ["memory", "speed", "ranks", "report2048", "collectives", "critical_path", "rules", "selection", "parquet",
+                "perfetto", "dask"]
     ap.add_argument("--only", nargs="*", choices=sections, default=sections)
     ap.add_argument("--sizes", nargs="*", type=int, default=[100, 500, 1500], help="memory sweep, MB of JSON")
     ap.add_argument("--repeats", type=int, default=2)
@@ -722,6 +761,9 @@ def main(argv: list[str] | None = None) -> int:
         if "rules" in args.only:
             results["rules"] = bench_rules(args.repeats, tmp)
             _print_table("rules: traceq kernels, 10,000 kernel names, 100,000 user rules", results["rules"])
+        if "selection" in args.only:
+            results["selection"] = bench_selection(max(args.repeats, 3), tmp)
+            _print_table("selection: one small run's report alone and beside a 1.5 GB run", results["selection"])
         if "parquet" in args.only:
             results["parquet"] = bench_parquet(args.repeats, tmp)
             _print_table("parquet: export of the 64-rank warehouse, report on it", results["parquet"])

@@ -4,6 +4,7 @@ trace files without a warehouse, and on every corpus trace (the shares of the wi
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import polars as pl
@@ -57,6 +58,20 @@ def test_summary_by_hand(tmp_path: Path) -> None:
         assert row[key] == (pytest.approx(value) if isinstance(value, float) else value), key
 
 
+def test_summary_step_by_step_by_hand(tmp_path: Path) -> None:
+    """Each step its own row, its shares of its own window: step 1 (window 100 us) compute 30, overlapped
+    10, exposed comm 20, idle 50; step 2 (window 40 us) compute 40. By step alone: the same rows (one rank)."""
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    selection = StepSelection(skip_steps=0, include_last=True)
+    table, _ = summary(db, by="run,rank,step", selection=selection)
+    got = table.select("step", "steps", "compute_ms", "compute_pct", "overlapped_comm_pct", "exposed_comm_pct",
+                       "idle_ms", "idle_pct").rows()
+    assert got == [(1, 1, 0.03, 30.0, 10.0, 20.0, 0.05, 50.0), (2, 1, 0.04, 100.0, 0.0, 0.0, 0.0, 0.0)]
+    by_step, _ = summary(db, by="step", selection=selection)
+    assert by_step.select("step", "compute_pct", "idle_pct").rows() == [(1, 30.0, 50.0), (2, 100.0, 0.0)]
+
+
 def test_summary_straight_from_trace_files(tmp_path: Path) -> None:
     trace = two_steps(tmp_path / "job" / "rank0.json")
     db = tmp_path / "w.duckdb"
@@ -105,13 +120,14 @@ def test_several_metrics_side_by_side(tmp_path: Path) -> None:
         compute_metric(db, "exposed_comm,idl")
 
 
+@pytest.mark.parametrize("width", [80, 120, 200])
 @pytest.mark.parametrize("command", [["summary"], ["report", "--metric", "exposed_comm,idle"], ["kernels"]])
-def test_tables_fit_a_100_column_terminal(command: list[str], corpus_db: Path) -> None:
+def test_tables_fit_the_terminal(command: list[str], width: int, corpus_db: Path) -> None:
     runner = CliRunner()
-    narrow = runner.invoke(app, [*command, "--db", str(corpus_db)], env={"COLUMNS": "100"})
+    narrow = runner.invoke(app, [*command, "--db", str(corpus_db)], env={"COLUMNS": str(width)})
     assert narrow.exit_code == 0, narrow.stderr
     lines = narrow.stdout.splitlines()
-    assert lines and max(len(line) for line in lines) <= 100, max(lines, key=len)
+    assert lines and max(len(line) for line in lines) <= width, max(lines, key=len)
     full = runner.invoke(app, [*command, "--db", str(corpus_db), "--format", "csv"])
     header = full.stdout.splitlines()[0].split(",")
     shown = lines[0].replace("┃", " ").split()
@@ -139,14 +155,17 @@ def _column_text(stdout: str, column: str) -> str:
     (["check"], "detail"),
     (["rules"], "pattern"),
 ])
-def test_narrow_tables_keep_the_column_that_names_a_row_whole(command: list[str], column: str, corpus_db: Path) -> None:
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_narrow_tables_keep_the_column_that_names_a_row_whole(
+    command: list[str], column: str, width: int, corpus_db: Path
+) -> None:
     """At 100 columns the kernel's name, the trace's path, the finding, the pattern were cut to 24
     characters (`void at::native::vector…` three times) or left out (`runs --traces` without its path);
     now they wrap, and figures are left out first."""
     runner = CliRunner()
-    narrow = runner.invoke(app, [*command, "--db", str(corpus_db)], env={"COLUMNS": "100"})
+    narrow = runner.invoke(app, [*command, "--db", str(corpus_db)], env={"COLUMNS": str(width)})
     full = runner.invoke(app, [*command, "--db", str(corpus_db), "--format", "csv"])
-    assert narrow.stdout and max(len(line) for line in narrow.stdout.splitlines()) <= 100
+    assert narrow.stdout and max(len(line) for line in narrow.stdout.splitlines()) <= width
     want = [value.replace(" ", "") for value in pl.read_csv(io.StringIO(full.stdout), infer_schema=False)[column].fill_null("")]
     shown, at = _column_text(narrow.stdout, column), 0
     for value in want:  # every value whole, in order
@@ -154,3 +173,49 @@ def test_narrow_tables_keep_the_column_that_names_a_row_whole(command: list[str]
         assert found >= 0, (value, shown[at:at + 200])
         at = found + len(value)
     assert any(len(value) > 40 for value in want)  # long enough to have been cut before
+
+
+def test_the_per_step_chart_gives_each_run_an_axis_of_its_own() -> None:
+    """Runs of 13 s and of 0.1 s steps on one axis left the short run flat at the bottom: one panel per run."""
+    from traceq.report.plots import STACK, step_breakdown_figure
+
+    def steps(run: str, window_us: float) -> pl.DataFrame:
+        return pl.DataFrame({"run": run, "rank": 0, "device": 0, "step": [1, 2], "compute_us": window_us * 0.6,
+                             "overlapped_comm_us": window_us * 0.1, "exposed_comm_us": window_us * 0.2,
+                             "exposed_memcpy_us": 0.0, "idle_us": window_us * 0.2, "step_time_ms": window_us / 1e3})
+
+    fig = step_breakdown_figure(pl.concat([steps("long", 13e6), steps("short", 100.0)]))
+    axes = {}
+    for trace in fig.data:
+        axes.setdefault(trace.yaxis, set()).update(trace.y)
+    assert len(fig.data) == 2 * len(STACK)
+    assert axes == {"y": {13e6 * 0.5, 13e6 * 0.1, 13e6 * 0.2, 0.0}, "y2": {50.0, 10.0, 20.0, 0.0}}
+    assert [a.text for a in fig.layout.annotations] == ["run long", "run short"]
+    assert sum(t.showlegend for t in fig.data) == len(STACK)  # one legend entry per part
+
+
+def test_summary_html_renders_offline_in_headless_chromium(tmp_path: Path) -> None:
+    from tests.test_html_report import CHROMIUM, chromium, pixel_variance, script_errors
+
+    if CHROMIUM is None:
+        pytest.skip("headless Chromium is not installed (apt-get install -y chromium; CI installs it)")
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    page = tmp_path / "summary.html"
+    result = CliRunner().invoke(app, ["summary", "--db", str(db), "--by", "run,rank,step", "--skip-steps", "0",
+                                      "--include-last", "--html", str(page)])
+    assert result.exit_code == 0, result.stderr
+    assert f"wrote {page}" in result.stderr
+    dom, log, shot = chromium(page, tmp_path)
+    assert not script_errors(log), script_errors(log)
+    assert dom.count('class="plot-container plotly"') == 1
+    legend = set(re.findall(r'class="legendtext"[^>]*>([^<]+)<', dom))
+    assert legend == {"compute", "overlapped comm", "exposed comm", "exposed memcpy", "idle"}
+    assert re.findall(r'class="xtick"><text[^>]*>([^<]+)</text>', dom) == ["step 1", "step 2"]  # what varies names a bar
+    # the table: step 1 is 30 % compute and 50 % idle of its own window, step 2 all compute
+    cells = re.findall(r"<tr>(.*?)</tr>", dom.split("<tbody>")[1])
+    rows = [re.findall(r"<td>([^<]*)</td>", c) for c in cells]
+    header = re.findall(r"<th>([^<]*)</th>", dom)
+    at = {name: header.index(name) for name in ("step", "compute_pct", "idle_pct")}
+    assert [(r[at["step"]], r[at["compute_pct"]], r[at["idle_pct"]]) for r in rows] == [("1", "30", "50"), ("2", "100", "0")]
+    assert pixel_variance(shot) > 100.0

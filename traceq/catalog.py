@@ -160,11 +160,31 @@ def peak_for(device_name: str | None) -> GpuPeak | None:
 
 @dataclass(frozen=True)
 class Metric:
-    """One metric: its name (as in the CLI, SQL and README), unit and definition."""
+    """One metric: its name (as in the CLI, SQL and README), unit, definition, and what computes it.
+
+    ``source``: ``interval`` (sql/interval_breakdown.sql, which both engines run), ``idle`` (idle split
+    by cause, sql/idle_breakdown.sql), ``cross_rank`` (collectives matched across ranks,
+    sql/split_activity.sql and sql/stragglers.sql), ``step`` (over a step's CPU span, sql/step_throughput.sql:
+    no whole-trace value) or ``breakdown`` (one row per collective type or process group).
+    ``weight``: a ratio or rate's denominator, a column of the step rows; it aggregates as a ratio of
+    sums, Σ(value × weight) / Σ weight (README: Metrics), or Σ ``numerator`` / Σ weight where the
+    numerator is a column of its own. ``split``: a breakdown's dimension in
+    sql/exposed_comm_by_collective.sql and the key column it adds.
+    """
 
     name: str
     unit: str
     definition: str
+    source: str = "interval"
+    weight: str | None = None
+    numerator: str | None = None
+    split: tuple[str, str] | None = None
+
+    @property
+    def ns_column(self) -> str | None:
+        """The step rows' integer-ns column a time in us is read from (None: not a time from ns)."""
+        computed = self.source in ("interval", "idle", "cross_rank")
+        return self.name.removesuffix("_us") + "_ns" if self.unit == "us" and computed else None
 
 
 METRICS: tuple[Metric, ...] = (
@@ -177,79 +197,72 @@ METRICS: tuple[Metric, ...] = (
     Metric("exposed_memcpy_us", "us", "|U(memcpy ∪ memset) − U(compute) − U(comm)|"),
     Metric("idle_us", "us", "window_us − |U(all device activity in the window)|; 0 <= idle_us <= window_us"),
     Metric("idle_sync_us", "us", "idle_us while a synchronisation call (cudaStreamSynchronize, cudaDeviceSynchronize, an event "
-           "sync) was in flight on the rank's host"),
+           "sync) was in flight on the rank's host", source="idle"),
     Metric("idle_host_bound_us", "us", "idle_us not in a sync and before the launch of the work that ends the idle gap: "
-           "nothing was queued, the CPU launched late"),
+           "nothing was queued, the CPU launched late", source="idle"),
     Metric("idle_other_us", "us", "the rest of idle_us: work was launched but had not started (launch latency, a stream "
-           "waiting on an event); idle_sync_us + idle_host_bound_us + idle_other_us = idle_us"),
+           "waiting on an event); idle_sync_us + idle_host_bound_us + idle_other_us = idle_us", source="idle"),
     Metric("comm_wait_us", "us", "the part of comm_us where every running communication kernel is still waiting for its "
-           "last peer (each matched kernel's first duration − transfer; README: Across ranks)"),
+           "last peer (each matched kernel's first duration − transfer; README: Across ranks)", source="cross_rank"),
     Metric("comm_transfer_us", "us", "the rest of comm_us: some kernel moves data (an instance's transfer = its shortest "
-           "duration over ranks; an unmatched kernel counts whole); comm_wait_us + comm_transfer_us = comm_us"),
-    Metric("exposed_comm_wait_us", "us", "exposed_comm_us spent waiting for a late peer"),
+           "duration over ranks; an unmatched kernel counts whole); comm_wait_us + comm_transfer_us = comm_us", source="cross_rank"),
+    Metric("exposed_comm_wait_us", "us", "exposed_comm_us spent waiting for a late peer", source="cross_rank"),
     Metric("exposed_comm_transfer_us", "us", "exposed_comm_us moving data; exposed_comm_wait_us + exposed_comm_transfer_us "
-           "= exposed_comm_us"),
+           "= exposed_comm_us", source="cross_rank"),
     Metric("arrived_last_count", "count", "matched collectives (starting in the window) at which this rank arrived last: "
-           "its kernel was the shortest of the instance"),
-    Metric("arrived_last_share", "ratio", "arrived_last_count / the matched collectives this rank took part in"),
-    Metric("wait_caused_us", "us", "the waiting that the other ranks did at the collectives this rank arrived last at"),
+           "its kernel was the shortest of the instance", source="cross_rank"),
+    Metric("arrived_last_share", "ratio", "arrived_last_count / the matched collectives this rank took part in", source="cross_rank", weight="matched_count"),
+    Metric("wait_caused_us", "us", "the waiting that the other ranks did at the collectives this rank arrived last at", source="cross_rank"),
     Metric("window_us", "us", "the step's device window: from the first device activity it launched to the first the next step "
            "launched (the last step: to the end of the activity the steps launched); windows tile the timeline. The "
            "last step's window is open (it ends with the GPU's drain): reports leave it out unless --include-last"),
     Metric("overlap_ratio", "ratio", "overlapped_comm_us / comm_us (HTA's comp_comm_overlap_pctg / 100); over steps and "
-           "ranks Σ overlapped / Σ comm, as every ratio and rate aggregates: a ratio of sums"),
-    Metric("step_time_ms", "ms", "duration of the step's CPU span, ProfilerStep#N or --step-marker (the clock for throughput)"),
+           "ranks Σ overlapped / Σ comm, as every ratio and rate aggregates: a ratio of sums", weight="comm_ns"),
+    Metric("step_time_ms", "ms", "duration of the step's CPU span, ProfilerStep#N or --step-marker (the clock for throughput)", source="step"),
     Metric("tokens_per_s", "tokens/s", "tokens_per_step / world_size / step time: tokens per second per GPU (the study's "
-           "WPS); over steps Σ tokens / Σ step time"),
-    Metric("global_tokens_per_s", "tokens/s", "tokens_per_step / step time: tokens per second of the whole run"),
+           "WPS); over steps Σ tokens / Σ step time", source="step", weight="step_time_ns"),
+    Metric("global_tokens_per_s", "tokens/s", "tokens_per_step / step time: tokens per second of the whole run", source="step", weight="step_time_ns"),
     Metric("tflops", "TFLOP/s", "model FLOPs per step / world_size / step time; FLOPs per token 6·N + 12·L·H·Q·T unless "
-           "set, or FLOPs per step alone (no tokens needed)"),
-    Metric("mfu", "ratio", "tflops / the GPU's peak dense BF16 TFLOP/s (table or user-set)"),
-    Metric("power_w", "W", "NVML power of the rank's GPU(s), time-weighted over the step's wall-clock window"),
-    Metric("energy_j", "J", "NVML energy counter delta over the step (else power_w × step window)"),
-    Metric("tokens_per_j", "tokens/J", "tokens of the rank's GPU(s) in the step / energy_j"),
+           "set, or FLOPs per step alone (no tokens needed)", source="step", weight="step_time_ns"),
+    Metric("mfu", "ratio", "tflops / the GPU's peak dense BF16 TFLOP/s (table or user-set)", source="step", weight="step_time_ns"),
+    Metric("power_w", "W", "NVML power of the rank's GPU(s), time-weighted over the step's wall-clock window", source="step", weight="step_time_ns"),
+    Metric("energy_j", "J", "NVML energy counter delta over the step (else power_w × step window)", source="step"),
+    Metric("tokens_per_j", "tokens/J", "tokens of the rank's GPU(s) in the step / energy_j", source="step", weight="energy_j", numerator="power_tokens"),
     Metric("exposed_comm_by_collective_us", "us",
-           "|U(comm of collective type t) − U(compute)| per type; types may overlap, so these can sum to more than exposed_comm_us"),
+           "|U(comm of collective type t) − U(compute)| per type; types may overlap, so these can sum to more than exposed_comm_us", source="breakdown", split=("collective", "collective_type")),
     Metric("exposed_comm_by_pg_us", "us",
-           "|U(comm of process group g) − U(compute)| per process group; groups may overlap, so these can sum to more than exposed_comm_us"),
+           "|U(comm of process group g) − U(compute)| per process group; groups may overlap, so these can sum to more than exposed_comm_us", source="breakdown", split=("process_group", "process_group")),
 )
 METRIC_NAMES = tuple(m.name for m in METRICS)
-# idle_us split by cause (sql/idle_breakdown.sql): computed when a report asks for one of them
-IDLE_PARTS = ("idle_sync_us", "idle_host_bound_us", "idle_other_us")
-# across ranks (sql/comm_instances.sql, sql/split_activity.sql): computed when a report asks for one of them
-CROSS_RANK = ("comm_wait_us", "comm_transfer_us", "exposed_comm_wait_us", "exposed_comm_transfer_us",
-              "arrived_last_count", "arrived_last_share", "wait_caused_us")
+
+
+def _of(source: str) -> tuple[str, ...]:
+    return tuple(m.name for m in METRICS if m.source == source)
+
+
+# what a report computes only when it asks for one of them: idle by cause, the split across ranks
+IDLE_PARTS = _of("idle")
+CROSS_RANK = _of("cross_rank")
 # metrics over a step's CPU span (throughput, power): they have no whole-trace value
-PER_STEP_METRICS = ("step_time_ms", "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j",
-                    "tokens_per_j")
-# Ratios and rates aggregate as a ratio of sums (README: Metrics): metric -> the column of a step row that is
-# its denominator, so that the aggregate over rows is Σ(value × weight) / Σ weight = Σ numerator /
-# Σ denominator (overlap_ratio = Σ overlapped / Σ comm; tokens_per_s = Σ tokens / Σ step time). Every
-# report (report, summary, scaling, diff, the HTML) aggregates through traceq.report.metrics.mean_of.
-RATE_WEIGHTS = {
-    "overlap_ratio": "comm_ns",
-    "arrived_last_share": "matched_count",
-    "tokens_per_s": "step_time_ns",
-    "global_tokens_per_s": "step_time_ns",
-    "tflops": "step_time_ns",
-    "mfu": "step_time_ns",
-    "power_w": "step_time_ns",
-    "tokens_per_j": "energy_j",
-}
+PER_STEP_METRICS = _of("step")
+# metric (us) -> its integer-ns column in the step rows
+NS_COLUMN_OF = {m.name: m.ns_column for m in METRICS if m.ns_column}
+# Ratios and rates aggregate as a ratio of sums (README: Metrics): metric -> its denominator column, so
+# that the aggregate over rows is Σ(value × weight) / Σ weight = Σ numerator / Σ denominator
+# (overlap_ratio = Σ overlapped / Σ comm; tokens_per_s = Σ tokens / Σ step time). Every report (report,
+# summary, scaling, diff, the HTML) aggregates through traceq.report.metrics.mean_of.
+RATE_WEIGHTS = {m.name: m.weight for m in METRICS if m.weight}
 # Rates whose numerator is a column of its own rather than value × weight: a step whose energy counter did
 # not tick (0 J, tokens_per_j null) still adds its tokens to the run's Σ tokens / Σ energy.
-RATE_NUMERATORS = {"tokens_per_j": "power_tokens"}
+RATE_NUMERATORS = {m.name: m.numerator for m in METRICS if m.numerator}
+# metric -> (dimension in exposed_comm_by_collective.sql, the key column it adds)
+BREAKDOWNS = {m.name: m.split for m in METRICS if m.split}
 # `--metric exposed_comm` and `--metric exposed_comm_us` both work.
 _ALIASES = {m.name.removesuffix("_us").removesuffix("_ms"): m.name for m in METRICS}
 # Run metadata columns that can group a report (see sql/run_metadata.sql).
 META_COLUMNS = ("world_size", "nodes", "gpus_per_node", "tp", "pp", "cp", "dp", "model", "seq_len", "gpu_model",
                 "tokens_per_step")
 GROUP_COLUMNS = ("run", "rank", "device", "step", *META_COLUMNS)
-# metric -> (dimension in exposed_comm_by_collective.sql, the key column it adds)
-BREAKDOWNS = {
-    "exposed_comm_by_collective_us": ("collective", "collective_type"),
-    "exposed_comm_by_pg_us": ("process_group", "process_group"),
-}
 BREAKDOWN_NOTE = (
     "exposed comm by collective type / process group: |U(comm of that key) − U(compute)|; where collectives "
     "of different keys overlap each other that time counts once for each, so these can sum to more than "

@@ -345,13 +345,14 @@ def sql(
 def summary(
     traces: Annotated[Optional[list[str]], typer.Argument(help="Trace files, globs or directories to summarise without a warehouse (ingested into a temporary one); default: the warehouse's runs.")] = None,
     db: DbOption = Path(DEFAULT_DB),
-    by: Annotated[str, typer.Option(help="Grain: comma-separated run, rank, device or run metadata columns.")] = "run,rank",
+    by: Annotated[str, typer.Option(help="Grain: comma-separated run, rank, device, step or run metadata columns.")] = "run,rank",
     steps: StepsOption = None,
     skip_steps: SkipStepsOption = None,
     drop_last: DropLastOption = False,
     include_last: IncludeLastOption = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
+    html: Annotated[Optional[Path], typer.Option(help="Also write the summary as a self-contained HTML page (the shares as stacked bars, the table).")] = None,
 ) -> None:
     """Where each GPU's step time goes, on one screen: step time, then compute, overlapped comm,
     exposed comm, exposed memcpy and idle as ms per step and as % of the device window (compute +
@@ -364,12 +365,15 @@ def summary(
       traceq summary runs/job1/*.json.gz          # no warehouse kept
 
       traceq summary --by run --steps 11:60 --format csv
+
+      traceq summary --by run,rank,step --run llama-8n --html steps.html   # step by step
     """
     import tempfile
 
     from traceq.report.selection import StepSelection
     from traceq.report.summary import PARTS
     from traceq.report.summary import summary as summarise
+    from traceq.report.summary import write_summary_html
 
     try:
         selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
@@ -384,6 +388,8 @@ def summary(
                 for note in [*ingested.notes, *(n for f in ingested.files for n in f.notes)]:
                     _echo(f"note: {note}", err=True)
             table, notes = summarise(db, by=by, selection=selection, runs=run)
+        if html is not None:
+            write_summary_html(table, html, by, notes)
     except TraceqError as exc:
         _fail(exc)
         return
@@ -393,6 +399,8 @@ def summary(
         _echo(f"note: {note}", err=True)
     # on a narrow terminal: step time and the shares of compute, exposed comm and idle stay longest
     _emit(table, fmt, drop_first=(*(f"{p}_ms" for p in PARTS), "overlapped_comm_pct", "exposed_memcpy_pct", "steps"))
+    if html is not None:
+        _echo(f"wrote {html}", err=True)
 
 
 @app.command()
@@ -726,7 +734,7 @@ def _without_float_noise(frame: Any) -> Any:
     return frame.with_columns(pl.col(floats).round_sig_figs(15)) if floats else frame
 
 
-_TEXT_CELL = 24  # characters of a text column, at least, when the table is wider than the terminal
+_TEXT_CELL = 16  # characters of a text column, at least, when the table is wider than the terminal
 
 
 def _widths(columns: list[str], rows: list[list[str]]) -> list[int]:

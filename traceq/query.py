@@ -11,6 +11,10 @@ maps it to another file (``windows`` -> ``trace_windows`` for the whole trace) o
 input is a table by default: ``kernel_classes``, each kernel name with its rule, which
 :func:`statement` keeps current on the connection (:mod:`traceq.classify`). Values go in as named
 parameters (``$trace_id``); :func:`run` passes each statement only those it names.
+
+A statement over a selection of runs (``$runs``, a list of run names) reads the warehouse tables
+through common table expressions of the same names that hold only those runs' rows, so that its
+cost follows what it selects, not what the warehouse holds: the files themselves never filter by run.
 """
 
 from __future__ import annotations
@@ -84,6 +88,28 @@ def _collect(name: str, bind: dict[str, str], ctes: dict[str, str], path: tuple[
             raise ValueError(f"sql/{name}.sql reads {cte!r}: no sql/{cte}.sql and no binding for it")
 
 
+# the warehouse tables a statement over selected runs sees through a filter: by run, or by trace
+_BY_RUN = ("runs", "traces", "run_settings")
+_BY_TRACE = ("names", "gpu_events", "host_events", "steps", "trace_threads", "run_files", "step_wall_times",
+             "power_logs", "power_samples")
+_TABLE_READ = re.compile(r"\b(?:from|join)\s+(" + "|".join(_BY_RUN + _BY_TRACE) + r")\b", re.IGNORECASE)
+
+
+def selecting_runs(statement: str) -> str:
+    """``statement`` reading the warehouse tables of the runs in ``$runs`` only (see the module's text)."""
+    read = {t.lower() for t in _TABLE_READ.findall(re.sub(r"--[^\n]*", "", statement))}
+    if not read:
+        return statement
+    ctes = [f"{t} as not materialized (select * from main.{t} where list_contains($runs, run))"
+            for t in _BY_RUN if t in read]
+    ctes += [f"{t} as not materialized (select * from main.{t} where trace_id in "
+             f"(select trace_id from main.traces where list_contains($runs, run)))" for t in _BY_TRACE if t in read]
+    head = "with " + ",\n".join(ctes)
+    if re.match(r"with\s", statement, re.IGNORECASE):
+        return head + ",\n" + statement[4:].lstrip()
+    return head + "\n" + statement
+
+
 def params_of(statement: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """The entries of ``params`` that ``statement`` names as ``$name`` (DuckDB refuses unused ones);
     KeyError naming a parameter it needs that ``params`` lacks."""
@@ -95,9 +121,13 @@ def run(
     con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, Any] | None = None,
     bind: Mapping[str, str] | None = None,
 ) -> duckdb.DuckDBPyRelation:
-    """The relation of ``sql/<name>.sql`` composed with its inputs (:func:`compose`), on ``con``."""
+    """The relation of ``sql/<name>.sql`` composed with its inputs (:func:`compose`), on ``con``; over
+    the runs in ``params["runs"]`` alone where that is given (:func:`selecting_runs`)."""
+    params = params or {}
     text = statement(con, name, bind)
-    return con.sql(text, params=params_of(text, params or {}) or None)
+    if params.get("runs") is not None:
+        text = selecting_runs(text)
+    return con.sql(text, params=params_of(text, params) or None)
 
 
 def statement(con: duckdb.DuckDBPyConnection, name: str, bind: Mapping[str, str] | None = None) -> str:

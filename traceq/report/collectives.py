@@ -19,7 +19,7 @@ from traceq import query
 from traceq.catalog import META_COLUMNS, columns
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
-from traceq.report.metrics import nothing_selected, require_runs, run_metadata_frame
+from traceq.report.metrics import nothing_selected, require_runs, run_metadata_frame, steps_selected
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -81,11 +81,11 @@ def collectives_table(
     with opened(db) as con:
         rows, matching, shared = _shared_step_rows(con, "collectives", windows, selection, runs)
         notes = [*matching, *shared]
-        if runs:
-            rows = rows.filter(pl.col("run").is_in(list(runs)))
         if rows.height == 0:
             if not whole_trace:
-                raise EmptySelection(f"no communication kernel in the selected steps; {nothing_selected(con, selection, runs)}")
+                if not steps_selected(con, selection, runs):
+                    raise EmptySelection(nothing_selected(con, selection, runs))
+                raise EmptySelection("no communication kernel in the selected steps")
             raise EmptySelection("no communication kernel in the warehouse's traces")
     rows = rows.with_columns(
         # a kernel without element counts or dtype has no size: its bucket is unknown
@@ -141,7 +141,7 @@ def _shared_step_rows(
     with the matching notes and the notes on steps left out."""
     require_runs(con, runs)
     with crossrank.matched(con, runs) as table:
-        rows = to_polars(query.run(con, name, {**query_params(selection), "shared_steps": True},
+        rows = to_polars(query.run(con, name, {**query_params(selection, runs), "shared_steps": True},
                                    bind={"windows": windows, "comm_instances": table}))
         return rows, crossrank.matching_notes(con, runs), crossrank.shared_steps_notes(con, windows, selection, runs)
 
@@ -174,10 +174,8 @@ def stragglers_table(
         notes = [*matching, *shared]
         traces = to_polars(con.sql("select trace_id, run from traces"))
         rows = rows.join(traces, on="trace_id")
-        if runs:
-            rows = rows.filter(pl.col("run").is_in(list(runs)))
         if rows.height == 0:
-            if not whole_trace and not query.run(con, windows, query_params(selection)).limit(1).fetchall():
+            if not whole_trace and not steps_selected(con, selection, runs):
                 raise EmptySelection(nothing_selected(con, selection, runs))
             raise EmptySelection("no collective matched across ranks in the selected steps; "
                                  + "; ".join([n for n in matching if n != crossrank.SPLIT_NOTE] or ["no communication kernels"]))
@@ -208,8 +206,6 @@ def instance_table(db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = N
                 f"start_ns, dur_ns, wait_ns, transfer_ns, arrived_last, size_bytes, matched, reason from {table} "
                 f"order by run, rank, start_ns"
             ))
-    if runs:
-        rows = rows.filter(pl.col("run").is_in(list(runs)))
     first = rows.group_by("run", "instance_id").agg(pl.col("start_ns").min().alias("_first"))
     rows = rows.join(first, on=["run", "instance_id"], how="left", nulls_equal=True).with_columns(
         pl.when(pl.col("matched")).then(pl.struct("_first", "instance_id").rank("dense").over("run"))

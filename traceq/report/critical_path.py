@@ -203,10 +203,9 @@ def critical_path(
 
 def _windows(con: duckdb.DuckDBPyConnection, run: str, selection: StepSelection) -> pl.DataFrame:
     """The run's selected device windows with their wall-clock offsets (windows of length 0 left out)."""
-    windows = query.run(con, "selected_windows", query_params(selection))
-    offsets = query.run(con, "wall_offsets")
-    runs = con.sql("select trace_id from traces where run = $run", params={"run": run})
-    rows = (windows.join(offsets, "trace_id").join(runs, "trace_id")
+    windows = query.run(con, "selected_windows", query_params(selection, [run]))
+    offsets = query.run(con, "wall_offsets")  # one row per trace; the join keeps the run's
+    rows = (windows.join(offsets, "trace_id")
             .filter("end_ns > start_ns")
             .select("trace_id, rank, device, step, start_ns, end_ns, offset_ns")
             .order("step, rank, device"))

@@ -44,7 +44,7 @@ def matched(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -
         yield INSTANCES_TABLE
         return
     statement = query.statement(con, "comm_instances")
-    params = {**query_params(), "runs": list(runs) if runs else None}
+    params = query_params(runs=runs)
     con.execute(f"create temp table {INSTANCES_TABLE} as {statement}", query.params_of(statement, params))
     try:
         yield INSTANCES_TABLE
@@ -59,7 +59,7 @@ def straggler_rows(
     """``sql/stragglers.sql`` per window of ``windows`` (selected_windows or trace_windows) that holds a
     matched kernel, collectives matched within ``runs`` (None: every run)."""
     with matched(con, runs) as table:
-        params = {**query_params(selection), "shared_steps": False}
+        params = {**query_params(selection, runs), "shared_steps": False}
         rows = query.run(con, "stragglers", params, bind={"windows": windows, "comm_instances": table})
         return to_polars(rows)
 
@@ -71,10 +71,8 @@ def shared_steps_notes(
     leave the steps that only some ranks have out (``sql/shared_windows.sql``)."""
     import polars as pl
 
-    held = to_polars(query.run(con, windows, query_params(selection)).select("trace_id, rank, step"))
+    held = to_polars(query.run(con, windows, query_params(selection, runs)).select("trace_id, rank, step"))
     held = held.join(to_polars(con.sql("select trace_id, run from traces")), on="trace_id")
-    if runs:
-        held = held.filter(pl.col("run").is_in(list(runs)))
     ranks = held.group_by("run").agg(pl.col("rank").n_unique().alias("ranks"))
     partial = (
         held.group_by("run", "step").agg(pl.col("rank").n_unique().alias("n"))

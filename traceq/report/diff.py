@@ -125,9 +125,7 @@ def _side_rows(
         collectives = collectives.filter(pl.col("rank") == side.rank)
     collectives = collectives.select(*keys, pl.col("collective_type").alias("name"),
                                      pl.col("exposed_comm_by_collective_us").alias("value"))
-    kernels = to_polars(query.run(con, "kernel_times", query_params(selection)))
-    trace_ids = [t for (t,) in con.execute("select trace_id from traces where run = ?", [side.run]).fetchall()]
-    kernels = kernels.filter(pl.col("trace_id").is_in(trace_ids))
+    kernels = to_polars(query.run(con, "kernel_times", query_params(selection, [side.run])))
     if side.rank is not None:
         kernels = kernels.filter(pl.col("rank") == side.rank)
     categories = kernels.group_by("rank", "step", pl.col("category").alias("name")).agg(

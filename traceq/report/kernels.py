@@ -55,11 +55,8 @@ def kernel_table(
         raise ConfigError(f"must be at most {MAX_TOP:,} (rows per group)", param="top", value=top)
     with opened(db) as con:
         require_runs(con, runs)
-        rows = to_polars(query.run(con, "kernel_times", query_params(selection)))
-        traces = to_polars(con.sql("select trace_id, run from traces"))
-        rows = rows.join(traces, on="trace_id")
-        if runs:
-            rows = rows.filter(pl.col("run").is_in(list(runs)))
+        rows = to_polars(query.run(con, "kernel_times", query_params(selection, runs)))
+        rows = rows.join(to_polars(con.sql("select trace_id, run from traces")), on="trace_id")
         if rows.height == 0:
             raise EmptySelection(nothing_selected(con, selection, runs))
     keys = ["class", "category", *(["name"] if level == "kernel" else [])]

@@ -24,6 +24,7 @@ from traceq.catalog import (
     IDLE_PARTS,
     META_COLUMNS,
     METRICS,
+    NS_COLUMN_OF,
     PER_STEP_METRICS,
     RATE_NUMERATORS,
     RATE_WEIGHTS,
@@ -42,35 +43,17 @@ if TYPE_CHECKING:  # imported where used: a report imports it while DuckDB runs 
     import polars as pl
 
 
-NS_COLUMN_OF = {  # metric (us) -> its column in ns
-    "comm_kernel_us": "comm_kernel_ns",
-    "compute_kernel_us": "compute_kernel_ns",
-    "comm_us": "comm_ns",
-    "compute_us": "compute_ns",
-    "overlapped_comm_us": "overlapped_comm_ns",
-    "exposed_comm_us": "exposed_comm_ns",
-    "exposed_memcpy_us": "exposed_memcpy_ns",
-    "idle_us": "idle_ns",
-    "idle_sync_us": "idle_sync_ns",
-    "idle_host_bound_us": "idle_host_bound_ns",
-    "idle_other_us": "idle_other_ns",
-    "window_us": "window_ns",
-    "comm_wait_us": "comm_wait_ns",
-    "comm_transfer_us": "comm_transfer_ns",
-    "exposed_comm_wait_us": "exposed_comm_wait_ns",
-    "exposed_comm_transfer_us": "exposed_comm_transfer_ns",
-    "wait_caused_us": "wait_caused_ns",
-}
+# the columns of sql/step_throughput.sql a step row takes: the per-step metrics, then where each comes from
 _THROUGHPUT_COLUMNS = (
-    "tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "power_w", "energy_j", "tokens_per_j", "power_tokens",
-    "power_source", "power_gpus", "energy_source", "flops_per_step", "flops_source", "peak_tflops", "peak_tflops_source",
-    "peak_gpu",
+    *(name for name in PER_STEP_METRICS if name != "step_time_ms"),
+    "power_tokens", "power_source", "power_gpus", "energy_source", "flops_per_step", "flops_source", "peak_tflops",
+    "peak_tflops_source", "peak_gpu",
 )
 def list_metrics() -> pl.DataFrame:
     """Every metric with its unit and one-line definition."""
     import polars as pl
 
-    return pl.DataFrame([m.__dict__ for m in METRICS])
+    return pl.DataFrame([{"name": m.name, "unit": m.unit, "definition": m.definition} for m in METRICS])
 
 
 def run_metadata_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
@@ -94,12 +77,12 @@ def interval_breakdown(
     with crossrank.matched(con, runs) if cross_rank else nullcontext(None) as table:
         bind = {"windows": windows, **({"device_activity": "split_activity", "comm_instances": table} if table else {})}
         # run now (materialized): polars may still be importing meanwhile (metric_report)
-        rows = query.run(con, "interval_breakdown", query_params(selection), bind=bind).materialize()
+        rows = query.run(con, "interval_breakdown", query_params(selection, runs), bind=bind).materialize()
         stragglers = crossrank.straggler_rows(con, windows, selection, runs) if table else None
     activity = con.sql("select trace_id, case when n_gpu_events > 0 then 'gpu' else 'cpu' end as activity from traces")
     rows = rows.join(activity, "trace_id")
     if idle_parts:
-        parts = query.run(con, "idle_breakdown", query_params(selection), bind={"windows": windows}).set_alias("p")
+        parts = query.run(con, "idle_breakdown", query_params(selection, runs), bind={"windows": windows}).set_alias("p")
         rows = rows.set_alias("r").join(
             parts, "r.trace_id = p.trace_id and r.rank = p.rank and r.device = p.device and r.step = p.step", "left"
         ).select("r.*, p.idle_sync_ns, p.idle_host_bound_ns, p.idle_other_ns")
@@ -145,13 +128,11 @@ def step_metrics(
             *[pl.lit(None).alias(c) for c in (*_THROUGHPUT_COLUMNS, "step_time_ns")]
         )
     else:
-        throughput = to_polars(query.run(con, "step_throughput", query_params(selection))).select(
+        throughput = to_polars(query.run(con, "step_throughput", query_params(selection, runs))).select(
             "trace_id", "rank", "step", "run", "step_time_ns", *_THROUGHPUT_COLUMNS
         )
         frame = throughput.join(frame, on=["trace_id", "rank", "step"], how="left")
     frame = frame.join(meta, on="run", how="left")
-    if runs:
-        frame = frame.filter(pl.col("run").is_in(list(runs)))
     return frame.with_columns(
         *[(pl.col(ns) / 1000).round(3).alias(us) for us, ns in NS_COLUMN_OF.items() if ns in frame.columns],
         (pl.col("step_time_ns") / 1e6).round(6).alias("step_time_ms"),
@@ -175,7 +156,7 @@ def breakdown_metrics(
 
     dimension, key = BREAKDOWNS[metric]
     windows = "trace_windows" if whole_trace else "selected_windows"
-    frame = to_polars(query.run(con, "exposed_comm_by_collective", query_params(selection), bind={"windows": windows}))
+    frame = to_polars(query.run(con, "exposed_comm_by_collective", query_params(selection, runs), bind={"windows": windows}))
     frame = frame.filter(pl.col("dimension") == dimension).drop("dimension").rename({"key": key})
     extra = to_polars(con.sql("select trace_id, rank, step, step_time_ns from steps"))
     traces = to_polars(con.sql("select trace_id, run from traces"))
@@ -184,8 +165,6 @@ def breakdown_metrics(
         .join(extra, on=["trace_id", "rank", "step"], how="left")
         .join(run_metadata_frame(con), on="run", how="left")
     )
-    if runs:
-        frame = frame.filter(pl.col("run").is_in(list(runs)))
     return frame.with_columns(
         (pl.col("exposed_comm_ns") / 1000).round(3).alias(metric),
         (pl.col("comm_ns") / 1000).round(3).alias("comm_us"),
@@ -293,6 +272,9 @@ def step_report(
             rows = step_metrics(con, whole_trace=whole_trace, selection=selection, runs=runs,
                                 idle_parts=bool(set(names) & set(IDLE_PARTS)), cross_rank=cross_rank)
         if rows.height == 0:
+            if breakdowns and (whole_trace or steps_selected(con, selection, runs)):
+                raise EmptySelection(f"no communication kernel in the {'traces' if whole_trace else 'selected steps'}"
+                                     f" of {_which_runs(runs)}: {names[0]} has nothing to split")
             raise EmptySelection(nothing_selected(con, selection, runs))
         notes: list[str] = []
         for name in names:
@@ -355,6 +337,11 @@ def require_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None) -> 
         )
 
 
+def steps_selected(con: duckdb.DuckDBPyConnection, selection: StepSelection, runs: Sequence[str] | None) -> bool:
+    """Whether ``selection`` leaves a step window of ``runs`` (None: every run)."""
+    return bool(query.run(con, "selected_windows", query_params(selection, runs)).limit(1).fetchall())
+
+
 def nothing_selected(con: duckdb.DuckDBPyConnection, selection: StepSelection, runs: Sequence[str] | None) -> str:
     """What to say when ``selection`` leaves no step: the selection, and the steps each run has."""
     rows = con.execute(
@@ -376,6 +363,10 @@ def nothing_selected(con: duckdb.DuckDBPyConnection, selection: StepSelection, r
             parts.append("ranks without steps (one window over the whole trace)")
         held.append(f"run {run}: {', '.join(parts)}")
     return f"no step is selected ({selection.describe()}); {_listing(held, 8)}"
+
+
+def _which_runs(runs: Sequence[str] | None) -> str:
+    return "any run" if not runs else f"run {runs[0]}" if len(runs) == 1 else f"runs {_listing(runs)}"
 
 
 def _listing(items: Sequence[str], most: int = 20) -> str:

@@ -182,9 +182,9 @@ def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, select
     for run, ranks in whole.sort("run").iter_rows():
         notes.append(f"run {run}: rank {', '.join(map(str, ranks))} has no step marker: reported over its whole "
                      "trace as one window (step -1); name its steps with `traceq ingest --step-marker REGEX`")
-    outside = to_polars(query.run(con, "outside_steps", query_params(selection)))
+    outside = to_polars(query.run(con, "outside_steps", query_params(selection, runs)))
     traces = to_polars(con.sql("select trace_id, run from traces"))
-    outside = outside.join(traces, on="trace_id").filter(pl.col("run").is_in(runs) & (pl.col("n_before") + pl.col("n_after") > 0))
+    outside = outside.join(traces, on="trace_id").filter(pl.col("n_before") + pl.col("n_after") > 0)
     for r in outside.sort("run", "rank", "device").iter_rows(named=True):
         where = "CPU" if r["device"] < 0 else f"device {r['device']}"
         parts = [f"{r[f'{p}_ns'] / 1e6:,.3f} ms ({r[f'n_{p}']} events) {p} the {'first' if p == 'before' else 'last'} "
@@ -212,7 +212,7 @@ def selection_notes(
     step at all (never dropped silently), the open last step left out by default, and a rank whose only
     step is the last, kept with its open window (README: device windows, steps). A CPU-only trace's
     windows are its steps' CPU spans: its last step is closed and kept."""
-    selected = query.run(con, "selected_steps", query_params(selection)).set_alias("sel")
+    selected = query.run(con, "selected_steps", query_params(selection, runs)).set_alias("sel")
     rel = con.sql(
         """
         select t.run, s.rank, bool_or(t.n_gpu_events > 0) as open_last,

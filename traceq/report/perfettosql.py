@@ -22,6 +22,7 @@ from importlib.resources import as_file, files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from traceq import catalog
 from traceq.catalog import StepMarker, event_categories
 from traceq.errors import ConfigError, EmptySelection, TraceqError
 
@@ -36,10 +37,9 @@ GET_IT = (
     f"pass --trace-processor PATH or set {ENV_VAR} to a trace_processor_shell binary "
     "(from https://get.perfetto.dev/trace_processor, or built from Perfetto's source)"
 )
-# The metrics this engine computes (the interval metrics of the README's Metrics table; each is read
-# from its ns column of traceq_interval_breakdown)
-METRICS = ("comm_kernel_us", "compute_kernel_us", "comm_us", "compute_us", "overlapped_comm_us", "exposed_comm_us",
-           "exposed_memcpy_us", "idle_us", "window_us")
+# The metrics this engine computes: the interval times (each read from its ns column of
+# traceq_interval_breakdown), then overlap_ratio and step_time_ms
+METRICS = tuple(m.name for m in catalog.METRICS if m.source == "interval" and m.ns_column)
 OTHER_METRICS = ("overlap_ratio", "step_time_ms")
 GRAIN = ("run", "rank", "device", "step")
 NS_COLUMNS = ("comm_kernel_ns", "compute_kernel_ns", "comm_ns", "compute_ns", "overlapped_comm_ns",
@@ -464,10 +464,9 @@ def step_rows(results: Sequence[TraceResult], *, whole_trace: bool, selection: S
     rows = pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
     if rows.height == 0:
         return rows
-    from traceq.report.metrics import NS_COLUMN_OF
 
     return rows.with_columns(
-        *[(pl.col(NS_COLUMN_OF[us]) / 1000).round(3).alias(us) for us in METRICS],
+        *[(pl.col(catalog.NS_COLUMN_OF[us]) / 1000).round(3).alias(us) for us in METRICS],
         (pl.when(pl.col("comm_ns") > 0).then(pl.col("overlapped_comm_ns") / pl.col("comm_ns"))).alias("overlap_ratio"),
         (pl.col("step_time_ns") / 1e6).round(6).alias("step_time_ms"),
     ).sort("run", "rank", "device", "step")

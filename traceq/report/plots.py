@@ -42,28 +42,51 @@ def pick_ranks(rows: pl.DataFrame, max_ranks: int) -> pl.DataFrame:
 
 
 def step_breakdown_figure(rows: pl.DataFrame, max_ranks: int = 16) -> Any:
-    """Stacked bars per (rank, step): compute / overlapped comm / exposed comm / exposed memcpy / idle (us).
+    """Stacked bars per (rank, step): compute / overlapped comm / exposed comm / exposed memcpy / idle (us),
+    one panel per run with an axis of its own (a run of 13 s steps beside one of 0.1 s would flatten it).
 
     ``rows``: step rows of :func:`traceq.report.metrics.step_metrics` that have GPU activity.
     """
+    from plotly.subplots import make_subplots
+
     go = _go()
     rows = pick_ranks(rows, max_ranks).with_columns(
         (pl.col("compute_us") - pl.col("overlapped_comm_us")).alias("compute_only_us")
     ).sort("run", "rank", "device", "step")
-    n_runs = rows["run"].n_unique()
-    labels = [_rank_label(r, k, n_runs) + (f" d{d}" if d not in (None, -1, 0) else "")
-              for r, k, d in rows.select("run", "rank", "device").iter_rows()]
-    x = [labels, [str(s) for s in rows["step"].to_list()]]
+    runs = rows["run"].unique(maintain_order=True).to_list()
+    fig = make_subplots(rows=len(runs), cols=1, subplot_titles=[f"run {r}" for r in runs] if len(runs) > 1 else None,
+                        vertical_spacing=min(0.12, 0.3 / len(runs)))
+    for at, run in enumerate(runs, start=1):
+        part = rows.filter(pl.col("run") == run)
+        labels = [f"rank {k}" + (f" d{d}" if d not in (None, -1, 0) else "") for k, d in part.select("rank", "device").iter_rows()]
+        x = [labels, [str(s) for s in part["step"].to_list()]]
+        for name, column, color in STACK:
+            fig.add_trace(go.Bar(
+                name=name, x=x, y=part[column].to_list(), marker_color=color, legendgroup=name, showlegend=at == 1,
+                hovertemplate=f"{run}<br>{name}: %{{y:,.1f}} us<br>%{{x}}<extra></extra>",
+            ), row=at, col=1)
+        fig.update_yaxes(title_text="us (stack = window)", row=at, col=1)
+    fig.update_xaxes(title_text="rank / step", row=len(runs), col=1)
+    fig.update_layout(barmode="stack", title="Where each step's device window goes (per rank and step)",
+                      **{**_LAYOUT, "height": 120 + 300 * len(runs)})
+    return fig
+
+
+def summary_figure(table: pl.DataFrame, grain: list[str]) -> Any:
+    """Stacked bars per row of a summary (``traceq summary``): the shares of the device window (compute
+    alone, overlapped comm, exposed comm, exposed memcpy, idle), which add up to 100 %."""
+    go = _go()
+    varying = [c for c in grain if table[c].n_unique() > 1] or grain[:1]  # a column the same in every row names none
+    labels = [" · ".join(f"{c} {v}" if c in ("rank", "step", "device") else str(v) for c, v in zip(varying, values))
+              for values in table.select(varying).iter_rows()]
+    shares = table.with_columns((pl.col("compute_pct") - pl.col("overlapped_comm_pct")).alias("compute_only_pct"))
     fig = go.Figure()
     for name, column, color in STACK:
-        fig.add_trace(go.Bar(
-            name=name, x=x, y=rows[column].to_list(), marker_color=color,
-            hovertemplate=f"{name}: %{{y:,.1f}} us<br>%{{x}}<extra></extra>",
-        ))
-    fig.update_layout(
-        barmode="stack", title="Where each step's device window goes (per rank and step)",
-        yaxis_title="us (stack = device window)", xaxis_title="rank / step", **_LAYOUT,
-    )
+        pct = column.replace("_us", "_pct")
+        fig.add_trace(go.Bar(name=name, x=labels, y=shares[pct].to_list(), marker_color=color,
+                             hovertemplate=f"{name}: %{{y:.1f}} %<br>%{{x}}<extra></extra>"))
+    fig.update_layout(barmode="stack", title="Where the device window goes (% of it)", yaxis_title="% of the device window",
+                      yaxis_range=[0, 100], **_LAYOUT)
     return fig
 
 

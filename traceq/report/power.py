@@ -16,11 +16,11 @@ def power_series(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = No
         """
         select t.run, p.rank, p.gpu, p.wall_ns, p.power_w
         from power_samples as p inner join traces as t using (trace_id)
-        where p.kind = 'power' and p.power_w is not null
+        where p.kind = 'power' and p.power_w is not null and ($runs is null or list_contains($runs, t.run))
         order by t.run, p.rank, p.gpu, p.wall_ns
-        """
+        """, params={"runs": list(runs) if runs else None}
     ))
-    return frame.filter(pl.col("run").is_in(list(runs))) if runs else frame
+    return frame
 
 
 def step_wall_times(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> pl.DataFrame:
@@ -29,10 +29,11 @@ def step_wall_times(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None =
         """
         select t.run, w.rank, w.step, w.start_wall_ns, w.end_wall_ns, w.offset_source
         from step_wall_times as w inner join traces as t using (trace_id)
+        where $runs is null or list_contains($runs, t.run)
         order by t.run, w.rank, w.step
-        """
+        """, params={"runs": list(runs) if runs else None}
     ))
-    return frame.filter(pl.col("run").is_in(list(runs))) if runs else frame
+    return frame
 
 
 def power_status(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import duckdb
@@ -71,13 +72,13 @@ class StepSelection:
         return cls(skip_steps=skip_steps, step_min=lo, step_max=hi, drop_last=drop_last, include_last=include_last)
 
 
-def query_params(selection: StepSelection = StepSelection()) -> dict[str, object]:
-    """Every parameter the report queries take: the step selection, the event categories, the default
-    step marker (for traces ingested before markers were stored), the GPU peak table, and the runs
-    whose collectives are matched across ranks (``runs``: every run) and whether the cross-rank tables
-    keep to the steps every rank has (``shared_steps``)."""
+def query_params(selection: StepSelection = StepSelection(), runs: Sequence[str] | None = None) -> dict[str, object]:
+    """Every parameter the report queries take: the step selection, the runs a statement reads
+    (``runs``: None for every run; :func:`traceq.query.run` reads only theirs), the event categories,
+    the default step marker (for traces ingested before markers were stored), the GPU peak table, and
+    whether the cross-rank tables keep to the steps every rank has (``shared_steps``)."""
     return {
-        "runs": None,
+        "runs": list(runs) if runs else None,
         "shared_steps": False,
         "skip_steps": selection.skip_steps,
         "step_min": selection.step_min,

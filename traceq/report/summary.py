@@ -5,6 +5,7 @@ window, then tokens/s, MFU and power where known."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from traceq.catalog import GROUP_COLUMNS, columns
@@ -29,8 +30,8 @@ def summary(
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
-    """One row per group of ``by`` (default run and rank) over the selected steps, and the notes a
-    reader needs beside it.
+    """One row per group of ``by`` (default run and rank; with ``step``, per step) over the selected
+    steps, and the notes a reader needs beside it.
 
     Columns: ``steps`` (device-steps averaged), ``step_time_ms`` (mean), for each part of the window
     ``<part>_ms`` (mean per step) and ``<part>_pct`` (its share of the device window: the part summed
@@ -40,7 +41,7 @@ def summary(
     """
     import polars as pl
 
-    grain = columns(by, [c for c in GROUP_COLUMNS if c != "step"])
+    grain = columns(by, GROUP_COLUMNS)
     with opened(db) as con:
         rows = selected_step_rows(con, selection, runs)
         notes = steps_used(rows) + selection_notes(con, selection, runs) + step_window_notes(con, rows, selection)
@@ -61,3 +62,21 @@ def summary(
         *[mean_of(name).alias(name) for name in KNOWN_WHERE_GIVEN],  # ratios of sums (README: Metrics)
     )
     return table.sort(grain, nulls_last=True), notes
+
+
+def write_summary_html(table: pl.DataFrame, path: str | Path, by: str | Sequence[str], notes: Sequence[str]) -> Path:
+    """The summary as one self-contained HTML page: each row's shares of the device window as stacked
+    bars, then the table and its notes."""
+    from traceq.report import plots
+    from traceq.report.html import _figure, _notes, _section, _table, write_page
+
+    grain = columns(by, GROUP_COLUMNS)
+    runs = sorted(table["run"].unique().to_list()) if "run" in table.columns else []
+    sections = [
+        _section("Where the device window goes", _figure(plots.summary_figure(table, grain), "summary")
+                 + _notes(["compute here is compute without communication beside it; compute + exposed comm + "
+                           "exposed memcpy + idle = 100 % of the device window, overlapped comm is part of compute"])),
+        _section("Per " + ", ".join(grain), _table(table) + _notes(notes)),
+    ]
+    meta = f"by {', '.join(grain)}" + (f" · {len(runs)} run(s): {', '.join(runs)}" if runs else "")
+    return write_page(path, "traceq summary", "traceq summary", meta, sections)

@@ -267,7 +267,7 @@ def _plan(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, selection: StepSel
     processes = _processes(clock)
     by_key = {(p.run, p.rank): p for p in processes}
     shifts = clock.select("trace_id", "rank", "run", "shift_ns")
-    steps = to_polars(query.run(con, "timeline_steps", query_params(selection))).join(
+    steps = to_polars(query.run(con, "timeline_steps", query_params(selection, clock_params["runs"]))).join(
         shifts, on=["trace_id", "rank"], how="inner")
     windows = (rows.filter(pl.col("device").is_not_null())
                .select("trace_id", "rank", "device", "step", "window_start_ns", "window_ns",
