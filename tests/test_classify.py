@@ -134,3 +134,19 @@ def test_a_user_rule_wins_over_a_builtin_one_of_the_same_priority(tmp_path: Path
         add_rules(con, rules)
         gpu_classified = relation(con, "gpu_classified")  # noqa: F841 (the SQL reads it by name)
         assert con.sql("select category from gpu_classified").fetchall() == [("mine",)]
+
+
+def test_a_statement_over_one_run_classifies_only_its_traces_names(tmp_path: Path) -> None:
+    db = ingested(tmp_path / "a", 0, "my_gemm_a", db=tmp_path / "w.duckdb")
+    ingested(tmp_path / "b", 0, "ncclDevKernel_AllReduce_b", db=db)
+    with connect(db, read_only=True) as con:
+        def held() -> set[str]:
+            return {name for (name,) in con.sql(f"select name from {classify.TABLE}").fetchall()}
+
+        classify.ensure(con, ["a"])
+        assert held() == {"my_gemm_a"}
+        classify.ensure(con, ["a"])  # again: the same
+        assert held() == {"my_gemm_a"}
+        classify.ensure(con)
+        assert held() == {"my_gemm_a", "ncclDevKernel_AllReduce_b"}
+        assert con.sql(f"select class from {classify.TABLE} where name = 'ncclDevKernel_AllReduce_b'").fetchall() == [("comm",)]

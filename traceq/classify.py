@@ -11,8 +11,9 @@ rules and 744 names: one query for the chunk and a handful to narrow.
 
 The result is kept per connection, in the temporary table :data:`TABLE` (a read-only warehouse may
 hold temporary tables), with a digest of the rules it was made with: :func:`ensure` reclassifies
-everything when the rules changed, and otherwise only the names ingested since, so changed rules
-apply to data already ingested and a report's queries classify nothing twice.
+everything when the rules changed, and otherwise only the names of traces it has not read (ingested
+since, or of runs a statement selects for the first time), so changed rules apply to data already
+ingested, a report's queries classify nothing twice, and a report of one run reads only its traces.
 """
 
 from __future__ import annotations
@@ -26,21 +27,28 @@ if TYPE_CHECKING:
 
 TABLE = "traceq_kernel_classes"  # name, class, category, rule_collective (null where no rule matches)
 _DIGEST_TABLE = "traceq_kernel_classes_rules"
+_TRACES_TABLE = "traceq_kernel_classes_traces"  # trace_id, content_digest: the traces whose names are in
 CHUNK = 256  # rules tried together in one pattern
 PAIRS = 2048  # at most this many (name, rule) pairs left: each is tested alone
 
 ORDER = "priority, source = 'builtin', pattern, class, category, collective"  # the first wins
 _DIGEST = f"select hash(list((priority, pattern, class, category, collective, source) order by {ORDER})) from kernel_rules"
+_NEW_TRACES = f"""
+select trace_id, content_digest from traces
+where ($runs is null or list_contains($runs, run))
+  and (trace_id, content_digest) not in (select (trace_id, content_digest) from {_TRACES_TABLE})
+"""
 _KERNEL_NAMES = f"""
 select distinct n.name
 from names as n
 semi join gpu_events as g on g.trace_id = n.trace_id and g.name_id = n.name_id and g.kind = 1
-where n.name not in (select name from {TABLE})
+where n.trace_id in (select unnest($trace_ids)) and n.name not in (select name from {TABLE})
 """
 
 
-def ensure(con: duckdb.DuckDBPyConnection) -> None:
-    """Make :data:`TABLE` on ``con`` hold every kernel name of the warehouse with its class."""
+def ensure(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> None:
+    """Make :data:`TABLE` on ``con`` hold every kernel name of the traces of ``runs`` (None: every run)
+    with its class. The traces whose names it holds are kept beside it: each trace is read once."""
     digest = con.execute(_DIGEST).fetchone()[0]
     held = con.execute(
         "select count(*) from duckdb_tables() where temporary and table_name = ?", [_DIGEST_TABLE]
@@ -48,10 +56,20 @@ def ensure(con: duckdb.DuckDBPyConnection) -> None:
     if not held or con.execute(f"select digest from {_DIGEST_TABLE}").fetchone() != (digest,):
         con.execute(f"create or replace temp table {TABLE} "
                     "(name varchar, class varchar, category varchar, rule_collective varchar)")
+        con.execute(f"create or replace temp table {_TRACES_TABLE} (trace_id integer, content_digest varchar)")
         con.execute(f"create or replace temp table {_DIGEST_TABLE} as select ?::ubigint as digest", [digest])
-    names = [name for (name,) in con.execute(_KERNEL_NAMES).fetchall()]
-    if not names:
+    new = con.execute(_NEW_TRACES, {"runs": list(runs) if runs else None}).fetchall()
+    if not new:
         return
+    trace_ids = [trace_id for trace_id, _ in new]
+    names = [name for (name,) in con.execute(_KERNEL_NAMES, {"trace_ids": trace_ids}).fetchall()]
+    if names:
+        _classify(con, names)
+    con.execute(f"insert into {_TRACES_TABLE} select unnest($1), unnest($2)", [trace_ids, [d for _, d in new]])
+
+
+def _classify(con: duckdb.DuckDBPyConnection, names: list[str]) -> None:
+    """Insert ``names`` with their class into :data:`TABLE`."""
     rules = con.execute(f"select pattern, class, category, collective from kernel_rules order by {ORDER}").fetchall()
     winners = first_rules(con, names, [pattern for pattern, *_ in rules])
     rows = [(name, *(rules[winners[name]][1:] if name in winners else (None, None, None))) for name in names]

@@ -20,7 +20,7 @@ cost follows what it selects, not what the warehouse holds: the files themselves
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
@@ -124,15 +124,19 @@ def run(
     """The relation of ``sql/<name>.sql`` composed with its inputs (:func:`compose`), on ``con``; over
     the runs in ``params["runs"]`` alone where that is given (:func:`selecting_runs`)."""
     params = params or {}
-    text = statement(con, name, bind)
-    if params.get("runs") is not None:
+    runs = params.get("runs")
+    text = statement(con, name, bind, runs)
+    if runs is not None:
         text = selecting_runs(text)
     return con.sql(text, params=params_of(text, params) or None)
 
 
-def statement(con: duckdb.DuckDBPyConnection, name: str, bind: Mapping[str, str] | None = None) -> str:
-    """:func:`compose`, with the kernel classes it reads brought up to date on ``con``."""
+def statement(
+    con: duckdb.DuckDBPyConnection, name: str, bind: Mapping[str, str] | None = None, runs: Sequence[str] | None = None,
+) -> str:
+    """:func:`compose`, with the kernel classes it reads brought up to date on ``con`` (for the traces of
+    ``runs``; None: every run)."""
     text = compose(name, bind)
     if classify.TABLE in text:
-        classify.ensure(con)
+        classify.ensure(con, runs)
     return text

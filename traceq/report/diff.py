@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from traceq import query
 from traceq.catalog import BREAKDOWNS, METRIC_NAMES, RATE_WEIGHTS
 from traceq.errors import ConfigError, EmptySelection
+from traceq.report import crossrank
 from traceq.report.metrics import (
     breakdown_metrics,
     nothing_selected,
@@ -77,7 +78,10 @@ def diff(
 
     sides = [s if isinstance(s, Side) else Side.parse(s) for s in (a, b)]
     with opened(db) as con:
-        frames = [_side_rows(con, side, skip_steps, include_last) for side in sides]
+        for side in sides:
+            require_runs(con, [side.run])
+        with crossrank.matched(con, sorted({side.run for side in sides})):  # matched once for both sides
+            frames = [_side_rows(con, side, skip_steps, include_last) for side in sides]
     parts = [_compare(SECTIONS[0], frames[0][0], frames[1][0])]
     # a collective type or kernel category seen on one side only is 0 on every step of the other
     for index, section, keys in ((1, SECTIONS[1], ["rank", "device", "step"]), (2, SECTIONS[2], ["rank", "step"])):
