@@ -12,6 +12,7 @@ it to the bound it states.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import polars as pl
@@ -459,7 +460,8 @@ def test_a_killed_command_leaves_no_trace_processor_behind() -> None:
         deadline = time.monotonic() + 60
         started: set[int] = set()
         while not started and command.poll() is None and time.monotonic() < deadline:
-            started = processors() - before
+            # this command's: another traceq on the machine (a suite run beside this one) has its own
+            started = {pid for pid in processors() - before if descends_from(pid, command.pid)}
             time.sleep(0.02)
         assert started, "the trace processor never started"
         command.send_signal(signal.SIGKILL)
@@ -468,6 +470,19 @@ def test_a_killed_command_leaves_no_trace_processor_behind() -> None:
         while processors() & started and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not processors() & started, "a trace processor outlived the traceq that started it"
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is ``ancestor`` or one of its descendants (False once it is gone)."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent: after the name, the state
+    return False
 
 
 def test_the_perfetto_packages_own_trace_processor_runs_under_the_watchdog_too(
@@ -494,7 +509,8 @@ def test_the_perfetto_packages_own_trace_processor_runs_under_the_watchdog_too(
                 cmd = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
             except OSError:
                 continue
-            if proc.name.isdigit() and len(cmd) > 1 and "/traceq-tp-" in cmd[1] and "--http-port" in cmd:
+            if (proc.name.isdigit() and len(cmd) > 1 and "/traceq-tp-" in cmd[1] and "--http-port" in cmd
+                    and descends_from(int(proc.name), os.getpid())):  # not another process's
                 found.append(cmd)
         return found
 
