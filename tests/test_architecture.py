@@ -4,6 +4,7 @@ imports alike (a function-level import must not hide an upward import or a cycle
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -17,6 +18,7 @@ LAYERS = (
     ("store", ("traceq.store",)),
     ("ingest", ("traceq.ingest",)),
     ("report", ("traceq.report",)),
+    ("perfetto", ("traceq.perfetto",)),
     ("cli", ("traceq.cli", "traceq.console")),
 )
 HEAVY = {"torch", "plotly", "pyarrow", "numpy", "polars", "duckdb", "distributed", "dask", "pynvml", "msgspec"}
@@ -117,3 +119,41 @@ def test_the_collectors_import_neither_traceq_nor_its_dependencies() -> None:
             top = target.split(".")[0]
             assert not (target.startswith("traceq.") and not target.startswith("traceq.collectors")), f"{path}:{line}"
             assert top not in {"duckdb", "polars", "plotly", "pyarrow", "msgspec"}, f"{path}:{line} imports {target}"
+
+
+def test_the_command_line_is_thin_commands_over_the_library() -> None:
+    """traceq/cli: no SQL and no DuckDB, no reading of an error's words, no os._exit, and one place that
+    catches traceq's errors (the command group); each command a short body over library calls."""
+    found, handlers, long = [], [], []
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Module | ast.FunctionDef | ast.ClassDef) and n.body
+                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            where = f"{path.name}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "execute", "sql", "_exit", "fetchall", "fetchone"):
+                found.append(f"{where} calls .{node.func.attr}")
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                if any(n.split(".")[0] == "duckdb" for n in names):
+                    found.append(f"{where} imports duckdb")
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and re.search(r"\bselect\b.*\bfrom\b", node.value, re.IGNORECASE | re.DOTALL)):
+                found.append(f"{where} holds SQL")
+            if isinstance(node, ast.Compare) and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops) and any(
+                    isinstance(c, ast.Call) and getattr(c.func, "id", None) == "str" for c in node.comparators):
+                found.append(f"{where} reads an error's words")
+            if isinstance(node, ast.ExceptHandler):
+                handlers.append(f"{path.name}: except {ast.unparse(node.type) if node.type else ''}")
+            if isinstance(node, ast.FunctionDef) and any(
+                    "command" in ast.unparse(d) for d in node.decorator_list):
+                body = node.body[1:] if ast.get_docstring(node) else node.body
+                lines = body[-1].end_lineno - body[0].lineno + 1
+                if lines > 35:
+                    long.append(f"{path.name}: {node.name} has {lines} lines")
+    assert not found, "\n".join(found)
+    assert sorted(handlers) == ["__init__.py: except BaseException", "__init__.py: except SystemExit",
+                                "base.py: except TraceqError"], handlers
+    assert not long, "\n".join(long)

@@ -194,7 +194,7 @@ def test_a_full_disk_leaves_the_earlier_page_whole_and_no_part_of_the_new_one(
     import errno
     import os
 
-    import traceq.report.pftrace as pftrace
+    import traceq.scratch as scratch
 
     page = tmp_path / "page.html"
     page.write_text("<html>the earlier report</html>")
@@ -216,7 +216,7 @@ def test_a_full_disk_leaves_the_earlier_page_whole_and_no_part_of_the_new_one(
                 raise OSError(errno.ENOSPC, "No space left on device")
             return self.f.write(data)
 
-    monkeypatch.setattr(pftrace.os, "fdopen", lambda fd, mode: Full(real(fd, mode)))
+    monkeypatch.setattr(scratch.os, "fdopen", lambda fd, mode: Full(real(fd, mode)))
     args = [*command, "--db", str(report_db), "--html", str(page)]
     if command[0] == "critical-path":
         args += ["--run", "coll"]

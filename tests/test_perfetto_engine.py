@@ -29,7 +29,7 @@ from traceq.errors import ConfigError, EmptySelection
 from traceq.ingest import ingest_traces
 from traceq.ingest.census import count_device_events
 from traceq.report.metrics import step_report
-from traceq.report.perfettosql import (
+from traceq.perfetto.engine import (
     ENV_VAR,
     NS_COLUMNS,
     EngineError,

@@ -25,11 +25,11 @@ from tests.tracegen import TraceBuilder
 from traceq.cli import app
 from traceq.errors import ConfigError, EmptySelection
 from traceq.ingest import ingest_traces
-from traceq.report import pftrace, timeline
+from traceq.perfetto import pftrace, timeline
 from traceq.report.check import check_warehouse
 from traceq.report.metrics import compute_metric
 from traceq.report.selection import StepSelection, relation
-from traceq.report.timeline import export_perfetto, parse_ranks
+from traceq.perfetto.timeline import export_perfetto, parse_ranks
 from traceq.store.export import export_parquet
 from traceq.store.warehouse import connect
 
@@ -444,7 +444,7 @@ def test_a_parquet_export_gives_the_same_trace(handmade: Path, tmp_path: Path) -
 
 
 def test_importing_traceq_and_its_cli_does_not_import_perfetto() -> None:
-    code = "import sys, traceq, traceq.cli, traceq.report.timeline; assert 'perfetto' not in sys.modules, 'perfetto'"
+    code = "import sys, traceq, traceq.cli, traceq.perfetto.timeline; assert 'perfetto' not in sys.modules, 'perfetto'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

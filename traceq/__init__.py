@@ -43,10 +43,10 @@ _LAZY = {
     "collective_scaling": "traceq.report.collectives",
     "critical_path": "traceq.report.critical_path",
     "CriticalPath": "traceq.report.critical_path",
-    "export_perfetto": "traceq.report.timeline",
-    "perfetto_report": "traceq.report.perfettosql",
+    "export_perfetto": "traceq.perfetto.timeline",
+    "perfetto_report": "traceq.perfetto.engine",
     "warehouse_sql": "traceq.report.adhoc",
-    "trace_sql": "traceq.report.adhoc",
+    "trace_sql": "traceq.perfetto.engine",
 }
 
 __all__ = [

@@ -91,3 +91,13 @@ def interruptible() -> Iterator[None]:
             raise
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt
+
+
+def end_process(code: int = 130) -> None:
+    """End the process at once, its scratch files removed: what Ctrl-C does to a statement that heeds no
+    signal (it holds the main thread, so no exception can reach the command; DuckDB undoes its writes,
+    a transaction)."""
+    from traceq.scratch import remove_process_scratch
+
+    remove_process_scratch()
+    os._exit(code)

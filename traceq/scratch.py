@@ -6,14 +6,22 @@ before it imports anything heavy."""
 from __future__ import annotations
 
 import atexit
+import glob
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
+from pathlib import Path
+from typing import IO
+
+from traceq.errors import ConfigError
 
 SHM = "/dev/shm"
 
@@ -179,3 +187,35 @@ def _process_alive(pid: int) -> bool:
     except OSError:  # e.g. another user's process
         return True
     return True
+
+
+# ------------------------------------------------------------------ files written whole
+
+
+@contextmanager
+def atomic_file(target: Path) -> Iterator[IO[bytes]]:
+    """A file that becomes ``target`` when the block ends without an error; otherwise it is removed.
+    It is written as ``.<name>.<pid>.<random>.tmp`` beside ``target``; those of processes that are gone
+    (a killed export) are removed first."""
+    _remove_stale(target)
+    temp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:
+        raise ConfigError(f"{target}: cannot write there ({exc.strerror}); write it elsewhere") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        os.replace(temp, target)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def _remove_stale(target: Path) -> None:
+    """Remove the temporary files of ``target`` that processes no longer running left (killed mid-write)."""
+    for temp in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
+        pid = temp.name[len(target.name) + 2:].split(".")[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            temp.unlink(missing_ok=True)
+

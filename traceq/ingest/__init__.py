@@ -8,7 +8,23 @@ parses batches of chunks) or :mod:`~traceq.ingest.decode` (the msgspec reference
 :mod:`~traceq.ingest.cluster` runs the same per file on a Dask cluster.
 """
 
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
 from traceq.ingest.inputs import expand_inputs
 from traceq.ingest.loader import FileResult, IngestSummary, ingest_traces
 
-__all__ = ["FileResult", "IngestSummary", "expand_inputs", "ingest_traces"]
+__all__ = ["FileResult", "IngestSummary", "expand_inputs", "ingest_traces", "temporary_warehouse"]
+
+
+@contextmanager
+def temporary_warehouse(inputs: Sequence[str | Path]) -> Iterator[tuple[Path, IngestSummary]]:
+    """A warehouse of ``inputs`` for the block (``traceq summary FILES``), removed after it:
+    (its path, what the ingest did)."""
+    with tempfile.TemporaryDirectory(prefix="traceq-summary-") as scratch:
+        db = Path(scratch) / "summary.duckdb"
+        yield db, ingest_traces(list(inputs), db)

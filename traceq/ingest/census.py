@@ -1,5 +1,5 @@
 """How many device events a trace file holds, by role: what another reader's import of it (Perfetto's,
-:mod:`traceq.report.perfettosql`) is checked against. A decode of two fields per event, nothing kept."""
+:mod:`traceq.perfetto.engine`) is checked against. A decode of two fields per event, nothing kept."""
 
 from __future__ import annotations
 

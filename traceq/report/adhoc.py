@@ -1,5 +1,5 @@
-"""Queries of the user's own over traceq's classification, windows and metrics (``traceq sql``), on
-either engine: DuckDB over the warehouse, or PerfettoSQL over a trace (README: Two engines)."""
+"""Queries of the user's own over traceq's classification, windows and metrics (``traceq sql``) on the
+warehouse; PerfettoSQL over a trace is :func:`traceq.perfetto.engine.trace_sql` (README: Two engines)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from traceq.catalog import StepMarker
 from traceq.errors import ConfigError
 from traceq.report.selection import StepSelection, relation
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -69,26 +68,3 @@ def _sandbox(con: duckdb.DuckDBPyConnection, db: Path) -> None:
     con.execute("set autoload_known_extensions = false")
     con.execute("set enable_external_access = false")
     con.execute("set lock_configuration = true")
-
-
-def trace_sql(
-    sql: str, trace: Path, *, rank: int | None = None, binary: Path | None = None, marker: StepMarker = StepMarker(),
-) -> tuple[pl.DataFrame, list[str]]:
-    """(the rows of ``sql`` (PerfettoSQL) on ``trace`` loaded in a trace processor with traceq's modules
-    loaded: traceq_device_events, traceq_steps, traceq_device_windows, traceq_interval_breakdown, ...;
-    the notes on how Perfetto's import differs from traceq's reader). EngineError with the trace
-    processor's message when the query fails, ConfigError for a statement that gives no rows."""
-    from traceq.ingest.identity import check_rank
-    from traceq.report.perfettosql import counting_events, import_notes, named_identity, open_trace
-
-    check_rank(rank)
-    if not trace.is_file():
-        raise ConfigError(f"{trace}: not a trace file; give one trace file, then the query")
-    file_rank, _ = named_identity(trace, rank)
-    with counting_events(trace) as events, open_trace(trace, binary, -1 if file_rank is None else file_rank, marker) as loaded:
-        loaded.load("interval_breakdown")
-        rows = loaded.query(sql)
-        if not rows.columns:
-            raise ConfigError(f"not a query (it returns no rows): {sql[:80]!r}; give a SELECT")
-        _, notes = import_notes(loaded, events.result())
-    return rows, notes

@@ -223,7 +223,7 @@ def write_page(path: str | Path, title: str, heading: str, meta: str, sections: 
 def _write(path: str | Path, text: str) -> Path:
     """``text`` at ``path``, whole or not at all: written to a temporary file beside it and renamed over
     ``path`` at the end (an earlier page survives a full disk)."""
-    from traceq.report.pftrace import atomic_file
+    from traceq.scratch import atomic_file
 
     out = Path(path)
     try:

@@ -1,18 +1,24 @@
 """Runs as units: remove one (``traceq runs rm``), rename one (``traceq runs rename``), remove one
-trace (what ``traceq ingest --force`` does before it reads a file again). Each change is one
-transaction: a failure or a kill leaves the warehouse as it was."""
+trace (what ``traceq ingest --force`` does before it reads a file again); and the kernel rules
+(``traceq rules``). Each change is one transaction: a failure or a kill leaves the warehouse as it was."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
 from traceq.catalog import check_run_name
 from traceq.errors import ConfigError, EmptySelection
-from traceq.store.schema import rollback
+from traceq.store.frames import to_polars
+from traceq.store.schema import add_rules, list_rules, rollback
 from traceq.store.warehouse import Warehouse, opened
+
+if TYPE_CHECKING:
+    import polars as pl
 
 _TRACES = "traces"
 
@@ -91,3 +97,17 @@ def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     except BaseException:
         rollback(con)
         raise
+
+
+def add_rule_file(db: Warehouse, path: Path) -> tuple[int, int]:
+    """``traceq rules --add``: the rules of the CSV ``path`` added to the warehouse at ``db``
+    (:func:`traceq.store.schema.add_rules`, all or nothing); (rules added, rules now)."""
+    with opened(db, read_only=False) as con:
+        added = add_rules(con, path)
+        return added, con.execute("select count(*) from kernel_rules").fetchall()[0][0]
+
+
+def rules(db: Warehouse) -> pl.DataFrame:
+    """The kernel classification rules in force, the one that wins first (``traceq rules``)."""
+    with opened(db) as con:
+        return to_polars(list_rules(con))

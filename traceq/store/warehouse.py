@@ -346,3 +346,31 @@ def opened(db: Warehouse, *, read_only: bool = True) -> Iterator[duckdb.DuckDBPy
         yield con
     finally:
         con.close()
+
+
+# what an OS error says inside DuckDB's (it keeps no errno)
+_OS_PHRASES = ("no space left on device", "read-only file system", "disk quota exceeded", "file too large")
+
+
+def environment_error(exc: BaseException) -> str | None:
+    """One line for what the machine, not traceq, got wrong (a full disk, a read-only file system,
+    no memory, a damaged warehouse file); None for anything else."""
+    import duckdb
+
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}"
+    if isinstance(exc, MemoryError | duckdb.OutOfMemoryException):
+        return f"out of memory ({str(exc).splitlines()[0] if str(exc) else 'MemoryError'}); free memory or use a smaller input"
+    if not isinstance(exc, duckdb.Error):
+        return None
+    first = str(exc).splitlines()[0]
+    lower = first.lower()
+    if any(phrase in lower for phrase in _OS_PHRASES):
+        return f"{first}; the file system said no: free space, or use a writable place for --db and outputs"
+    if isinstance(exc, duckdb.IOException | duckdb.SerializationException) or "corrupt" in lower:
+        damaged = any(w in first.lower() for w in ("could not read enough bytes", "corrupt", "checksum", "serializ"))
+        hint = ("; the warehouse file is damaged or cut short: copy it again, or ingest the traces into a new one"
+                if damaged else "")
+        return f"{first}{hint}"
+    return None

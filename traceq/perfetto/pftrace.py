@@ -1,5 +1,5 @@
 """Perfetto trace files: TracePackets on one sequence with interned names, appended to a file a batch
-at a time and moved into place when complete (the writer of :mod:`traceq.report.timeline`).
+at a time and moved into place when complete (the writer of :mod:`traceq.perfetto.timeline`).
 
 A Perfetto trace is a ``Trace`` message: a repeated ``packet`` field. Two serialized Traces, one after
 the other, read as one Trace holding the packets of both, so a batch of packets is serialized with the
@@ -8,13 +8,8 @@ the other, read as one Trace holding the packets of both, so a batch of packets 
 
 from __future__ import annotations
 
-import glob
 import itertools
-import os
-import secrets
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Sequence
 from typing import IO, Any
 
 from traceq.errors import ConfigError
@@ -163,39 +158,3 @@ class TraceWriter:
             self._pending = 0
 
 
-@contextmanager
-def atomic_file(target: Path) -> Iterator[IO[bytes]]:
-    """A file that becomes ``target`` when the block ends without an error; otherwise it is removed.
-    It is written as ``.<name>.<pid>.<random>.tmp`` beside ``target``; those of processes that are gone
-    (a killed export) are removed first."""
-    _remove_stale(target)
-    temp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as exc:
-        raise ConfigError(f"{target}: cannot write there ({exc.strerror}); write it elsewhere") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-        os.replace(temp, target)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-
-
-def _remove_stale(target: Path) -> None:
-    """Remove the temporary files of ``target`` that processes no longer running left (killed mid-write)."""
-    for temp in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
-        pid = temp.name[len(target.name) + 2:].split(".")[0]
-        if pid.isdigit() and not _running(int(pid)):
-            temp.unlink(missing_ok=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True

@@ -44,7 +44,8 @@ from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
 from traceq.report.metrics import nothing_selected, require_runs, step_metrics
 from traceq.report.notes import steps_used
-from traceq.report.pftrace import TraceWriter, atomic_file, require_perfetto
+from traceq.perfetto.pftrace import TraceWriter, require_perfetto
+from traceq.scratch import atomic_file
 from traceq.report.power import power_series
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars

@@ -563,3 +563,25 @@ def perfetto_report(
             notes.append("trace files carry no run metadata: no warm-up step is skipped unless --skip-steps")
     table = side_by_side(rows, names, grain)
     return StepReport(tuple(names), rows, table, notes)
+
+
+def trace_sql(
+    sql: str, trace: Path, *, rank: int | None = None, binary: Path | None = None, marker: StepMarker = StepMarker(),
+) -> tuple[pl.DataFrame, list[str]]:
+    """(the rows of ``sql`` (PerfettoSQL) on ``trace`` loaded in a trace processor with traceq's modules
+    loaded: traceq_device_events, traceq_steps, traceq_device_windows, traceq_interval_breakdown, ...;
+    the notes on how Perfetto's import differs from traceq's reader). EngineError with the trace
+    processor's message when the query fails, ConfigError for a statement that gives no rows."""
+    from traceq.ingest.identity import check_rank
+
+    check_rank(rank)
+    if not trace.is_file():
+        raise ConfigError(f"{trace}: not a trace file; give one trace file, then the query")
+    file_rank, _ = named_identity(trace, rank)
+    with counting_events(trace) as events, open_trace(trace, binary, -1 if file_rank is None else file_rank, marker) as loaded:
+        loaded.load("interval_breakdown")
+        rows = loaded.query(sql)
+        if not rows.columns:
+            raise ConfigError(f"not a query (it returns no rows): {sql[:80]!r}; give a SELECT")
+        _, notes = import_notes(loaded, events.result())
+    return rows, notes

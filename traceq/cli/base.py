@@ -1,0 +1,254 @@
+"""What every command shares: the application, its one error boundary, the options and output.
+
+A command parses its options, calls the library and prints what it gets back. The errors a user can
+fix (:class:`~traceq.errors.TraceqError`: a bad option, a file that is not a trace, a selection that
+leaves nothing) end any command at one place, the command group's :meth:`Commands.invoke`: one line
+on stderr, exit 1.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from traceq.errors import ConfigError, TraceqError
+
+
+class Commands(TyperGroup):
+    """traceq's commands: a :class:`~traceq.errors.TraceqError` out of any of them is said in one line
+    (exit 1), after the note of a migration the command made."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TraceqError as exc:
+            fail(exc)
+
+
+app = typer.Typer(
+    name="traceq",
+    cls=Commands,
+    help=(
+        "Where the time, the communication and the energy of distributed PyTorch training go.\n\n"
+        "Load Kineto traces into a DuckDB warehouse, then report exposed vs overlapped "
+        "communication per GPU and step.\n\n"
+        "Example:\n\n"
+        "  traceq ingest runs/job1/*.json.gz\n\n"
+        "  traceq report --metric exposed_comm"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    result_callback=lambda *_, **__: say_migrations(),
+)
+
+
+DbOption = Annotated[Path, typer.Option("--db", help="DuckDB warehouse file.", show_default=True)]
+
+
+class Format(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+# the step selection and output options the reports share
+StepsOption = Annotated[Optional[str], typer.Option("--steps", help="Step numbers to use, inclusive, e.g. 11:60.")]
+SkipStepsOption = Annotated[Optional[int], typer.Option("--skip-steps", help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")]
+DropLastOption = Annotated[bool, typer.Option("--drop-last/--no-drop-last", help="Drop each rank's last step always, even a rank's only step (what HTA does).")]
+IncludeLastOption = Annotated[bool, typer.Option("--include-last", help="Keep each rank's last step. By default it is left out: its device window is open (it ends with the GPU's drain, so it holds the backlog of earlier steps); a rank whose only step is the last keeps it.")]
+RunOption = Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")]
+FormatOption = Annotated[Format, typer.Option("--format", help="Output format.")]
+WholeTraceOption = Annotated[bool, typer.Option("--whole-trace", help="Every collective of the trace, not only the selected steps'.")]
+
+
+class Engine(str, Enum):
+    duckdb = "duckdb"
+    perfetto = "perfetto"
+
+
+EngineOption = Annotated[Engine, typer.Option("--engine", help="duckdb: the warehouse (--db); perfetto: trace files, through Perfetto's trace processor.")]
+TraceProcessorOption = Annotated[Optional[Path], typer.Option("--trace-processor", help="Perfetto's trace_processor_shell binary (default: $TRACEQ_TRACE_PROCESSOR, else the perfetto package's download).")]
+
+
+@app.callback()
+def _start() -> None:
+    # migrations noted before this command (by library calls in this process) are not this command's to say
+    from traceq.store.warehouse import migrations
+
+    migrations()
+
+
+def echo(text: Any = "", *, err: bool = False, nl: bool = True) -> None:
+    """A line (or the text of lines) to the terminal, its control characters written out: a name holding
+    ESC or a newline is shown, never obeyed (:mod:`traceq.terminal`)."""
+    from traceq.terminal import visible
+
+    typer.echo(visible(str(text)), err=err, nl=nl)
+
+
+def say_migrations() -> None:
+    """A writing command that migrated a warehouse made by an older traceq says so."""
+    from traceq.store.warehouse import migrations
+
+    for line in migrations():
+        echo(f"note: {line}", err=True)
+
+
+def fail(error: str | TraceqError) -> None:
+    """End the command: ``error`` in one line on stderr (after the note of a migration it made), exit 1."""
+    say_migrations()
+    message = error.cli_message() if isinstance(error, ConfigError) else str(error)
+    echo(f"error: {message}", err=True)
+    raise typer.Exit(code=1)
+
+
+def steps_note(selection: Any) -> str:
+    skip = "the run's warmup_steps, 0 if unset" if selection.skip_steps is None else str(selection.skip_steps)
+    parts = [f"warm-up steps skipped: {skip}"]
+    if selection.step_min is not None or selection.step_max is not None:
+        parts.append(f"steps {selection.step_min or ''}:{selection.step_max or ''}")
+    parts.append("dropping every last step" if selection.drop_last
+                 else "keeping the last step" if selection.include_last
+                 else "leaving out the open last step (--include-last keeps it)")
+    return ", ".join(parts)
+
+
+def emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
+    """``frame`` as CSV, JSON or a table; a table wider than the terminal leaves columns out (the
+    ``drop_first`` ones first, then as :func:`_fit` says) and says which."""
+    if fmt in (Format.csv, Format.json):
+        frame = _without_float_noise(frame)
+    if fmt is Format.csv:
+        import polars as pl
+
+        from traceq.terminal import CONTROLS, ESCAPES
+
+        buf = io.StringIO()
+        text = [name for name in frame.columns if frame.schema[name] == pl.String]
+        frame.with_columns(frame[c].str.replace_many(CONTROLS, ESCAPES) for c in text).write_csv(buf)
+        typer.echo(buf.getvalue(), nl=False)
+    elif fmt is Format.json:
+        typer.echo(json.dumps(frame.to_dicts(), indent=1, default=str))  # JSON escapes control characters
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(show_edge=False, pad_edge=False)
+        rows = [[_cell(v) for v in row] for row in frame.iter_rows()]
+        room = _terminal_width()
+        full = _widths(frame.columns, rows)
+        widths = list(full)
+        text = [i for i, name in enumerate(frame.columns) if not frame.schema[name].is_numeric()]
+        if room is not None and sum(widths) + 3 * len(widths) + 1 > room:
+            # text (a kernel's name, a path, a finding) is what names a row: it is wrapped, never cut,
+            # in at least _TEXT_CELL characters, and figures are left out before it is narrowed further
+            for i in text:
+                widths[i] = min(full[i], max(_TEXT_CELL, len(frame.columns[i])))
+        empty = {i for i in range(len(frame.columns)) if not any(r[i] for r in rows)}
+        shown = _fit(frame.columns, widths, room, empty, drop_first, set(text))
+        if room is not None:  # the room left goes back to the wrapped columns, the longest first
+            spare = room - (sum(widths[i] for i in shown) + 3 * len(shown) + 1)
+            for i in sorted((i for i in shown if i in text), key=lambda i: widths[i] - full[i]):
+                grow = min(max(spare, 0), full[i] - widths[i])
+                widths[i] += grow
+                spare -= grow
+        if len(shown) < len(frame.columns):
+            left = [c for i, c in enumerate(frame.columns) if i not in shown]
+            echo(f"note: {len(left)} column(s) left out to fit the terminal: {', '.join(left)} "
+                       "(--format csv or json gives every column)", err=True)
+        for i in shown:
+            name = frame.columns[i]
+            if widths[i] < full[i]:
+                table.add_column(_cell(name), justify="left", width=widths[i], overflow="fold")
+            else:
+                table.add_column(_cell(name), justify="right" if frame.schema[name].is_numeric() else "left", no_wrap=True)
+        for row in rows:
+            table.add_row(*(row[i] for i in shown))
+        Console(width=sum(widths[i] for i in shown) + 3 * len(shown) + 1, soft_wrap=False).print(table)
+
+
+def _without_float_noise(frame: Any) -> Any:
+    """``frame`` with its floats at 15 significant digits, all a float64 holds for sure: figures in ms
+    made of integer ns came out as ``12854.103000000001``; now ``12854.103``."""
+    import polars as pl
+
+    floats = [name for name, dtype in frame.schema.items() if dtype in (pl.Float32, pl.Float64)]
+    return frame.with_columns(pl.col(floats).round_sig_figs(15)) if floats else frame
+
+
+_TEXT_CELL = 16  # characters of a text column, at least, when the table is wider than the terminal
+
+
+def _widths(columns: list[str], rows: list[list[str]]) -> list[int]:
+    return [max([len(name), *(len(r[i]) for r in rows)]) for i, name in enumerate(columns)]
+
+
+# Left out first when a table is wider than the terminal: columns with no value, the spread of a
+# mean, the slowest rank or run, a part's ms where its % is shown, then figures from the right, then
+# text from the right (the first column, the key, always stays)
+_SPREAD = ("_median", "_p10", "_p90", "_min", "_max")
+
+
+def _fit(
+    columns: list[str], widths: list[int], room: int | None, empty: set[int] = frozenset(), drop_first: tuple[str, ...] = (),
+    text: set[int] = frozenset(),
+) -> list[int]:
+    """Indexes of the columns to show in ``room`` characters (all where room is None): figures are left
+    out before ``text`` columns (what names a row: a kernel, a path), each from the right."""
+    shown = list(range(len(columns)))
+
+    def width() -> int:
+        return sum(widths[i] for i in shown) + 3 * len(shown) + 1
+
+    if room is None:
+        return shown
+    order: list[int] = [i for i in shown if i in empty]
+    order += [columns.index(c) for c in drop_first if c in columns and columns.index(c) not in order]
+    tiers = (
+        lambda c, i: c.endswith(_SPREAD),
+        lambda c, i: c.startswith("slowest_"),
+        lambda c, i: c.endswith("_ms") and c.removesuffix("_ms") + "_pct" in columns,
+        lambda c, i: i > 0 and i not in text,
+        lambda c, i: i > 0,
+    )
+    for tier in tiers:
+        order += [i for i in reversed(shown) if tier(columns[i], i) and i not in order]
+    for i in order:
+        if width() <= room:
+            break
+        shown.remove(i)
+    return shown
+
+
+def _terminal_width() -> int | None:
+    """The terminal's width when there is one to fit (stdout a terminal, or COLUMNS set); else None:
+    a table written to a file or a pipe keeps every column."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    if sys.stdout.isatty():
+        import shutil
+
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def _cell(value: Any) -> str:
+    """A table cell as text: control characters written out, Rich markup (``[bold]``) shown as typed."""
+    from rich.markup import escape
+
+    from traceq.terminal import visible
+
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.3f}"
+    return escape(visible(str(value)))

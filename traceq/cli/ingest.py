@@ -1,0 +1,171 @@
+"""Commands that load traces: ``ingest``, ``ingest-cluster``, ``import-parquet``, ``migrate``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from traceq.cli.base import DbOption, app, echo
+from traceq.errors import ConfigError
+from traceq.store.warehouse import DEFAULT_DB
+
+
+@app.command()
+def ingest(
+    inputs: Annotated[list[str], typer.Argument(help="Trace files (.json, .json.gz), globs or directories.")],
+    db: DbOption = Path(DEFAULT_DB),
+    run: Annotated[Optional[str], typer.Option(help="Run name for every file (default: the parent directory's name).")] = None,
+    rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none (no distributedInfo, no per-event rank, none in the file name); without it each such file gets a rank of its own: -1, -2, ...")] = None,
+    step_marker: Annotated[Optional[str], typer.Option(help="Regular expression naming the steps, for traces whose steps are not ProfilerStep#N, e.g. '^step\\[DECODE' or 'Optimizer.step#'. A group that captures an integer numbers the steps; else they are numbered 1, 2, ... in time order.")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Cores to parse on (default: all; 0 or 1 = one).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Ingest files that are in the warehouse already: each one's earlier trace is replaced in the same transaction (e.g. to move it under another --run).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Load Kineto traces into the warehouse (each file all or nothing; re-ingesting is a no-op unless --force).
+
+    Steps are the ProfilerStep#N spans unless --step-marker names others; a trace with no step is
+    reported over its whole timeline as one window. Each file's ranks belong to it alone: a file whose
+    run already holds a step of one of its ranks is refused (the same trace twice, or two jobs in one
+    run: use --run).
+
+    Examples:
+
+      traceq ingest runs/llama-8n/*.json.gz --db runs.duckdb --run llama-8n
+
+      traceq ingest vllm_decode.json.gz --step-marker '^step\\[DECODE'
+    """
+    from traceq.ingest import ingest_traces
+
+    summary = _with_progress(
+        lambda progress: ingest_traces(
+            inputs, db, run=run, rank=rank, workers=workers, progress=progress, step_marker=step_marker,
+            force=force,
+        ),
+        enabled=not quiet and sys.stderr.isatty(),
+    )
+    for note in summary.notes:
+        echo(f"note: {note}", err=True)
+    for f in summary.files:
+        if f.status == "ingested":
+            ranks = ",".join(str(r) for r in f.ranks) or "none"
+            echo(f"ingested {f.path}: run {f.run}, rank {ranks}, {f.events:,} events ({f.gpu_events:,} on GPU) in {f.seconds:.2f} s")
+            for note in f.notes:
+                echo(f"note: {note}", err=True)
+        elif f.status == "skipped":
+            echo(f"skipped {f.message}")
+        else:
+            echo(f"failed {f.message}", err=True)
+    counts = {s: len(summary.by_status(s)) for s in ("ingested", "skipped", "failed")}
+    echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {db}")
+    if not summary.ok:
+        raise typer.Exit(code=1)
+
+
+def _with_progress(work: Any, enabled: bool) -> Any:
+    if not enabled:
+        return work(None)
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(
+        TextColumn("ingest"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[files]}"), TimeRemainingColumn(),
+        console=__import__("rich.console").console.Console(stderr=True), transient=True,
+    ) as bar:
+        task = bar.add_task("ingest", total=None, files="")
+        state = {"done": 0, "files": 0}
+
+        def progress(event: str, info: dict[str, Any]) -> None:
+            if event == "start":
+                state["files"] = info["files"]
+                bar.update(task, total=info["bytes"], files=f"0/{info['files']} files")
+            elif event == "file_read" or (event == "bytes" and "bytes" in info):
+                bar.advance(task, info["bytes"])
+            elif event == "done":
+                state["done"] += 1
+                bar.update(task, files=f"{state['done']}/{state['files']} files")
+
+        return work(progress)
+
+
+@app.command("ingest-cluster")
+def ingest_cluster(
+    inputs: Annotated[list[str], typer.Argument(help="Trace files, globs or directories, at paths every worker can read.")],
+    parquet: Annotated[Path, typer.Option("--parquet", help="Output directory (same layout as `traceq export`), on storage every worker can write.")],
+    scheduler: Annotated[Optional[str], typer.Option(help="Dask scheduler address, e.g. tcp://10.0.0.5:8786 (default: a local cluster).")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Worker processes of the local cluster (default: one per CPU); ignored with --scheduler.")] = None,
+    run: Annotated[Optional[str], typer.Option(help="Run name for every file (default: the parent directory's name).")] = None,
+    rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none.")] = None,
+) -> None:
+    """Ingest traces on a Dask cluster, one task per file, into a Parquet directory.
+
+    Needs the dask extra (pip install "traceq[dask]") here and on every worker. Files already in
+    the directory are skipped. Report on the directory, or load it into a warehouse with
+    `traceq import-parquet`.
+
+    Example:
+
+      traceq ingest-cluster /shared/runs/job1 --parquet /shared/tq/job1 --scheduler tcp://head:8786
+
+      traceq report --metric exposed_comm --db /shared/tq/job1
+    """
+    from traceq.ingest.cluster import ingest_with_dask
+
+    summary = ingest_with_dask(inputs, parquet, scheduler=scheduler, local_workers=workers, run=run, rank=rank)
+    for note in summary.notes:
+        echo(f"note: {note}", err=True)
+    for f in summary.files:
+        if f.status == "failed":
+            echo(f"failed {f.message}", err=True)
+        elif f.status == "skipped":
+            echo(f"skipped {f.message}")
+    counts = {s: len(summary.by_status(s)) for s in ("ingested", "skipped", "failed")}
+    echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {parquet}")
+    if not summary.ok:
+        raise typer.Exit(code=1)
+
+
+@app.command("import-parquet")
+def import_parquet_command(
+    parquet: Annotated[Path, typer.Argument(help="Parquet directory written by `traceq export` or `traceq ingest-cluster`.")],
+    db: DbOption = Path(DEFAULT_DB),
+) -> None:
+    """Load a Parquet directory into the warehouse (traces already in it are skipped).
+
+    Example:
+
+      traceq import-parquet /shared/tq/job1 --db runs.duckdb
+    """
+    from traceq.store.export import import_parquet
+
+    added = import_parquet(parquet, db)
+    echo(f"imported {added} trace(s) from {parquet} -> {db}")
+
+
+@app.command()
+def migrate(db: DbOption = Path(DEFAULT_DB)) -> None:
+    """Bring a warehouse made by an older traceq up to this traceq's schema, in one transaction.
+
+    Reports never write to the warehouse: on an older one they stop and name this command. A writing
+    command (ingest, runs set/rm/rename, rules --add, import-parquet) migrates it too, and says so.
+    A DuckDB file that is not a traceq warehouse, or one made by a newer traceq, is left untouched.
+
+    Example:
+
+      traceq migrate --db runs-2025.duckdb
+    """
+    from traceq.store.schema import SCHEMA_VERSION
+    from traceq.store.warehouse import connect, migrations
+
+    if not db.exists():
+        raise ConfigError(f"{db}: no warehouse here; give --db the warehouse to migrate")
+    connect(db).close()
+    done = migrations()
+    echo(done[0] if done else f"{db}: already at schema {SCHEMA_VERSION}; nothing to do")

@@ -1,0 +1,495 @@
+"""Commands that report: ``report``, ``summary``, ``kernels``, ``collectives``, ``stragglers``,
+``critical-path``, ``diff``, ``scaling``, ``metrics``."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from traceq.catalog import GROUP_COLUMNS
+from traceq.cli.base import (
+    DbOption,
+    DropLastOption,
+    Engine,
+    EngineOption,
+    Format,
+    FormatOption,
+    IncludeLastOption,
+    RunOption,
+    SkipStepsOption,
+    StepsOption,
+    TraceProcessorOption,
+    WholeTraceOption,
+    app,
+    echo,
+    emit,
+    steps_note,
+)
+from traceq.errors import ConfigError
+from traceq.store.warehouse import DEFAULT_DB
+
+
+@app.command()
+def report(
+    metric: Annotated[str, typer.Option(help="Metric name (see `traceq metrics`; the unit suffix may be left off), or several, comma-separated, side by side.")] = "exposed_comm",
+    db: DbOption = Path(DEFAULT_DB),
+    by: Annotated[str, typer.Option(help=f"Grain: comma-separated subset of {', '.join(GROUP_COLUMNS)} (the last ones are run metadata).")] = "run,rank",
+    whole_trace: Annotated[bool, typer.Option("--whole-trace", help="Report the whole timeline and every kernel, not the selected steps' windows.")] = False,
+    steps: Annotated[Optional[str], typer.Option(help="Step numbers to use (N of ProfilerStep#N, or of --step-marker), inclusive, e.g. 11:60 or 5: .")] = None,
+    skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
+    drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
+    run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    html: Annotated[Optional[Path], typer.Option(help="Also write a self-contained HTML report (plots, tables) of the selected runs and steps to this file.")] = None,
+    traces: Annotated[Optional[list[str]], typer.Argument(help="With --engine perfetto: trace files, globs or directories, read directly (no warehouse).", show_default=False)] = None,
+    engine: EngineOption = Engine.duckdb,
+    trace_processor: TraceProcessorOption = None,
+    rank: Annotated[Optional[int], typer.Option(help="With --engine perfetto: the rank of traces that name none.")] = None,
+    step_marker: Annotated[Optional[str], typer.Option(help="With --engine perfetto: a regular expression on the names of the step spans (as traceq ingest --step-marker).")] = None,
+) -> None:
+    """Aggregate a metric across steps, ranks and runs.
+
+    Steps are aggregated (mean, median, p10, p90) unless --by has step; ranks (mean, min, max,
+    slowest rank) unless --by has rank; runs (mean, min, max, slowest run) unless --by has run.
+    Notes on stderr say which steps were used, the FLOPs convention and peak behind tflops/mfu,
+    and where power comes from (or that it is unavailable).
+
+    Examples:
+
+      traceq report --metric exposed_comm
+
+      traceq report --metric exposed_comm --by run,rank,step --format csv
+
+      traceq report --metric exposed_comm,idle,step_time --by run
+
+      traceq report --metric overlap_ratio --by run --whole-trace --format json
+
+      traceq report --metric tokens_per_s --by world_size,tp --html report.html
+
+      traceq report --engine perfetto --metric exposed_comm --by run,rank,step runs/rank*.json.gz
+
+    --engine perfetto computes the interval metrics (comm, compute, overlapped, exposed, idle, ...)
+    with Perfetto's trace processor from the trace files themselves, independently of the DuckDB
+    engine; it finds the binary from --trace-processor, then $TRACEQ_TRACE_PROCESSOR, then the
+    perfetto package's download. There --run NAME names the files' run (default: each file's
+    directory) and --rank N the rank of files that name none.
+    """
+    from traceq.catalog import BREAKDOWNS
+    from traceq.report.metrics import step_report
+    from traceq.report.selection import StepSelection
+
+    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
+    if engine is Engine.perfetto or traces:
+        result = _perfetto_report(traces, engine, metric, by, whole_trace, selection, run, rank, html, trace_processor,
+                                  step_marker)
+    elif step_marker is not None:
+        raise ConfigError("the warehouse keeps the marker each file was ingested with; ingest again with "
+                          "--step-marker, or read the traces with --engine perfetto", param="step_marker", value=step_marker)
+    else:
+        result = step_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=run,
+                             cross_rank=html is not None and not whole_trace)  # the page shows waiting too
+    if html is not None:
+        from traceq.report.html import write_html_report
+
+        # the report's step rows serve the page too, unless they are per collective or the whole trace
+        reuse = not whole_trace and not set(result.metrics) & set(BREAKDOWNS)
+        write_html_report(db, html, selection=selection, runs=run, steps=result.rows if reuse else None)
+    if fmt is Format.table:
+        used = "whole trace, every kernel" if whole_trace else steps_note(selection)
+        if engine is Engine.perfetto:  # trace files carry no run metadata
+            used = used.replace("the run's warmup_steps, 0 if unset", "none unless --skip-steps") + "; Perfetto engine"
+        echo(f"{result.metric} by {by} ({used})", err=True)
+    for note in result.notes:
+        echo(f"note: {note}", err=True)
+    emit(result.table, fmt)
+    if html is not None:
+        echo(f"wrote {html}", err=True)
+
+
+def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: str, whole_trace: bool,
+                     selection: Any, run: list[str] | None, rank: int | None, html: Path | None,
+                     trace_processor: Path | None, step_marker: str | None) -> Any:
+    """``report --engine perfetto``: the checks of its options, then the report."""
+    from traceq.catalog import StepMarker
+    from traceq.perfetto.engine import perfetto_report, trace_processor_binary
+
+    if engine is not Engine.perfetto:
+        raise ConfigError("trace files are read by --engine perfetto; for the DuckDB engine ingest them first "
+                          "(traceq ingest TRACES), then report on the warehouse", param="traces", value=" ".join(traces or ()))
+    if not traces:
+        raise ConfigError("give the trace files to read (the Perfetto engine reads no warehouse)", param="engine", value="perfetto")
+    if html is not None:
+        raise ConfigError("the HTML report reads the warehouse: use --engine duckdb", param="html", value=str(html))
+    if run and len(run) > 1:
+        raise ConfigError("with --engine perfetto, --run names the traces' run (once)", param="run", value=",".join(run))
+    return perfetto_report(traces, metric, by=by, whole_trace=whole_trace, selection=selection,
+                           run=run[0] if run else None, rank=rank, binary=trace_processor_binary(trace_processor),
+                           marker=StepMarker.parse(step_marker))
+
+
+@app.command()
+def summary(
+    traces: Annotated[Optional[list[str]], typer.Argument(help="Trace files, globs or directories to summarise without a warehouse (ingested into a temporary one); default: the warehouse's runs.")] = None,
+    db: DbOption = Path(DEFAULT_DB),
+    by: Annotated[str, typer.Option(help="Grain: comma-separated run, rank, device, step or run metadata columns.")] = "run,rank",
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
+    run: RunOption = None,
+    fmt: FormatOption = Format.table,
+    html: Annotated[Optional[Path], typer.Option(help="Also write the summary as a self-contained HTML page (the shares as stacked bars, the table).")] = None,
+) -> None:
+    """Where each GPU's step time goes, on one screen: step time, then compute, overlapped comm,
+    exposed comm, exposed memcpy and idle as ms per step and as % of the device window (compute +
+    exposed comm + exposed memcpy + idle = 100 %), then tokens/s, MFU and power where known.
+
+    Examples:
+
+      traceq summary --db runs.duckdb
+
+      traceq summary runs/job1/*.json.gz          # no warehouse kept
+
+      traceq summary --by run --steps 11:60 --format csv
+
+      traceq summary --by run,rank,step --run llama-8n --html steps.html   # step by step
+    """
+    from traceq.ingest import temporary_warehouse
+    from traceq.report.selection import StepSelection
+    from traceq.report.summary import PARTS
+    from traceq.report.summary import summary as summarise
+    from traceq.report.summary import write_summary_html
+
+    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
+    if traces:
+        with temporary_warehouse(traces) as (db, ingested):
+            for f in ingested.by_status("failed"):
+                echo(f"failed {f.message}", err=True)
+            for note in [*ingested.notes, *(n for f in ingested.files for n in f.notes)]:
+                echo(f"note: {note}", err=True)
+            table, notes = summarise(db, by=by, selection=selection, runs=run)
+    else:
+        table, notes = summarise(db, by=by, selection=selection, runs=run)
+    if html is not None:
+        write_summary_html(table, html, by, notes)
+    if fmt is Format.table:
+        echo(f"summary by {by} ({steps_note(selection)}); ms per step, % of the device window", err=True)
+    for note in notes:
+        echo(f"note: {note}", err=True)
+    # on a narrow terminal: step time and the shares of compute, exposed comm and idle stay longest
+    emit(table, fmt, drop_first=(*(f"{p}_ms" for p in PARTS), "overlapped_comm_pct", "exposed_memcpy_pct", "steps"))
+    if html is not None:
+        echo(f"wrote {html}", err=True)
+
+
+@app.command()
+def kernels(
+    db: DbOption = Path(DEFAULT_DB),
+    by: Annotated[str, typer.Option(help="Grain: comma-separated run, rank, step.")] = "run",
+    level: Annotated[str, typer.Option(help="kernel (one row per kernel name) or category (gemm, attention, elementwise, norm, optimizer, nccl, memcpy, other, ...).")] = "kernel",
+    top: Annotated[int, typer.Option(help="Rows per group of --by, the most device time first.")] = 20,
+    unclassified: Annotated[bool, typer.Option("--unclassified", help="Only kernels no rule classifies (category other): candidates for `traceq rules --add`.")] = False,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
+    run: RunOption = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """The kernels (or categories) the device time goes to, over the selected steps: count, total,
+    share of the group's kernel time, mean, min and max duration. A kernel counts in the step that
+    launched it; durations are summed (kernels side by side count twice).
+
+    Examples:
+
+      traceq kernels --top 10
+
+      traceq kernels --level category --by run,rank
+
+      traceq kernels --unclassified --format csv      # then write rules for them: traceq rules --add
+    """
+    from traceq.report.kernels import kernel_table
+    from traceq.report.selection import StepSelection
+
+    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
+    table = kernel_table(db, by=by, level=level, top=top, selection=selection, runs=run, unclassified=unclassified)
+    if fmt is Format.table:
+        what = "categories" if level == "category" else "kernels"
+        echo(f"top {top} {what} by device time, by {by} ({steps_note(selection)})", err=True)
+    # on a narrow terminal: the name, its total and its share stay longest
+    emit(table, fmt, drop_first=("min_us", "max_us", "mean_us", "class", "count"))
+
+
+@app.command()
+def collectives(
+    db: DbOption = Path(DEFAULT_DB),
+    by: Annotated[str, typer.Option(help="Grain: comma-separated run, collective_type, process_group, size_bucket, inter_node.")] = "run,collective_type,process_group,size_bucket",
+    instances: Annotated[bool, typer.Option("--instances", help="One row per communication kernel instead: its instance, rank, wait and transfer (every step).")] = False,
+    whole_trace: WholeTraceOption = False,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
+    run: RunOption = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Collectives matched across the ranks of each run: per collective type, process group and
+    message size, the instances, their mean size, transfer time and per-rank wait, and the algorithm
+    and bus bandwidth (nccl-tests conventions). An instance's transfer is its shortest kernel over
+    the ranks (the last to arrive waited least); the rest of each rank's kernel is waiting. Kernels
+    that cannot be matched (a rank missing, no process group, point-to-point) are rows of their own
+    whose bandwidth comes from the kernel's whole duration: a lower bound.
+
+    Examples:
+
+      traceq collectives --run llama7b-256n
+
+      traceq collectives --by collective_type,size_bucket --format csv
+
+      traceq collectives --instances --run llama7b-256n --format json
+    """
+    from traceq.report.collectives import collectives_table, instance_table
+    from traceq.report.selection import StepSelection
+
+    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
+    if instances:
+        table, notes = instance_table(db, runs=run), []
+    else:
+        table, notes = collectives_table(db, by=by, selection=selection, whole_trace=whole_trace, runs=run)
+    if fmt is Format.table:
+        used = "every kernel" if instances or whole_trace else steps_note(selection)
+        echo(f"collectives by {'instance' if instances else by} ({used})", err=True)
+        for note in notes:
+            echo(f"note: {note}", err=True)
+    emit(table, fmt, drop_first=("algbw_gbps", "inter_node", "group_size", "ordinal", "seq", "reason", "device"))
+
+
+@app.command()
+def stragglers(
+    db: DbOption = Path(DEFAULT_DB),
+    by_step: Annotated[bool, typer.Option("--by-step", help="One row per rank and step, not per rank.")] = False,
+    whole_trace: WholeTraceOption = False,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
+    run: RunOption = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Who arrives last at the collectives, how often, and how much waiting it causes the other ranks.
+
+    Per rank, over the selected steps: matched_count (collectives it took part in), arrived_last_count
+    and arrived_last_share (it arrived last: its kernel was the shortest of the instance),
+    wait_caused_us (the waiting the others did there) and its own waiting, wait_us. The ranks that
+    caused the most waiting come first.
+
+    Examples:
+
+      traceq stragglers --run llama7b-256n
+
+      traceq stragglers --by-step --steps 11:60 --format csv
+    """
+    from traceq.report.collectives import stragglers_table
+    from traceq.report.selection import StepSelection
+
+    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
+    table, notes = stragglers_table(db, by_step=by_step, selection=selection, whole_trace=whole_trace, runs=run)
+    if fmt is Format.table:
+        echo(f"stragglers by run,rank{',step' if by_step else ''} "
+                   f"({'whole trace' if whole_trace else steps_note(selection)})", err=True)
+        for note in notes:
+            echo(f"note: {note}", err=True)
+    emit(table, fmt, drop_first=("matched_count",))
+
+
+class PathView(str, Enum):
+    steps = "steps"
+    segments = "segments"
+    ranks = "ranks"
+    kernels = "kernels"
+
+
+@app.command("critical-path")
+def critical_path(
+    db: DbOption = Path(DEFAULT_DB),
+    run: Annotated[Optional[str], typer.Option("--run", help="The run (may be left out when the warehouse holds one).")] = None,
+    step: Annotated[Optional[list[int]], typer.Option("--step", help="Only this step number (repeatable).")] = None,
+    segments: Annotated[bool, typer.Option("--segments", help="The path itself: one row per segment (rank, start, end, kind, kernel, collective).")] = False,
+    ranks: Annotated[bool, typer.Option("--ranks", help="Per rank over the steps: time on the path, share, steps on it, the waiting its lateness cost.")] = False,
+    kernels: Annotated[bool, typer.Option("--kernels", help="The kernels and collectives most on the paths.")] = False,
+    top: Annotated[int, typer.Option(help="Rows of --kernels.", min=1, max=10_000_000)] = 20,
+    html: Annotated[Optional[Path], typer.Option(help="Also write the path as a self-contained HTML page: ranks as lanes, the path across them (the --step given, else the longest step).")] = None,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Which rank, and which of its work, made each step as long as it was: the critical path across ranks.
+
+    Per step, the walk starts at the end of the step on the rank whose device window ends last and goes
+    back to the step's start. On a rank, time goes to what its device was doing: compute (with the
+    kernel), the transfer part of a collective, memcpy/memset, or idle (host-bound, sync, other). Where
+    the rank was waiting at a matched collective, the path jumps to the rank that arrived last, at the
+    moment its kernel started, and goes on there. The segments add up to the step's span.
+
+    Per step (default): span, the last rank to end, ranks crossed, jumps, time by kind (ms), the rank and
+    the kernel most on the path, and a sentence saying it.
+
+    Examples:
+
+      traceq critical-path --run job1
+
+      traceq critical-path --run job1 --step 12 --segments
+
+      traceq critical-path --run job1 --ranks
+
+      traceq critical-path --run job1 --html cp.html
+    """
+    from traceq.report.critical_path import critical_path as compute
+    from traceq.report.critical_path import write_critical_path_html
+    from traceq.report.selection import StepSelection
+
+    if sum((segments, ranks, kernels)) > 1:
+        raise ConfigError("give one of --segments, --ranks and --kernels")
+    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
+    result = compute(db, run=run, selection=selection, steps=step)
+    drawn = write_critical_path_html(str(html), result, step[0] if step else None) if html is not None else None
+    if segments:
+        table = result.segments.drop("instance_id", "trace_id")
+    elif ranks:
+        table = result.ranks()
+    elif kernels:
+        table = result.kernels(top)
+    else:
+        table = result.steps
+    if fmt is Format.table:
+        echo(f"critical path of run {result.steps['run'][0]} ({steps_note(selection)})", err=True)
+        for note in result.notes:
+            echo(f"note: {note}", err=True)
+        if not (segments or ranks or kernels):
+            for s in result.steps["step"].to_list()[:20]:
+                echo(f"  {result.sentence(s)}", err=True)
+    emit(table, fmt, drop_first=("path_start_ns", "category", "process_group", "top_kernel_ms", "copy_ms", "wait_ms",
+                                  "compute_ms", "waited_for", "steps"))
+    if drawn is not None:
+        echo(f"wrote {html} (step {drawn})", err=True)
+
+
+@app.command()
+def diff(
+    a: Annotated[str, typer.Argument(help="Side A: RUN, or RUN,rank=N and/or RUN,steps=a:b.")],
+    b: Annotated[str, typer.Argument(help="Side B, the same way.")],
+    db: DbOption = Path(DEFAULT_DB),
+    skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip on both sides (default: each run's warmup_steps metadata, else 0).")] = None,
+    include_last: IncludeLastOption = False,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    html: Annotated[Optional[Path], typer.Option(help="Also write the diff as a self-contained HTML page.")] = None,
+) -> None:
+    """Compare two runs, two step ranges of a run, or two ranks: every metric, exposed comm per
+    collective type and kernel time per category, as means over each side's rank-steps, with the
+    delta (B − A) and whether it is larger than the step-to-step spread (the wider p90 − p10 of the
+    two sides): a change the steps' own variation does not explain.
+
+    Examples:
+
+      traceq diff llama-8n llama-16n
+
+      traceq diff llama-8n,steps=11:30 llama-8n,steps=31:60
+
+      traceq diff llama-8n,rank=0 llama-8n,rank=3 --format csv
+    """
+    from traceq.report.diff import diff as compare
+    from traceq.report.diff import write_diff_html
+
+    notes = ["a, b: means over each side's selected rank-steps (ratios and rates: their sums' ratio); "
+             "each rank's open last step left out unless --include-last; p10/p90: the spread of its steps; "
+             "beyond_spread: |delta| > the wider p90 - p10 of the two sides",
+             "metric rows are in each metric's unit; collective rows: exposed comm (us) per collective type; "
+             "category rows: kernel time (us) launched per step, per kernel category"]
+    table = compare(db, a, b, skip_steps=skip_steps, include_last=include_last)
+    if html is not None:
+        write_diff_html(table, str(html), a, b, notes)
+    if fmt is Format.table:
+        echo(f"A = {a}, B = {b}", err=True)
+        for note in notes:
+            echo(f"note: {note}", err=True)
+    emit(table, fmt, drop_first=("a_p10", "a_p90", "b_p10", "b_p90", "delta"))
+    if html is not None:
+        echo(f"wrote {html}", err=True)
+
+
+@app.command()
+def scaling(
+    db: DbOption = Path(DEFAULT_DB),
+    by: Annotated[str, typer.Option(help="Run metadata columns that split runs into separate series, e.g. model,tp.")] = "",
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
+    run: RunOption = None,
+    fmt: FormatOption = Format.table,
+    html: Annotated[Optional[Path], typer.Option(help="Also write the HTML report (scaling curves with the ideal line) to this file.")] = None,
+    metric: Annotated[Optional[str], typer.Option(help="A collective figure across runs instead of tokens/s: busbw_gbps, algbw_gbps, transfer_us or wait_us, per collective type.")] = None,
+) -> None:
+    """Scaling across runs: global tokens/s against world size, the ideal linear line from the
+    smallest run, efficiency, marginal tokens/s per added GPU, MFU and tokens per joule. With
+    --metric, a collective figure per collective type against world size and nodes instead
+    (see `traceq collectives`).
+
+    Examples:
+
+      traceq scaling --db runs.duckdb --by model --html scaling.html
+
+      traceq scaling --metric busbw_gbps
+
+      traceq scaling --metric transfer_us --by model      # collective latency against nodes
+    """
+    from traceq.report.scaling import scaling_report
+    from traceq.report.selection import StepSelection
+
+    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
+    if metric is not None:
+        from traceq.report.collectives import collective_scaling
+
+        if html is not None:
+            raise ConfigError("draws the tokens/s scaling curves; with --metric, leave it out "
+                              "(`traceq report --html` shows busbw against message size)", param="html", value=str(html))
+
+        frame, notes = collective_scaling(db, metric, by=by, selection=selection, runs=run)
+        if fmt is Format.table:
+            echo(f"{metric} across {frame['run'].n_unique()} run(s) ({steps_note(selection)})", err=True)
+            for note in notes:
+                echo(f"note: {note}", err=True)
+        emit(frame, fmt)
+        return
+    frame, notes, rows = scaling_report(db, by=by, selection=selection, runs=run)
+    if html is not None:
+        from traceq.report.html import write_html_report
+
+        group = [c.strip() for c in by.split(",") if c.strip()]
+        write_html_report(db, html, selection=selection, runs=run, scaling_by=group, steps=rows)
+    if fmt is Format.table:
+        echo(f"scaling across {frame.height} run(s) ({steps_note(selection)})", err=True)
+    for note in notes:
+        echo(f"note: {note}", err=True)
+    emit(frame, fmt)
+    if html is not None:
+        echo(f"wrote {html}", err=True)
+
+
+@app.command()
+def metrics(fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table) -> None:
+    """List every metric with its unit and one-line definition.
+
+    Example:
+
+      traceq metrics --format csv
+    """
+    from traceq.report.metrics import list_metrics
+
+    emit(list_metrics(), fmt)

@@ -1,0 +1,308 @@
+"""Commands on the warehouse itself: ``runs``, ``rules``, ``check``, ``sql``, ``export``."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from traceq.catalog import RUN_KEYS
+from traceq.cli.base import (
+    DbOption,
+    DropLastOption,
+    Engine,
+    EngineOption,
+    Format,
+    FormatOption,
+    IncludeLastOption,
+    RunOption,
+    SkipStepsOption,
+    StepsOption,
+    TraceProcessorOption,
+    app,
+    echo,
+    emit,
+)
+from traceq.errors import ConfigError
+from traceq.store.warehouse import DEFAULT_DB
+
+
+def runs(
+    target: Annotated[Optional[list[str]], typer.Argument(metavar="[set|rm|rename] [RUN] [NEW]", help="A run to show; `set RUN` with the options below to set its metadata; `rm RUN` to remove it and all of its data; `rename RUN NEW`.")] = None,
+    db: DbOption = Path(DEFAULT_DB),
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    traces: Annotated[bool, typer.Option("--traces", help="List the trace files instead: their run, ranks, steps, GPU and path.")] = False,
+    **metadata: Any,
+) -> None:
+    """List the runs in the warehouse with their metadata, set metadata of one run, remove or rename one.
+
+    Metadata comes from the collectors' rank<r>.run.json files; for traces recorded without them,
+    set it here (values set here win over the collector's and survive later ingests). The peak of
+    --gpu-model comes from traceq's table; a GPU the table does not know needs --peak-tflops with it.
+    Removing and renaming are one transaction each; a name another run has is refused.
+
+    Examples:
+
+      traceq runs --db runs.duckdb
+
+      traceq runs --traces --db runs.duckdb
+
+      traceq runs set llama-8n --world-size 8 --tp 2 --tokens-per-step 4194304 --gpu-model 'H100 SXM' --db runs.duckdb
+
+      traceq runs rename trace_filter recsys-128r --db runs.duckdb
+
+      traceq runs rm old-attempt --db runs.duckdb
+    """
+    from traceq.report.runs import list_runs, list_traces
+    from traceq.store.run_metadata import set_run_metadata
+
+    words = list(target or [])
+    action = words[0] if words and words[0] in ("set", "rm", "rename") else None
+    if action is not None:
+        words = words[1:]
+    setting = action == "set"
+    if action in ("rm", "rename"):
+        _manage_run(action, words, db, bool({k: v for k, v in metadata.items() if v is not None}))
+        words = []
+    if len(words) > 1:
+        raise ConfigError(f"traceq runs takes one run name, got {' '.join(words)}; e.g. traceq runs set RUN --tp 2")
+    given = {k: v for k, v in metadata.items() if v is not None}
+    if given or setting:
+        if not words:
+            raise ConfigError("traceq runs set needs a run name: traceq runs set RUN --tokens-per-step N")
+        if not given:
+            raise ConfigError(f"nothing to set for run {words[0]}; pass e.g. --tokens-per-step N (see traceq runs --help)")
+        set_run_metadata(db, words[0], given)
+        echo(f"set {', '.join(sorted(given))} of run {words[0]}", err=True)
+    frame = list_traces(db) if traces else list_runs(db)
+    if words:
+        import polars as pl
+
+        frame = frame.filter(pl.col("run") == words[0])
+        if frame.height == 0:
+            raise ConfigError(f"no run {words[0]!r} in {db}; `traceq runs` lists them")
+    # the path is what --traces is for: it stays, and the figures and labels beside it go first
+    emit(frame, fmt, drop_first=("step_marker", "device_events", "events", "first_step", "last_step", "rank_source",
+                                  "gpu_model", "steps") if traces else ())
+
+
+def _manage_run(action: str, words: list[str], db: Path, with_options: bool) -> None:
+    """`traceq runs rm RUN` and `traceq runs rename RUN NEW` (then the runs are listed)."""
+    from traceq.store.manage import remove_run, rename_run
+
+    wanted = {"rm": ["RUN"], "rename": ["RUN", "NEW"]}[action]
+    if len(words) != len(wanted) or with_options:
+        raise ConfigError(f"usage: traceq runs {action} {' '.join(wanted)} (and no metadata options)")
+    if action == "rm":
+        removed = remove_run(db, words[0])
+        rows = sum(n for table, n in removed.items() if table != "traces")
+        echo(f"removed run {words[0]}: {removed.get('traces', 0)} trace(s), {rows:,} rows", err=True)
+    else:
+        moved = rename_run(db, words[0], words[1])
+        echo(f"renamed run {words[0]} to {words[1]} ({moved} trace(s))", err=True)
+
+
+def _with_run_key_options(command: Any) -> Any:
+    """``command`` with one option per settable run metadata key of the catalogue (--world-size, --tp,
+    --gpu-model, ...): their names, types and help come from :data:`traceq.catalog.RUN_KEYS` alone."""
+    signature = inspect.signature(command, eval_str=True)
+    fixed = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    generated = [
+        inspect.Parameter(
+            key.key, inspect.Parameter.KEYWORD_ONLY, default=None,
+            annotation=Annotated[Optional[key.kind], typer.Option(help=f"Set: {key.help}.")],
+        )
+        for key in RUN_KEYS
+    ]
+    command.__signature__ = signature.replace(parameters=[*fixed, *generated])
+    command.__annotations__ = {**{p.name: p.annotation for p in fixed}, **{p.name: p.annotation for p in generated}}
+    return command
+
+
+@app.command()
+def rules(
+    add: Annotated[Optional[Path], typer.Option(help="CSV of rules to add: priority,pattern,class,category,collective.")] = None,
+    db: DbOption = Path(DEFAULT_DB),
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+) -> None:
+    """Show the kernel classification rules, or add your own (they apply to data already ingested).
+
+    A rule is an RE2 regular expression on the kernel name; the lowest priority that matches wins
+    (user rules win ties). Example, to count a custom all-reduce kernel as communication:
+
+      echo 'priority,pattern,class,category,collective' > my_rules.csv
+
+      echo '5,^my_allreduce_kernel,comm,custom,AllReduce' >> my_rules.csv
+
+      traceq rules --add my_rules.csv
+    """
+    from traceq.store.manage import add_rule_file
+    from traceq.store.manage import rules as rule_table
+
+    if add is not None:
+        added, total = add_rule_file(db, add)
+        echo(f"added {added} rule(s) from {add}: {total} rule(s) now (traceq rules lists them)")
+        return
+    frame = rule_table(db)
+    emit(frame, fmt)
+
+
+@app.command()
+def check(
+    db: DbOption = Path(DEFAULT_DB),
+    skew_threshold_us: Annotated[float, typer.Option(help="Report a rank's clock skew beyond this many microseconds.")] = 50.0,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+) -> None:
+    """Data-quality report: what to know about each trace and run before trusting a number.
+
+    One row per finding: kernels overlapping on one stream, kernels without a launch event or
+    launched by no step, device activity before the first step's window or after the last, windows
+    that had to be moved to keep them in order, traces without steps (one window over the whole
+    trace), devices with communication but no compute, ranks the file did not name, ranks whose
+    steps two traces hold, missing metadata, incomplete steps, ranks with different step counts,
+    clock skew between ranks (from the end times of the same collective), events dropped by ingest,
+    duplicate events.
+
+    Exit code: 0 when nothing needs attention (no finding, or only severity info); 1 when a
+    finding has severity warning, or the warehouse cannot be read.
+
+    Example:
+
+      traceq check --db runs.duckdb --format json
+    """
+    from traceq.report.check import check_warehouse, needs_attention
+
+    findings = check_warehouse(db, skew_threshold_us=skew_threshold_us)
+    n_warn = findings.filter(findings["severity"] == "warning").height
+    if fmt is Format.table:
+        echo(f"{n_warn} warning(s), {findings.height - n_warn} info finding(s) in {db}", err=True)
+    if findings.height or fmt is not Format.table:
+        emit(findings, fmt, drop_first=("count", "rank", "path"))  # the finding (check, severity, detail) stays
+    if needs_attention(findings):
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def sql(
+    words: Annotated[list[str], typer.Argument(metavar="[TRACE] QUERY", help="The query; with --engine perfetto, the trace file before it.", show_default=False)],
+    db: DbOption = Path(DEFAULT_DB),
+    engine: EngineOption = Engine.duckdb,
+    trace_processor: TraceProcessorOption = None,
+    rank: Annotated[Optional[int], typer.Option(help="With --engine perfetto: the rank of a trace that names none.")] = None,
+    step_marker: Annotated[Optional[str], typer.Option(help="With --engine perfetto: a regular expression on the names of the step spans (as traceq ingest --step-marker).")] = None,
+    max_rows: Annotated[int, typer.Option("--max-rows", help="Print at most this many rows (the query's first ones), and say so when there were more.", min=1)] = 100_000,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Run your own query over traceq's classification, step windows and metrics.
+
+    --engine duckdb (the default): DuckDB SQL on the warehouse, read-only, and on nothing else (no
+    other file, no extension, no settings: COPY TO, read_csv and INSTALL are refused). Besides its tables
+    (gpu_events, host_events, steps, traces, ...) the query may name traceq's relations:
+    gpu_activity (every device event, classified), device_activity, device_windows,
+    selected_steps, selected_windows, trace_windows, interval_breakdown (the metrics of the
+    selected steps' windows, in ns), comm_instances.
+
+    --engine perfetto: PerfettoSQL on one trace file, loaded in Perfetto's trace processor with
+    traceq's modules: traceq_device_events, traceq_steps, traceq_step_attribution,
+    traceq_device_windows, traceq_windows, traceq_interval_breakdown, next to Perfetto's own
+    tables (slice, thread, args, ...) and standard library.
+
+    Examples:
+
+      traceq sql "select class, count(*), sum(dur_ns) from gpu_activity group by class"
+
+      traceq sql --engine perfetto runs/rank0.json.gz "select scope, step, exposed_comm_ns from traceq_interval_breakdown"
+    """
+    from traceq.catalog import StepMarker
+    from traceq.perfetto.engine import trace_sql
+    from traceq.report.adhoc import warehouse_sql
+    from traceq.perfetto.engine import trace_processor_binary
+
+    notes: list[str] = []
+    if engine is Engine.perfetto:
+        if len(words) != 2:
+            raise ConfigError("give one trace file, then the query", param="words", value=" ".join(words))
+        frame, notes = trace_sql(words[1], Path(words[0]), rank=rank, binary=trace_processor_binary(trace_processor),
+                                 marker=StepMarker.parse(step_marker))
+    else:
+        if step_marker is not None:
+            raise ConfigError("the warehouse keeps the marker each file was ingested with", param="step_marker", value=step_marker)
+        if len(words) != 1:
+            raise ConfigError("give the query alone (the DuckDB engine reads the warehouse, --db); "
+                              "to query a trace file use --engine perfetto", param="words", value=" ".join(words))
+        frame = warehouse_sql(words[0], db, max_rows=max_rows)
+    if frame.height > max_rows:
+        frame = frame.head(max_rows)
+        notes.append(f"the query gives more than {max_rows:,} rows: the first {max_rows:,} are printed (--max-rows)")
+    for note in notes:
+        echo(f"note: {note}", err=True)
+    emit(frame, fmt)
+
+
+@app.command()
+def export(
+    parquet: Annotated[Optional[Path], typer.Option("--parquet", help="Output directory (hive-style run=/rank= folders) for the whole warehouse as Parquet.")] = None,
+    perfetto: Annotated[Optional[Path], typer.Option("--perfetto", help="Output trace file (.pftrace) of the selected runs, ranks and steps, for ui.perfetto.dev.")] = None,
+    db: DbOption = Path(DEFAULT_DB),
+    overwrite: Annotated[bool, typer.Option(help="Replace an earlier export in the directory, or the trace file.")] = False,
+    run: RunOption = None,
+    steps: StepsOption = None,
+    skip_steps: SkipStepsOption = None,
+    drop_last: DropLastOption = False,
+    include_last: IncludeLastOption = False,
+    ranks: Annotated[Optional[str], typer.Option("--ranks", help="--perfetto: only these ranks, e.g. 0-7 or 0,2,5 (default: every rank).")] = None,
+    critical_path: Annotated[bool, typer.Option("--critical-path", help="--perfetto: also each step's critical path across ranks (traceq critical-path): a track on each rank it crosses, an arrow where it jumps to the rank another waited for.")] = False,
+) -> None:
+    """Write the warehouse as Parquet (partitioned by run and rank), or runs as an annotated
+    Perfetto trace: give exactly one of --parquet DIR and --perfetto FILE.
+
+    Parquet: reports run on the directory directly (--db DIR); polars, DuckDB or Spark read it
+    without traceq, e.g. polars.scan_parquet("DIR/gpu_events/**/*.parquet").
+
+    Perfetto: one process per run and rank, all ranks of a run on one clock (the clock-skew
+    estimate of `traceq check`), each GPU stream with its kernels named and classified, the steps,
+    and per-step counters (exposed comm, overlapped comm, idle, waiting vs transfer, power). Open the
+    file in https://ui.perfetto.dev. --run, --steps, --skip-steps, --drop-last and --ranks choose
+    what it holds (the same steps as `traceq report`).
+
+    Examples:
+
+      traceq export --parquet runs_parquet --db runs.duckdb
+
+      traceq report --metric exposed_comm --db runs_parquet
+
+      traceq export --perfetto run.pftrace --run job1 --steps 11:14 --ranks 0-7
+
+      traceq export --perfetto run.pftrace --run job1 --critical-path
+    """
+    if (parquet is None) == (perfetto is None):
+        raise ConfigError("give one of --parquet DIR (the warehouse as Parquet) and --perfetto FILE (a trace for ui.perfetto.dev)")
+    if parquet is not None:
+        chosen = [o for o, given in (("--run", run is not None), ("--steps", steps is not None),
+                                     ("--skip-steps", skip_steps is not None), ("--drop-last", drop_last),
+                                     ("--include-last", include_last), ("--ranks", ranks is not None),
+                                     ("--critical-path", critical_path)) if given]
+        if chosen:
+            raise ConfigError(f"{', '.join(chosen)}: only with --perfetto (they choose what the trace holds); --parquet writes the whole warehouse")
+        from traceq.store.export import export_parquet
+
+        written = export_parquet(db, parquet, overwrite=overwrite)
+        tables = ", ".join(f"{name} {n:,}" for name, n in written.items() if n)
+        echo(f"exported {db} -> {parquet} (rows: {tables})")
+        return
+    from traceq.report.selection import StepSelection
+    from traceq.perfetto.timeline import export_perfetto
+
+    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
+    done = export_perfetto(db, perfetto, runs=run, selection=selection, ranks=ranks, overwrite=overwrite,
+                           critical_path=critical_path)
+    for note in done.notes:
+        echo(f"note: {note}", err=True)
+    echo(f"wrote {perfetto}: {done.size_bytes / 1e6:,.1f} MB, {len(done.runs)} run(s), {done.processes} rank(s), "
+               f"{done.slices:,} GPU events, {done.counter_values:,} counter values in {done.seconds:.1f} s; "
+               "open it in https://ui.perfetto.dev")
+
+
+app.command()(_with_run_key_options(runs))
