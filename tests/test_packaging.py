@@ -24,6 +24,9 @@ def test_wheel_installs_and_runs_ingest(tmp_path: Path) -> None:
     assert "traceq/sql/interval_breakdown.sql" in names and "traceq/sql/kernel_rules.csv" in names
     assert "traceq/sql/perfetto/device_events.sql" in names
     assert "traceq/collectors/__init__.py" in names
+    # every module of the package (a package left out of pyproject's list was missing from the wheel)
+    modules = {f"traceq/{path.relative_to(ROOT / 'traceq').as_posix()}" for path in (ROOT / "traceq").rglob("*.py")}
+    assert modules - set(names) == set()
 
     target = tmp_path / "site"
     subprocess.run(
