@@ -2,7 +2,8 @@
 -- step_power: one row per selected (trace_id, rank, step) with the NVML power and energy of the GPUs
 -- in that rank's power log over the step's wall-clock window (step_wall_times: the step's CPU span).
 --   power_source   nvml | unavailable (log says NVML was absent) | null (no power log)
---   power_gpus     GPUs in the log (1 unless the collector sampled every GPU of the node)
+--   power_gpu_count  GPUs in the log (1 unless the collector sampled every GPU of the node; the collectors'
+--                  power_gpus setting, own or all, chose them)
 --   power_w        W, summed over those GPUs: time-weighted mean of the sampled power, each sample held
 --                  until the next one or the log's end record, for at most max(2 intervals, 1 s): NVML's
 --                  reading is itself a ~1 s average, and a longer gap is not bridged by a guess;
@@ -100,7 +101,7 @@ per_step as (
         w.rank,
         w.step,
         l.source as power_source,
-        l.n_gpus as power_gpus,
+        l.n_gpus as power_gpu_count,
         (w.end_wall_ns - w.start_wall_ns) / 1e9 as window_s,
         coalesce(p.gpus_covered, 0) as gpus_covered,
         p.power_sum_w,
@@ -118,18 +119,18 @@ final as (
         rank,
         step,
         power_source,
-        power_gpus,
+        power_gpu_count,
         window_s,
-        case when power_source = 'nvml' and power_gpus > 0 and gpus_covered = power_gpus and window_s > 0
+        case when power_source = 'nvml' and power_gpu_count > 0 and gpus_covered = power_gpu_count and window_s > 0
             then power_sum_w end as power_w,
         case
-            when power_source = 'nvml' and power_gpus > 0 and gpus_with_energy = power_gpus then counter_energy_j
-            when power_source = 'nvml' and power_gpus > 0 and gpus_covered = power_gpus and window_s > 0
+            when power_source = 'nvml' and power_gpu_count > 0 and gpus_with_energy = power_gpu_count then counter_energy_j
+            when power_source = 'nvml' and power_gpu_count > 0 and gpus_covered = power_gpu_count and window_s > 0
                 then power_sum_w * window_s
         end as energy_j,
         case
-            when power_source = 'nvml' and power_gpus > 0 and gpus_with_energy = power_gpus then 'energy counter'
-            when power_source = 'nvml' and power_gpus > 0 and gpus_covered = power_gpus and window_s > 0
+            when power_source = 'nvml' and power_gpu_count > 0 and gpus_with_energy = power_gpu_count then 'energy counter'
+            when power_source = 'nvml' and power_gpu_count > 0 and gpus_covered = power_gpu_count and window_s > 0
                 then 'power integral'
         end as energy_source
     from per_step

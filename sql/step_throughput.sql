@@ -8,9 +8,9 @@
 --   global_tokens_per_s   tokens/s of the whole run: tokens_per_step / step time
 --   tflops                model TFLOP/s of one GPU: flops_per_step / world_size / step time / 1e12
 --   mfu                   tflops / peak_tflops (ratio, 0..1)
---   power_source, power_gpus, power_w (W), energy_j (J), energy_source   from step_power
+--   power_source, power_gpu_count, power_w (W), energy_j (J), energy_source   from step_power
 --   tokens_per_j          tokens of the GPUs in the power log / energy_j (null at 0 J)
---   power_tokens          those tokens (tokens_per_step × power_gpus / world_size), where energy_j is known:
+--   power_tokens          those tokens (tokens_per_step × power_gpu_count / world_size), where energy_j is known:
 --                         a run's tokens_per_j is Σ power_tokens / Σ energy_j (a step whose counter did not
 --                         tick still counts its tokens)
 with base as (
@@ -53,12 +53,12 @@ final as (
         b.flops_per_step / b.world_size / b.step_s / 1e12 as tflops,
         b.flops_per_step / b.world_size / b.step_s / 1e12 / b.peak_tflops as mfu,
         p.power_source,
-        p.power_gpus,
+        p.power_gpu_count,
         p.power_w,
         p.energy_j,
         p.energy_source,
-        b.tokens_per_step * p.power_gpus / b.world_size / nullif(p.energy_j, 0) as tokens_per_j,
-        case when p.energy_j is not null then b.tokens_per_step * p.power_gpus / b.world_size end as power_tokens
+        b.tokens_per_step * p.power_gpu_count / b.world_size / nullif(p.energy_j, 0) as tokens_per_j,
+        case when p.energy_j is not null then b.tokens_per_step * p.power_gpu_count / b.world_size end as power_tokens
     from base as b
     left join step_power as p on p.trace_id = b.trace_id and p.rank = b.rank and p.step = b.step
 )

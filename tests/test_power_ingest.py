@@ -107,7 +107,7 @@ def test_two_gpus_in_one_log_add_up_and_share_the_tokens(tmp_path: Path) -> None
     db = tmp_path / "w.duckdb"
     ingest_traces([write_rank(tmp_path / "job", 0, lines, META)], db, workers=0)
     s1, _ = step_rows(db)
-    assert s1["power_w"] == pytest.approx(300.0) and s1["power_gpus"] == 2
+    assert s1["power_w"] == pytest.approx(300.0) and s1["power_gpu_count"] == 2
     assert s1["tokens_per_j"] == pytest.approx(6000 / 30.0)
 
 

@@ -41,6 +41,7 @@ from traceq.ingest.inputs import check_run_name, expand_inputs, file_size, json_
 from traceq.ingest.native import (
     BatchCounts,
     BatchFiles,
+    NOT_THE_FILE,
     NotNative,
     Part,
     batch_files,
@@ -78,7 +79,7 @@ from traceq.query import params_of, sql_text
 from traceq.store.derive import check_step_marker, device_properties, gpu_model_of, write_steps
 from traceq.store.manage import forget_run, remove_traces
 from traceq.store.schema import execute_over, fetch_one, rollback
-from traceq.store.warehouse import DEFAULT_DB, connect
+from traceq.store.warehouse import DEFAULT_DB, connect, environment_error
 
 if TYPE_CHECKING:  # the decode path imports them when it runs: the fast path needs neither
     import numpy as np
@@ -696,6 +697,8 @@ class _Loader:
                 result = self._in_transaction(path, digest, size, parse)
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
+        except NOT_THE_FILE as exc:  # out of memory, a full disk: this file is not in, nothing of it
+            return FileResult(str(path), "failed", f"{path}: {environment_error(exc) or str(exc).splitlines()[0]}")
         result.seconds = time.perf_counter() - started
         return result
 

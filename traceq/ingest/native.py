@@ -92,11 +92,20 @@ def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -
         raise _not_native(exc) from None
 
 
+# DuckDB's errors that say the machine stopped a statement, not the file (DB-API's OperationalError:
+# out of memory, a full disk or other I/O, a lock held), and a fatal one: raised as they are, never a
+# reason to read the file another way (a write that ran out of memory was stored by the decoder instead)
+NOT_THE_FILE = (duckdb.OperationalError, duckdb.FatalException, duckdb.PermissionException)
+
+
 def _not_native(exc: duckdb.Error) -> BaseException:
     """What to raise for DuckDB's error: :class:`NotNative` (decode the file another way), but an
-    interrupted statement is an interruption (Ctrl-C must stop the ingest, never change its path)."""
+    interrupted statement is an interruption (Ctrl-C must stop the ingest, never change its path), and
+    the machine's errors (:data:`NOT_THE_FILE`) are what they are."""
     if is_interrupt(exc):
         return KeyboardInterrupt()
+    if isinstance(exc, NOT_THE_FILE):
+        return exc
     return NotNative(str(exc).splitlines()[0])
 
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # imported where used: a report imports it while DuckDB runs 
 # the columns of sql/step_throughput.sql a step row takes: the per-step metrics, then where each comes from
 _THROUGHPUT_COLUMNS = (
     *(name for name in PER_STEP_METRICS if name != "step_time_ms"),
-    "power_tokens", "power_source", "power_gpus", "energy_source", "flops_per_step", "flops_source", "peak_tflops",
+    "power_tokens", "power_source", "power_gpu_count", "energy_source", "flops_per_step", "flops_source", "peak_tflops",
     "peak_tflops_source", "peak_gpu",
 )
 def list_metrics() -> pl.DataFrame:

@@ -33,7 +33,7 @@ def per_run(rows: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
     power, each the ratio of sums over the run's rank-steps (:func:`traceq.report.metrics.mean_of`, the
     formula every report uses); power_w per GPU of the power log."""
     steps = rows.unique(subset=["run", "rank", "step"], keep="first")  # one row per rank-step, not per device
-    steps = steps.with_columns((pl.col("power_w") / pl.col("power_gpus")).alias("power_w_per_gpu"))
+    steps = steps.with_columns((pl.col("power_w") / pl.col("power_gpu_count")).alias("power_w_per_gpu"))
     rates = ("global_tokens_per_s", "tokens_per_s", "tflops", "mfu", "tokens_per_j")
     comm = rows.group_by("run").agg(pl.col("exposed_comm_us").mean().alias("exposed_comm_us"))
     return (

@@ -1,0 +1,80 @@
+"""What the machine gets wrong while a file is written (out of memory, a full disk) fails that file,
+in one line that names it and what to do, and leaves nothing of it: an out-of-memory error on a write
+was stored by the slower decoder instead and reported "ingested"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.tracegen import TraceBuilder
+from traceq.ingest import ingest_traces, native
+
+ERRORS = {
+    "out of memory": (duckdb.OutOfMemoryException("Out of Memory Error: failed to allocate data of size 16.0 MiB"),
+                      "out of memory (Out of Memory Error: failed to allocate data of size 16.0 MiB); free memory or "
+                      "use a smaller input"),
+    "full disk": (duckdb.IOException("IO Error: Could not write file: No space left on device"),
+                  "IO Error: Could not write file: No space left on device; the file system said no: free space, or "
+                  "use a writable place for --db and outputs"),
+}
+
+
+def _traces(folder: Path, n: int) -> list[Path]:
+    paths = []
+    for rank in range(n):
+        t = TraceBuilder(rank=rank)
+        t.step(1, 0, 100_000)
+        t.kernel("sgemm", 10_000, 20_000, launch_ns=1_000)
+        paths.append(t.write(folder / f"rank{rank}.json"))
+    return paths
+
+
+def _counts(db: Path) -> tuple[int, int, int]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute("select (select count(*) from traces), (select count(*) from gpu_events), "
+                           "(select count(*) from steps)").fetchone()
+
+
+@pytest.mark.parametrize("files", [1, 3], ids=["one file", "a group of three"])
+@pytest.mark.parametrize("kind", list(ERRORS))
+def test_the_machines_error_fails_each_file_in_one_line_and_stores_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, files: int
+) -> None:
+    error, words = ERRORS[kind]
+    real = native.execute_over
+
+    def failing(con, statement, params, events=None):
+        if "insert into gpu_events" in statement:
+            raise error
+        return real(con, statement, params, events)
+
+    monkeypatch.setattr(native, "execute_over", failing)
+    paths = _traces(tmp_path / "job", files)
+    done = ingest_traces(paths, tmp_path / "w.duckdb")
+    assert [(f.status, f.message) for f in done.files] == [("failed", f"{p}: {words}") for p in paths]
+    assert _counts(tmp_path / "w.duckdb") == (0, 0, 0)
+
+
+def test_a_group_that_ran_out_of_memory_is_written_file_by_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group's one write ran out of memory; each file alone fits: all are in, as an ingest without
+    the error stores them, and none by the decoder."""
+    real, calls = native.execute_over, []
+
+    def once(con, statement, params, events=None):
+        if "insert into gpu_events" in statement:
+            calls.append(len(params["trace_ids"]))
+            if len(calls) == 1:
+                raise ERRORS["out of memory"][0]
+        return real(con, statement, params, events)
+
+    paths = _traces(tmp_path / "job", 3)
+    expected = ingest_traces(paths, tmp_path / "plain.duckdb")
+    monkeypatch.setattr(native, "execute_over", once)
+    done = ingest_traces(paths, tmp_path / "w.duckdb")
+    assert [f.status for f in done.files] == ["ingested"] * 3 and not any(f.message for f in done.files)
+    assert calls == [3, 1, 1, 1]  # the group, then each file
+    assert _counts(tmp_path / "w.duckdb") == _counts(tmp_path / "plain.duckdb") == (3, 3, 3)
+    assert expected.ok
