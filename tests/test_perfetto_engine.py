@@ -23,7 +23,6 @@ from tests.conftest import ROOT, corpus_path, skip_or_fail
 from tests.test_step_windows import EXPECTED, NCCL, US, lagging_trace
 from tests.tracegen import TraceBuilder
 from traceq import query
-from traceq.catalog import StepMarker
 from traceq.cli import app
 from traceq.errors import ConfigError, EmptySelection
 from traceq.ingest import ingest_traces
@@ -109,7 +108,7 @@ def test_step_markers_with_case_and_groups_number_steps_as_at_ingest(tmp_path: P
     path = t.write(tmp_path / "job" / "rank0.json")
     db = tmp_path / "w.duckdb"
     for marker in (r"(?i)^train step (\d+)$", r"^(Train) Step (\d+)$", r"^Train Step \d+$"):
-        mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, marker=StepMarker.parse(marker),
+        mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, step_marker=marker,
                                selection=EVERY_STEP)
         assert ingest_traces([path], db, workers=0, step_marker=marker, force=True).ok
         assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table), marker
@@ -327,8 +326,8 @@ def test_a_step_marker_names_the_steps_as_at_ingest(tmp_path: Path, binary: Path
         if e["name"].startswith("ProfilerStep#"):
             e["name"] = "train_step"  # no number: steps 1, 2, 3 in time order
     path = t.write(tmp_path / "job" / "rank0.json")
-    marker = StepMarker.parse("^train_step")
-    mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, marker=marker, selection=EVERY_STEP)
+    mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, step_marker="^train_step",
+                           selection=EVERY_STEP)
     assert mine.table["step"].to_list() == [1, 2, 3]
     assert mine.table["exposed_comm_us"].to_list() == [EXPECTED[s]["exposed_comm"] for s in (1, 2, 3)]
     db = tmp_path / "w.duckdb"

@@ -114,7 +114,6 @@ def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: 
                      selection: Any, run: list[str] | None, rank: int | None, html: Path | None,
                      trace_processor: Path | None, step_marker: str | None) -> Any:
     """``report --engine perfetto``: the checks of its options, then the report."""
-    from traceq.catalog import StepMarker
     from traceq.perfetto.engine import perfetto_report, trace_processor_binary
 
     if engine is not Engine.perfetto:
@@ -128,7 +127,7 @@ def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: 
         raise ConfigError("with --engine perfetto, --run names the traces' run (once)", param="run", value=",".join(run))
     return perfetto_report(traces, metric, by=by, whole_trace=whole_trace, selection=selection,
                            run=run[0] if run else None, rank=rank, binary=trace_processor_binary(trace_processor),
-                           marker=StepMarker.parse(step_marker))
+                           step_marker=step_marker)
 
 
 @app.command()

@@ -215,7 +215,6 @@ def sql(
 
       traceq sql --engine perfetto runs/rank0.json.gz "select scope, step, exposed_comm_ns from traceq_interval_breakdown"
     """
-    from traceq.catalog import StepMarker
     from traceq.perfetto.engine import trace_sql
     from traceq.report.adhoc import warehouse_sql
     from traceq.perfetto.engine import trace_processor_binary
@@ -225,7 +224,7 @@ def sql(
         if len(words) != 2:
             raise ConfigError("give one trace file, then the query", param="words", value=" ".join(words))
         frame, notes = trace_sql(words[1], Path(words[0]), rank=rank, binary=trace_processor_binary(trace_processor),
-                                 marker=StepMarker.parse(step_marker))
+                                 step_marker=step_marker)
     else:
         if step_marker is not None:
             raise ConfigError("the warehouse keeps the marker each file was ingested with", param="step_marker", value=step_marker)

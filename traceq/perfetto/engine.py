@@ -519,13 +519,14 @@ def _steps_held(results: Sequence[TraceResult]) -> str:
 def perfetto_report(
     inputs: Sequence[str | Path], metric: str | Sequence[str] = "exposed_comm_us", *,
     by: str | Sequence[str] = ("run", "rank"), whole_trace: bool = False, selection: StepSelection | None = None,
-    run: str | None = None, rank: int | None = None, binary: Path | None = None, marker: StepMarker = StepMarker(),
+    run: str | None = None, rank: int | None = None, binary: Path | None = None, step_marker: str | None = None,
 ) -> StepReport:
     """:func:`traceq.report.metrics.step_report` computed by the Perfetto engine from trace files.
 
     Only the interval metrics (``METRICS``, overlap_ratio, step_time_ms) and the grain run, rank,
     device, step: throughput, power and the cross-rank split need the warehouse (``--engine duckdb``).
-    ``marker``: the step marker (``traceq ingest --step-marker``; ProfilerStep#N by default).
+    ``step_marker``: a regular expression on the step spans' names, as ``traceq ingest --step-marker``
+    (None: ProfilerStep#N); ConfigError when it is not one.
     """
     import polars as pl
 
@@ -543,7 +544,7 @@ def perfetto_report(
         if whole_trace and name == "step_time_ms":
             raise ConfigError("measured per step: it has no whole-trace value", param="metric", value=name)
     grain = columns(by, GRAIN)
-    results = analyse_files(inputs, run=run, rank=rank, binary=binary, marker=marker)
+    results = analyse_files(inputs, run=run, rank=rank, binary=binary, marker=StepMarker.parse(step_marker))
     rows = step_rows(results, whole_trace=whole_trace, selection=selection)
     notes = [n for r in results for n in r.notes]
     cpu_only = [str(r.path) for r in results if not sum(r.slice_counts.values())]
@@ -566,7 +567,7 @@ def perfetto_report(
 
 
 def trace_sql(
-    sql: str, trace: Path, *, rank: int | None = None, binary: Path | None = None, marker: StepMarker = StepMarker(),
+    sql: str, trace: Path, *, rank: int | None = None, binary: Path | None = None, step_marker: str | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
     """(the rows of ``sql`` (PerfettoSQL) on ``trace`` loaded in a trace processor with traceq's modules
     loaded: traceq_device_events, traceq_steps, traceq_device_windows, traceq_interval_breakdown, ...;
@@ -578,6 +579,7 @@ def trace_sql(
     if not trace.is_file():
         raise ConfigError(f"{trace}: not a trace file; give one trace file, then the query")
     file_rank, _ = named_identity(trace, rank)
+    marker = StepMarker.parse(step_marker)
     with counting_events(trace) as events, open_trace(trace, binary, -1 if file_rank is None else file_rank, marker) as loaded:
         loaded.load("interval_breakdown")
         rows = loaded.query(sql)
