@@ -8,10 +8,13 @@ on stderr, exit 1.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import io
 import json
 import os
 import sys
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -61,13 +64,36 @@ class Format(str, Enum):
 
 
 # the step selection and output options the reports share
-StepsOption = Annotated[Optional[str], typer.Option("--steps", help="Step numbers to use, inclusive, e.g. 11:60.")]
+StepsOption = Annotated[Optional[str], typer.Option("--steps", help="Step numbers to use (N of ProfilerStep#N, or of --step-marker), inclusive, e.g. 11:60, or 5: for step 5 on.")]
 SkipStepsOption = Annotated[Optional[int], typer.Option("--skip-steps", help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")]
 DropLastOption = Annotated[bool, typer.Option("--drop-last/--no-drop-last", help="Drop each rank's last step always, even a rank's only step (what HTA does).")]
 IncludeLastOption = Annotated[bool, typer.Option("--include-last", help="Keep each rank's last step. By default it is left out: its device window is open (it ends with the GPU's drain, so it holds the backlog of earlier steps); a rank whose only step is the last keeps it.")]
 RunOption = Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")]
 FormatOption = Annotated[Format, typer.Option("--format", help="Output format.")]
 WholeTraceOption = Annotated[bool, typer.Option("--whole-trace", help="Every collective of the trace, not only the selected steps'.")]
+
+
+def selecting_steps(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``command``, which takes ``selection`` (a :class:`~traceq.report.selection.StepSelection`), as a
+    command that has the step options every report shares in its place: --steps, --skip-steps,
+    --drop-last and --include-last."""
+    signature = inspect.signature(command, eval_str=True)
+    kept = [p for p in signature.parameters.values() if p.name != "selection"]
+    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+               for name, annotation, default in (("steps", StepsOption, None), ("skip_steps", SkipStepsOption, None),
+                                                 ("drop_last", DropLastOption, False),
+                                                 ("include_last", IncludeLastOption, False))]
+
+    @functools.wraps(command)
+    def with_selection(*args: Any, steps: str | None = None, skip_steps: int | None = None, drop_last: bool = False,
+                       include_last: bool = False, **kwargs: Any) -> Any:
+        from traceq.report.selection import StepSelection
+
+        return command(*args, selection=StepSelection.parse(steps, skip_steps, drop_last, include_last), **kwargs)
+
+    with_selection.__signature__ = signature.replace(parameters=[*kept, *options])  # type: ignore[attr-defined]
+    with_selection.__annotations__ = {p.name: p.annotation for p in (*kept, *options)}
+    return with_selection
 
 
 class Engine(str, Enum):

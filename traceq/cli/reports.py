@@ -12,20 +12,18 @@ import typer
 from traceq.catalog import GROUP_COLUMNS
 from traceq.cli.base import (
     DbOption,
-    DropLastOption,
     Engine,
     EngineOption,
     Format,
     FormatOption,
     IncludeLastOption,
     RunOption,
-    SkipStepsOption,
-    StepsOption,
     TraceProcessorOption,
     WholeTraceOption,
     app,
     echo,
     emit,
+    selecting_steps,
     steps_note,
 )
 from traceq.errors import ConfigError
@@ -33,15 +31,12 @@ from traceq.store.warehouse import DEFAULT_DB
 
 
 @app.command()
+@selecting_steps
 def report(
     metric: Annotated[str, typer.Option(help="Metric name (see `traceq metrics`; the unit suffix may be left off), or several, comma-separated, side by side.")] = "exposed_comm",
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help=f"Grain: comma-separated subset of {', '.join(GROUP_COLUMNS)} (the last ones are run metadata).")] = "run,rank",
     whole_trace: Annotated[bool, typer.Option("--whole-trace", help="Report the whole timeline and every kernel, not the selected steps' windows.")] = False,
-    steps: Annotated[Optional[str], typer.Option(help="Step numbers to use (N of ProfilerStep#N, or of --step-marker), inclusive, e.g. 11:60 or 5: .")] = None,
-    skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")] = None,
-    drop_last: DropLastOption = False,
-    include_last: IncludeLastOption = False,
     run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     html: Annotated[Optional[Path], typer.Option(help="Also write a self-contained HTML report (plots, tables) of the selected runs and steps to this file.")] = None,
@@ -50,6 +45,7 @@ def report(
     trace_processor: TraceProcessorOption = None,
     rank: Annotated[Optional[int], typer.Option(help="With --engine perfetto: the rank of traces that name none.")] = None,
     step_marker: Annotated[Optional[str], typer.Option(help="With --engine perfetto: a regular expression on the names of the step spans (as traceq ingest --step-marker).")] = None,
+    selection: Any = None,
 ) -> None:
     """Aggregate a metric across steps, ranks and runs.
 
@@ -80,9 +76,7 @@ def report(
     """
     from traceq.catalog import BREAKDOWNS
     from traceq.report.metrics import step_report
-    from traceq.report.selection import StepSelection
 
-    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
     if engine is Engine.perfetto or traces:
         result = _perfetto_report(traces, engine, metric, by, whole_trace, selection, run, rank, html, trace_processor,
                                   step_marker)
@@ -131,17 +125,15 @@ def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: 
 
 
 @app.command()
+@selecting_steps
 def summary(
     traces: Annotated[Optional[list[str]], typer.Argument(help="Trace files, globs or directories to summarise without a warehouse (ingested into a temporary one); default: the warehouse's runs.")] = None,
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help="Grain: comma-separated run, rank, device, step or run metadata columns.")] = "run,rank",
-    steps: StepsOption = None,
-    skip_steps: SkipStepsOption = None,
-    drop_last: DropLastOption = False,
-    include_last: IncludeLastOption = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
     html: Annotated[Optional[Path], typer.Option(help="Also write the summary as a self-contained HTML page (the shares as stacked bars, the table).")] = None,
+    selection: Any = None,
 ) -> None:
     """Where each GPU's step time goes, on one screen: step time, then compute, overlapped comm,
     exposed comm, exposed memcpy and idle as ms per step and as % of the device window (compute +
@@ -158,12 +150,10 @@ def summary(
       traceq summary --by run,rank,step --run llama-8n --html steps.html   # step by step
     """
     from traceq.ingest import temporary_warehouse
-    from traceq.report.selection import StepSelection
     from traceq.report.summary import PARTS
     from traceq.report.summary import summary as summarise
     from traceq.report.summary import write_summary_html
 
-    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
     if traces:
         with temporary_warehouse(traces) as (db, ingested):
             for f in ingested.by_status("failed"):
@@ -186,18 +176,16 @@ def summary(
 
 
 @app.command()
+@selecting_steps
 def kernels(
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help="Grain: comma-separated run, rank, step.")] = "run",
     level: Annotated[str, typer.Option(help="kernel (one row per kernel name) or category (gemm, attention, elementwise, norm, optimizer, nccl, memcpy, other, ...).")] = "kernel",
     top: Annotated[int, typer.Option(help="Rows per group of --by, the most device time first.")] = 20,
     unclassified: Annotated[bool, typer.Option("--unclassified", help="Only kernels no rule classifies (category other): candidates for `traceq rules --add`.")] = False,
-    steps: StepsOption = None,
-    skip_steps: SkipStepsOption = None,
-    drop_last: DropLastOption = False,
-    include_last: IncludeLastOption = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
+    selection: Any = None,
 ) -> None:
     """The kernels (or categories) the device time goes to, over the selected steps: count, total,
     share of the group's kernel time, mean, min and max duration. A kernel counts in the step that
@@ -212,9 +200,7 @@ def kernels(
       traceq kernels --unclassified --format csv      # then write rules for them: traceq rules --add
     """
     from traceq.report.kernels import kernel_table
-    from traceq.report.selection import StepSelection
 
-    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
     table = kernel_table(db, by=by, level=level, top=top, selection=selection, runs=run, unclassified=unclassified)
     if fmt is Format.table:
         what = "categories" if level == "category" else "kernels"
@@ -224,17 +210,15 @@ def kernels(
 
 
 @app.command()
+@selecting_steps
 def collectives(
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help="Grain: comma-separated run, collective_type, process_group, size_bucket, inter_node.")] = "run,collective_type,process_group,size_bucket",
     instances: Annotated[bool, typer.Option("--instances", help="One row per communication kernel instead: its instance, rank, wait and transfer (every step).")] = False,
     whole_trace: WholeTraceOption = False,
-    steps: StepsOption = None,
-    skip_steps: SkipStepsOption = None,
-    drop_last: DropLastOption = False,
-    include_last: IncludeLastOption = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
+    selection: Any = None,
 ) -> None:
     """Collectives matched across the ranks of each run: per collective type, process group and
     message size, the instances, their mean size, transfer time and per-rank wait, and the algorithm
@@ -252,9 +236,7 @@ def collectives(
       traceq collectives --instances --run llama7b-256n --format json
     """
     from traceq.report.collectives import collectives_table, instance_table
-    from traceq.report.selection import StepSelection
 
-    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
     if instances:
         table, notes = instance_table(db, runs=run), []
     else:
@@ -268,16 +250,14 @@ def collectives(
 
 
 @app.command()
+@selecting_steps
 def stragglers(
     db: DbOption = Path(DEFAULT_DB),
     by_step: Annotated[bool, typer.Option("--by-step", help="One row per rank and step, not per rank.")] = False,
     whole_trace: WholeTraceOption = False,
-    steps: StepsOption = None,
-    skip_steps: SkipStepsOption = None,
-    drop_last: DropLastOption = False,
-    include_last: IncludeLastOption = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
+    selection: Any = None,
 ) -> None:
     """Who arrives last at the collectives, how often, and how much waiting it causes the other ranks.
 
@@ -293,9 +273,7 @@ def stragglers(
       traceq stragglers --by-step --steps 11:60 --format csv
     """
     from traceq.report.collectives import stragglers_table
-    from traceq.report.selection import StepSelection
 
-    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
     table, notes = stragglers_table(db, by_step=by_step, selection=selection, whole_trace=whole_trace, runs=run)
     if fmt is Format.table:
         echo(f"stragglers by run,rank{',step' if by_step else ''} "
@@ -313,6 +291,7 @@ class PathView(str, Enum):
 
 
 @app.command("critical-path")
+@selecting_steps
 def critical_path(
     db: DbOption = Path(DEFAULT_DB),
     run: Annotated[Optional[str], typer.Option("--run", help="The run (may be left out when the warehouse holds one).")] = None,
@@ -322,11 +301,8 @@ def critical_path(
     kernels: Annotated[bool, typer.Option("--kernels", help="The kernels and collectives most on the paths.")] = False,
     top: Annotated[int, typer.Option(help="Rows of --kernels.", min=1, max=10_000_000)] = 20,
     html: Annotated[Optional[Path], typer.Option(help="Also write the path as a self-contained HTML page: ranks as lanes, the path across them (the --step given, else the longest step).")] = None,
-    steps: StepsOption = None,
-    skip_steps: SkipStepsOption = None,
-    drop_last: DropLastOption = False,
-    include_last: IncludeLastOption = False,
     fmt: FormatOption = Format.table,
+    selection: Any = None,
 ) -> None:
     """Which rank, and which of its work, made each step as long as it was: the critical path across ranks.
 
@@ -351,11 +327,9 @@ def critical_path(
     """
     from traceq.report.critical_path import critical_path as compute
     from traceq.report.critical_path import write_critical_path_html
-    from traceq.report.selection import StepSelection
 
     if sum((segments, ranks, kernels)) > 1:
         raise ConfigError("give one of --segments, --ranks and --kernels")
-    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
     result = compute(db, run=run, selection=selection, steps=step)
     drawn = write_critical_path_html(str(html), result, step[0] if step else None) if html is not None else None
     if segments:
@@ -423,17 +397,15 @@ def diff(
 
 
 @app.command()
+@selecting_steps
 def scaling(
     db: DbOption = Path(DEFAULT_DB),
     by: Annotated[str, typer.Option(help="Run metadata columns that split runs into separate series, e.g. model,tp.")] = "",
-    steps: StepsOption = None,
-    skip_steps: SkipStepsOption = None,
-    drop_last: DropLastOption = False,
-    include_last: IncludeLastOption = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
     html: Annotated[Optional[Path], typer.Option(help="Also write the HTML report (scaling curves with the ideal line) to this file.")] = None,
     metric: Annotated[Optional[str], typer.Option(help="A collective figure across runs instead of tokens/s: busbw_gbps, algbw_gbps, transfer_us or wait_us, per collective type.")] = None,
+    selection: Any = None,
 ) -> None:
     """Scaling across runs: global tokens/s against world size, the ideal linear line from the
     smallest run, efficiency, marginal tokens/s per added GPU, MFU and tokens per joule. With
@@ -449,9 +421,7 @@ def scaling(
       traceq scaling --metric transfer_us --by model      # collective latency against nodes
     """
     from traceq.report.scaling import scaling_report
-    from traceq.report.selection import StepSelection
 
-    selection = StepSelection.parse(steps, skip_steps, drop_last, include_last)
     if metric is not None:
         from traceq.report.collectives import collective_scaling
 
