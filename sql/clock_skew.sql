@@ -8,7 +8,7 @@
 -- of the end times of the same collective. Collectives are matched across ranks by (process group,
 -- collective type, Seq) where every kernel of that group/type has Seq, else by order of occurrence.
 -- Times are wall clock (sql/wall_offsets.sql). Communication kernels, or gloo spans on CPU-only traces,
--- of the runs $runs (null: every run).
+-- of the runs a statement selects (traceq.query.selecting_runs).
 with comm as (
     select
         a.trace_id,
@@ -22,13 +22,11 @@ with comm as (
         a.collective_type
     from gpu_activity as a
     where a.class = 'comm' and a.rank >= 0
-        and a.trace_id in (select trace_id from traces where $runs is null or list_contains($runs, run))
     union all
     -- the gloo spans of CPU-only traces (sql/cpu_activity.sql): a collective ends together there too
     select c.trace_id, c.rank, c.device, null, c.start_ns, c.end_ns, null, '', c.collective_type
     from cpu_activity as c
     where c.class = 'comm' and c.rank >= 0
-        and c.trace_id in (select trace_id from traces where $runs is null or list_contains($runs, run))
 ),
 
 seqs as (

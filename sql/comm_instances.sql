@@ -42,25 +42,18 @@ with single_pg as (
     where json_array_length(header, '$.distributedInfo.pg_config') = 1
 ),
 
--- the traces of the runs asked for ($runs; null: every run)
-chosen as (
-    select trace_id from traces where $runs is null or list_contains($runs, run)
-),
-
 kernels as (
     select
         a.trace_id, a.rank, coalesce(a.device, -1) as device, a.stream, a.step, a.start_ns, a.end_ns, a.dur_ns,
         a.collective_type, a.pg_name, a.pg_desc, a.pg_ranks, a.group_size, a.seq, a.name_id, a.correlation,
         case when a.collective_type = 'AllGather' then a.out_nelems else a.in_nelems end * dtype_bytes(a.dtype) as bytes
     from gpu_activity as a
-    semi join chosen as h on h.trace_id = a.trace_id
     where a.class = 'comm'
     union all
     select
         c.trace_id, c.rank, c.device, null, c.step, c.start_ns, c.end_ns, c.dur_ns, coalesce(c.collective_type, 'Other'),
         null, null, null, null, null, c.name_id, null, null
     from cpu_activity as c
-    semi join chosen as h on h.trace_id = c.trace_id
     where c.class = 'comm'
 ),
 

@@ -28,16 +28,13 @@ from traceq.errors import ConfigError, EmptySelection
 from traceq.ingest import ingest_traces
 from traceq.ingest.census import count_device_events
 from traceq.report.metrics import step_report
-from traceq.perfetto.engine import (
+from traceq.perfetto.engine import NS_COLUMNS, analyse_trace, perfetto_report, time_error_ns
+from traceq.perfetto.processor import (
     ENV_VAR,
-    NS_COLUMNS,
     EngineError,
-    analyse_trace,
-    open_trace,
-    perfetto_report,
     first_group_only,
+    open_trace,
     perfetto_pattern,
-    time_error_ns,
     trace_processor_binary,
 )
 from traceq.report.selection import StepSelection, query_params

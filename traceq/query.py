@@ -121,22 +121,19 @@ def run(
     con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, Any] | None = None,
     bind: Mapping[str, str] | None = None,
 ) -> duckdb.DuckDBPyRelation:
-    """The relation of ``sql/<name>.sql`` composed with its inputs (:func:`compose`), on ``con``; over
-    the runs in ``params["runs"]`` alone where that is given (:func:`selecting_runs`)."""
+    """The relation of ``sql/<name>.sql`` composed with its inputs (:func:`statement`), on ``con``; over
+    the runs in ``params["runs"]`` alone where that is given."""
     params = params or {}
-    runs = params.get("runs")
-    text = statement(con, name, bind, runs)
-    if runs is not None:
-        text = selecting_runs(text)
+    text = statement(con, name, bind, params.get("runs"))
     return con.sql(text, params=params_of(text, params) or None)
 
 
 def statement(
     con: duckdb.DuckDBPyConnection, name: str, bind: Mapping[str, str] | None = None, runs: Sequence[str] | None = None,
 ) -> str:
-    """:func:`compose`, with the kernel classes it reads brought up to date on ``con`` (for the traces of
-    ``runs``; None: every run)."""
+    """:func:`compose`, with the kernel classes it reads brought up to date on ``con``; over the runs in
+    ``runs`` alone where they are given (:func:`selecting_runs`; None: every run)."""
     text = compose(name, bind)
     if classify.TABLE in text:
         classify.ensure(con, runs)
-    return text
+    return selecting_runs(text) if runs else text

@@ -108,7 +108,8 @@ def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: 
                      selection: Any, run: list[str] | None, rank: int | None, html: Path | None,
                      trace_processor: Path | None, step_marker: str | None) -> Any:
     """``report --engine perfetto``: the checks of its options, then the report."""
-    from traceq.perfetto.engine import perfetto_report, trace_processor_binary
+    from traceq.perfetto.engine import perfetto_report
+    from traceq.perfetto.processor import trace_processor_binary
 
     if engine is not Engine.perfetto:
         raise ConfigError("trace files are read by --engine perfetto; for the DuckDB engine ingest them first "

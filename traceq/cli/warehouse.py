@@ -217,7 +217,7 @@ def sql(
     """
     from traceq.perfetto.engine import trace_sql
     from traceq.report.adhoc import warehouse_sql
-    from traceq.perfetto.engine import trace_processor_binary
+    from traceq.perfetto.processor import trace_processor_binary
 
     notes: list[str] = []
     if engine is Engine.perfetto:

@@ -2,7 +2,8 @@
 
 ``engine`` computes the interval metrics from trace files with Perfetto's trace processor and traceq's
 PerfettoSQL modules (``sql/perfetto/``), independently of the DuckDB engine, and runs PerfettoSQL of
-the user's own on a trace (``traceq report --engine perfetto``, ``traceq sql --engine perfetto``);
+the user's own on a trace (``traceq report --engine perfetto``, ``traceq sql --engine perfetto``),
+through ``processor``, Perfetto's trace processor found, started and tied to traceq's life;
 ``timeline`` writes runs of the warehouse as an annotated Perfetto trace (``traceq export --perfetto``)
 with ``pftrace``, the trace-file writer. Trace identity (run, rank) comes from
 :mod:`traceq.ingest.identity`, as ingest's.

@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 from traceq import query
 from traceq.catalog import WHOLE_TRACE_STEP
 from traceq.errors import ConfigError, EmptySelection
+from traceq.perfetto.pftrace import TraceWriter, require_perfetto
 from traceq.report import crossrank
 from traceq.report.metrics import nothing_selected, require_runs, step_metrics
 from traceq.report.notes import steps_used
-from traceq.perfetto.pftrace import TraceWriter, require_perfetto
-from traceq.scratch import atomic_file
 from traceq.report.power import power_series
 from traceq.report.selection import StepSelection, query_params
+from traceq.scratch import atomic_file
 from traceq.store.frames import to_polars
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
@@ -263,12 +263,12 @@ def _plan(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, selection: StepSel
     import polars as pl
 
     keys = rows.select("run", "rank").unique()
-    clock_params = {**query_params(), "runs": keys["run"].unique().to_list()}  # the clocks of these runs only
-    clock = to_polars(query.run(con, "timeline_clock", clock_params)).join(keys, on=["run", "rank"], how="semi")
+    runs = keys["run"].unique().to_list()  # the clocks and steps of these runs only
+    clock = to_polars(query.run(con, "timeline_clock", query_params(runs=runs))).join(keys, on=["run", "rank"], how="semi")
     processes = _processes(clock)
     by_key = {(p.run, p.rank): p for p in processes}
     shifts = clock.select("trace_id", "rank", "run", "shift_ns")
-    steps = to_polars(query.run(con, "timeline_steps", query_params(selection, clock_params["runs"]))).join(
+    steps = to_polars(query.run(con, "timeline_steps", query_params(selection, runs))).join(
         shifts, on=["trace_id", "rank"], how="inner")
     windows = (rows.filter(pl.col("device").is_not_null())
                .select("trace_id", "rank", "device", "step", "window_start_ns", "window_ns",

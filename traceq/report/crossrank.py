@@ -44,8 +44,6 @@ def matched(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -
         yield INSTANCES_TABLE
         return
     statement = query.statement(con, "comm_instances", runs=runs)
-    if runs:
-        statement = query.selecting_runs(statement)
     params = query_params(runs=runs)
     con.execute(f"create temp table {INSTANCES_TABLE} as {statement}", query.params_of(statement, params))
     try:
