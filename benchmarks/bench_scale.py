@@ -320,13 +320,13 @@ def synthesize_collectives(
 def corpus_template(tmp: Path) -> list[tuple[str, int, int]]:
     """(collective type, bytes, transfer ns) of the matched instances of the merged 4-rank RCCL corpus trace."""
     from traceq.ingest import ingest_traces
-    from traceq.report.collectives import instance_table
+    from traceq.report.collectives import instances_report
 
     source = REPO.parent / "shared" / "corpus" / "amd_hpctraining" / "fused_traces" / "merged_all_events.json.gz"
     db = tmp / "template.duckdb"
     _rm(db)
     assert ingest_traces([source], db, workers=0).ok
-    rows = instance_table(db).filter("arrived_last").sort("instance")
+    rows = instances_report(db).table.filter("arrived_last").sort("instance")
     _rm(db)
     return [(r["collective_type"], int(r["size_bytes"]), round(r["transfer_us"] * 1000)) for r in rows.iter_rows(named=True)]
 

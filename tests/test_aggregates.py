@@ -57,7 +57,8 @@ def db(tmp_path: Path) -> Path:
 
 
 def test_the_open_last_step_is_left_out_by_default_and_said(db: Path) -> None:
-    table, notes = metric_report(db, "compute,window", by="run,rank", runs=["lag"])
+    report = metric_report(db, "compute,window", by="run,rank", runs=["lag"])
+    table, notes = report.table, report.notes
     row = table.row(0, named=True)
     assert (row["steps"], row["compute_us"], row["window_us"]) == (2, 130.0, 130.0)
     assert "run lag: the last step of each rank (step 3) is left out: its device window is open" in "\n".join(notes)
@@ -71,7 +72,8 @@ def test_the_open_last_step_is_left_out_by_default_and_said(db: Path) -> None:
 
 
 def test_a_rank_whose_only_step_is_the_last_keeps_it_with_a_note(db: Path) -> None:
-    table, notes = metric_report(db, "compute", by="run,rank", runs=["single"])
+    report = metric_report(db, "compute", by="run,rank", runs=["single"])
+    table, notes = report.table, report.notes
     assert table.select("steps", "compute_us").row(0) == (1, 40.0)
     assert any(n.startswith("run single: rank 0 has one step, also its last, kept") for n in notes)
 
@@ -132,15 +134,15 @@ def test_every_ratio_equals_its_sums_on_every_corpus_run(corpus_db: Path) -> Non
 
 def test_rates_are_total_over_total_time_the_same_in_report_summary_and_scaling(corpus_db: Path) -> None:
     """The H200 runs carry tokens_per_step (8192) and world size 1: tokens_per_s = 8192 / mean step time."""
-    from traceq.report.scaling import scaling_table
+    from traceq.report.scaling import scaling_report
 
     runs = ["h200-ddp", "h200-seq2048", "h200-compile"]
     steps = compute_metric(corpus_db, "step_time", by="run,rank,step", runs=runs)
     expected = {run: 8192 / (part["step_time_ms"].mean() / 1e3)
                 for (run,), part in steps.group_by("run")}
     reported = dict(compute_metric(corpus_db, "tokens_per_s", by="run", runs=runs).select("run", "tokens_per_s").rows())
-    summed = dict(summary(corpus_db, by="run", runs=runs)[0].select("run", "tokens_per_s").rows())
-    scaled = dict(scaling_table(corpus_db, runs=runs)[0].select("run", "tokens_per_s").rows())
+    summed = dict(summary(corpus_db, by="run", runs=runs).table.select("run", "tokens_per_s").rows())
+    scaled = dict(scaling_report(corpus_db, runs=runs).table.select("run", "tokens_per_s").rows())
     for run in runs:
         assert reported[run] == pytest.approx(expected[run], rel=1e-9)
         assert summed[run] == pytest.approx(expected[run], rel=1e-9)
@@ -164,7 +166,8 @@ def test_no_corpus_run_vanishes_without_a_note(corpus_db: Path) -> None:
         runs = {r for (r,) in con.sql("select distinct run from traces").fetchall()}
     for selection in (StepSelection(drop_last=True), StepSelection(skip_steps=3), StepSelection(skip_steps=100)):
         try:
-            table, notes = summary(corpus_db, by="run", selection=selection)
+            report = summary(corpus_db, by="run", selection=selection)
+            table, notes = report.table, report.notes
         except EmptySelection:
             continue
         named = {n.split(":")[0].removeprefix("run ") for n in notes if ": no step left by the selection" in n}
@@ -190,6 +193,7 @@ def test_a_cpu_only_trace_keeps_its_last_step_its_windows_are_its_cpu_spans(tmp_
         t.step(n, (n - 1) * 100 * US, n * 100 * US)
     db = tmp_path / "w.duckdb"
     assert ingest_traces([t.write(tmp_path / "gloo" / "rank0.json")], db, workers=0).ok
-    table, notes = metric_report(db, "window,idle", by="run,rank,step")
+    report = metric_report(db, "window,idle", by="run,rank,step")
+    table, notes = report.table, report.notes
     assert table.select("step", "window_us", "idle_us").rows() == [(1, 100.0, 100.0), (2, 100.0, 100.0), (3, 100.0, 100.0)]
     assert not any("left out" in n or "also its last" in n for n in notes)

@@ -285,7 +285,7 @@ def test_duplicate_events_are_kept_and_reported_by_check(db: Path, tmp_path: Pat
     assert code == 0, err
     from traceq.report.check import check_warehouse
 
-    findings = check_warehouse(db).filter(check="duplicate_events", path=str(path.resolve()))
+    findings = check_warehouse(db).table.filter(check="duplicate_events", path=str(path.resolve()))
     assert findings["count"].to_list() == [2]
 
 
@@ -325,7 +325,7 @@ def test_same_trace_stored_twice_with_other_bytes_is_refused_in_one_line(db: Pat
     assert table_counts(db)["traces"] == before["traces"] + 1
     from traceq.report.check import check_warehouse
 
-    assert check_warehouse(db).filter(check="duplicate_rank", run="job").is_empty()
+    assert check_warehouse(db).table.filter(check="duplicate_rank", run="job").is_empty()
 
 
 def test_directory_mixing_good_and_bad_files(db: Path, tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def findings_for(tmp_path: Path, traces: dict[str, TraceBuilder], *, run_json: b
     write_run(tmp_path / "job", traces, run_json=run_json)
     summary = ingest_traces([tmp_path / "job"], tmp_path / "w.duckdb", workers=0)
     assert summary.ok, [f.message for f in summary.files]
-    return check_warehouse(tmp_path / "w.duckdb")
+    return check_warehouse(tmp_path / "w.duckdb").table
 
 
 def _with_kernel(b: TraceBuilder, *args, **kw) -> TraceBuilder:
@@ -128,7 +128,7 @@ def scenarios_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def findings(scenarios_db: Path) -> pl.DataFrame:
-    return check_warehouse(scenarios_db)
+    return check_warehouse(scenarios_db).table
 
 
 def only(findings: pl.DataFrame, run: str, check: str) -> pl.DataFrame:
@@ -206,7 +206,7 @@ def test_ingest_refuses_a_second_trace_of_the_same_rank_and_steps(tmp_path: Path
     assert [f.status for f in summary.files] == ["ingested", "failed"]
     assert "run job already holds steps 1..2 of rank 0 from" in summary.files[1].message
     assert "--run NAME" in summary.files[1].message
-    assert check_warehouse(tmp_path / "w.duckdb").filter(check="duplicate_rank").is_empty()
+    assert check_warehouse(tmp_path / "w.duckdb").table.filter(check="duplicate_rank").is_empty()
 
 
 def test_check_finds_two_traces_of_one_rank_in_an_older_warehouse(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_check_finds_two_traces_of_one_rank_in_an_older_warehouse(tmp_path: Path
 
     with duckdb.connect(str(db)) as con:
         con.execute("update traces set run = 'a'")
-    found = check_warehouse(db).filter(check="duplicate_rank")
+    found = check_warehouse(db).table.filter(check="duplicate_rank")
     assert found.select("run", "path", "rank", "severity", "count").rows() == [("a", None, 0, "warning", 2)]
 
 
@@ -255,7 +255,7 @@ def test_clock_skew_matches_the_same_seq_not_the_same_position(findings: pl.Data
 
 def test_small_skew_is_below_the_threshold(findings: pl.DataFrame, scenarios_db: Path) -> None:
     assert findings.filter(run="small_skew").is_empty()
-    found = check_warehouse(scenarios_db, skew_threshold_us=10).filter(run="small_skew")
+    found = check_warehouse(scenarios_db, skew_threshold_us=10).table.filter(run="small_skew")
     assert found.select("check", "rank").rows() == [("clock_skew", 1)]
     assert "20.0 us ahead of rank 0" in found["detail"][0]
 
@@ -332,7 +332,7 @@ def test_device_side_copies_and_waits_are_not_kernels_without_launch(corpus_db: 
               and n.name not in ('dma_request', 'event_record', 'event_wait')""").fetchall()[0][0]
     orphans, device_side = dict(counts)[False], dict(counts)[True]
     assert device_side > 200 and 0 < orphans < 50
-    row = check_warehouse(corpus_db).filter(
+    row = check_warehouse(corpus_db).table.filter(
         (pl.col("run") == "mtia_inference_trace") & (pl.col("check") == "kernels_without_launch"))
     assert row["count"].to_list() == [orphans]
     assert row["detail"][0].startswith(f"{orphans} of {kernels} kernels (")

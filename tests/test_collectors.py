@@ -430,7 +430,7 @@ def test_gloo_job_collectives_match_across_ranks_as_counted_from_the_traces(gloo
     two durations and the other rank waited the difference. A broadcast is rooted, and the two ranks'
     files have clocks of their own: its arrival is not inferable, so no wait and no straggler."""
     from traceq.ingest import ingest_traces
-    from traceq.report.collectives import instance_table
+    from traceq.report.collectives import instances_report
 
     _, run_dir = gloo_run
     files = sorted(run_dir.glob("rank*.trace.json.gz"))
@@ -454,7 +454,7 @@ def test_gloo_job_collectives_match_across_ranks_as_counted_from_the_traces(gloo
         for rank, dur in by_rank.items():
             rooted = kinds[name] == "Broadcast"
             expected[(kinds[name], k, rank)] = (0, dur, False) if rooted else (dur - transfer, transfer, rank == last)
-    rows = instance_table(db)
+    rows = instances_report(db).table
     assert rows["matched"].all() and rows.height == len(expected) > 0
     got = {(r["collective_type"], r["ordinal"], r["rank"]): (round(r["wait_us"] * 1000), round(r["transfer_us"] * 1000),
                                                            r["arrived_last"]) for r in rows.iter_rows(named=True)}

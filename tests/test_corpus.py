@@ -140,7 +140,7 @@ def test_sql_metrics_agree_with_the_interval_api_on_every_corpus_gpu(corpus_db: 
             g = group.filter(pl.col("class").is_in(classes))
             return g["start_ns"].to_numpy(), g["end_ns"].to_numpy()
 
-        expected = intervals.breakdown(pair("comm"), pair("compute"), pair("memcpy", "memset"))
+        expected = intervals.breakdown(pair("comm"), pair("compute"), pair("memcpy", "memset")).as_dict()
         row = sql.filter(
             (pl.col("trace_id") == key[0]) & (pl.col("rank") == key[1]) & (pl.col("device") == key[2])
         ).row(0, named=True)

@@ -161,12 +161,12 @@ def test_the_path_tiles_every_step_of_every_corpus_multi_rank_run(corpus_db: Pat
 def test_the_merged_rccl_file_path_is_rank_3_the_rank_the_others_wait_for(corpus_db: Path) -> None:
     """merged_all_events: four ranks on one host's clock. Rank 3 arrives last at the collectives (the
     stragglers table says so), so the others' waits lead to it and nearly all of the path is rank 3's."""
-    from traceq.report.collectives import stragglers_table
+    from traceq.report.collectives import stragglers_report
 
     result = critical_path(corpus_db, run="fused_traces", selection=EVERY_STEP)
     ranks = result.ranks()
     assert ranks["rank"][0] == 3 and ranks["share"][0] > 0.9
-    table, _ = stragglers_table(corpus_db, runs=["fused_traces"], selection=EVERY_STEP)
+    table = stragglers_report(corpus_db, runs=["fused_traces"], selection=EVERY_STEP).table
     assert table.sort("wait_caused_us", descending=True)["rank"][0] == 3
     assert set(result.jumps["to_rank"].to_list()) <= {3}
 

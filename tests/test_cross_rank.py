@@ -19,7 +19,7 @@ from tests.tracegen import TraceBuilder
 from traceq.cli import app
 from traceq.ingest import ingest_traces
 from traceq.report import crossrank
-from traceq.report.collectives import collective_scaling, collectives_table, instance_table, stragglers_table
+from traceq.report.collectives import collective_scaling, collectives_report, instances_report, stragglers_report
 from traceq.report.metrics import compute_metric, step_metrics
 from traceq.report.selection import StepSelection
 from traceq.store.warehouse import connect
@@ -101,7 +101,7 @@ def split_by_rank(db: Path) -> dict[int, dict]:
 def test_one_late_rank_splits_comm_into_wait_and_transfer_as_worked_by_hand(tmp_path: Path, offset) -> None:
     db = ingest(tmp_path, late_rank_run(offset))
     assert split_by_rank(db) == EXPECTED_SPLIT  # a clock offset between ranks changes nothing
-    rows = instance_table(db).sort("rank")
+    rows = instances_report(db).table.sort("rank")
     assert rows["instance"].to_list() == [1, 1, 1]
     assert rows["wait_us"].to_list() == [7, 4, 0] and rows["transfer_us"].to_list() == [3, 3, 3]
     assert rows["arrived_last"].to_list() == [False, False, True]
@@ -120,7 +120,7 @@ def test_collective_args_on_the_launching_record_param_comms_op_match_the_same(t
                 b.events.append(op)
     db = ingest(tmp_path, builders)
     assert split_by_rank(db) == EXPECTED_SPLIT
-    rows = instance_table(db).sort("rank")
+    rows = instances_report(db).table.sort("rank")
     assert rows["seq"].to_list() == [7, 7, 7] and rows["wait_us"].to_list() == [7, 4, 0]
 
 
@@ -135,7 +135,8 @@ def test_the_matched_kernels_are_a_relation_of_their_own(tmp_path: Path) -> None
 
 
 def test_stragglers_name_the_late_rank_and_the_wait_it_caused(tmp_path: Path) -> None:
-    table, notes = stragglers_table(ingest(tmp_path, late_rank_run()), selection=EVERY_STEP)
+    report = stragglers_report(ingest(tmp_path, late_rank_run()), selection=EVERY_STEP)
+    table, notes = report.table, report.notes
     assert table["rank"].to_list() == [2, 0, 1]  # the rank that caused the most waiting first
     first = table.row(0, named=True)
     assert (first["arrived_last_count"], first["arrived_last_share"], first["wait_caused_us"]) == (1, 1.0, 11)
@@ -145,7 +146,7 @@ def test_stragglers_name_the_late_rank_and_the_wait_it_caused(tmp_path: Path) ->
 
 def test_bus_bandwidth_follows_nccl_tests(tmp_path: Path) -> None:
     """750 floats = 3,000 bytes moved in 3 us: algbw 1 GB/s; AllReduce over 3 ranks: busbw = 2(3−1)/3 = 4/3."""
-    table, _ = collectives_table(ingest(tmp_path, late_rank_run()), selection=EVERY_STEP)
+    table = collectives_report(ingest(tmp_path, late_rank_run()), selection=EVERY_STEP).table
     row = table.row(0, named=True)
     assert (row["collective_type"], row["count"], row["size_bytes"], row["size_bucket"]) == ("AllReduce", 1, 3000, "2 KiB-4 KiB")
     assert (row["transfer_us"], row["wait_us"], row["group_size"], row["basis"]) == (3, 11 / 3, 3, "matched")
@@ -180,7 +181,7 @@ def test_ranks_that_saw_different_numbers_of_a_collective_are_not_matched(tmp_pa
         for k in range(1 if r == 1 else 2):
             b.kernel(ALL_GATHER, (60 + 10 * k) * US, (65 + 10 * k) * US, stream=20, launch_ns=20 * US,
                      **collective_args("allgather"))
-    rows = instance_table(ingest(tmp_path, builders))
+    rows = instances_report(ingest(tmp_path, builders)).table
     gathers = rows.filter(pl.col("collective_type") == "AllGather")
     assert gathers.height == 5 and not gathers["matched"].any()
     assert set(gathers["reason"]) == {"ranks saw different numbers of kernels"}
@@ -202,7 +203,7 @@ def test_seq_matches_collectives_that_order_would_pair_wrongly(tmp_path: Path) -
             t.kernel(ALL_REDUCE, a * US, b * US, stream=20 + seq, launch_ns=2 * US,
                      **collective_args(ranks=(0, 1), Seq=seq))
         builders[r] = t
-    rows = instance_table(ingest(tmp_path, builders)).sort("seq", "rank")
+    rows = instances_report(ingest(tmp_path, builders)).table.sort("seq", "rank")
     assert rows["seq"].to_list() == [1, 1, 2, 2] and rows["matched"].all()
     assert rows["transfer_us"].to_list() == [5, 5, 4, 4]
     assert rows["wait_us"].to_list() == [15, 0, 0, 4]
@@ -217,13 +218,14 @@ def test_a_group_the_run_holds_only_part_of_is_not_matched_and_says_why(tmp_path
                 e["args"].update({"Process Group Ranks": "[0, 1, 2, 3]", "Group size": 4})
         b.kernel(SEND, 60 * US, 70 * US, stream=30, launch_ns=20 * US, **collective_args("send"))
     db = ingest(tmp_path, builders, world_size=4)
-    rows = instance_table(db)
+    rows = instances_report(db).table
     reasons = dict(rows.group_by("collective_type").agg(pl.col("reason").unique()).iter_rows())
     assert reasons == {"AllReduce": ["the run holds 3 of the group's 4 ranks"], "Send": ["point-to-point"]}
     split = split_by_rank(db)
     for r in (0, 1, 2):  # unmatched: all transfer
         assert split[r]["comm_wait_us"] == 0 and split[r]["comm_transfer_us"] == split[r]["comm_us"]
-    table, notes = collectives_table(db, selection=EVERY_STEP)
+    report = collectives_report(db, selection=EVERY_STEP)
+    table, notes = report.table, report.notes
     assert set(table["basis"]) == {"kernel duration (lower bound)"} and table["wait_us"].is_null().all()
     assert any("0 of 6 communication kernels matched" in n and "3 the run holds 3 of the group's 4 ranks" in n
                and "3 point-to-point (Send)" in n for n in notes)
@@ -243,18 +245,18 @@ def _one_allreduce_per_rank(ranks_args: dict[int, dict], durations_us: dict[int,
 
 
 def _reasons(db: Path) -> dict[int, str | None]:
-    return dict(instance_table(db).select("rank", "reason").iter_rows())
+    return dict(instances_report(db).table.select("rank", "reason").iter_rows())
 
 
 def test_a_group_whose_ranks_describe_it_differently_is_counted_once(tmp_path: Path) -> None:
     args = {r: collective_args(ranks=(0, 1)) for r in (0, 1)}
     args[1]["Process Group Description"] = "undefined"
     db = ingest(tmp_path, _one_allreduce_per_rank(args))
-    rows = instance_table(db)
+    rows = instances_report(db).table
     assert rows.height == 2 and rows["matched"].all() and rows["wait_us"].sort().to_list() == [0, 1]
-    table, _ = stragglers_table(db, selection=EVERY_STEP)
+    table = stragglers_report(db, selection=EVERY_STEP).table
     assert table["matched_count"].to_list() == [1, 1] and table["wait_caused_us"].to_list() == [1, 0]
-    assert collectives_table(db, selection=EVERY_STEP)[0].height == 1
+    assert collectives_report(db, selection=EVERY_STEP).table.height == 1
 
 
 def test_ranks_that_cannot_be_the_group_are_not_matched(tmp_path: Path) -> None:
@@ -297,7 +299,7 @@ def test_a_rank_list_cut_short_names_no_members(tmp_path: Path) -> None:
     its size is unknown (not 3, counting the cut)."""
     cut = {r: {**collective_args(ranks=(0, 1)), "Process Group Ranks": "[0, 1, ...]"} for r in (0, 1)}
     db = ingest(tmp_path, _one_allreduce_per_rank(cut), "sized")
-    assert instance_table(db)["matched"].all()
+    assert instances_report(db).table["matched"].all()
     for args in cut.values():
         args.pop("Group size")
     db = ingest(tmp_path, _one_allreduce_per_rank(cut), "unsized")
@@ -309,7 +311,8 @@ def test_cross_rank_tables_compare_ranks_over_the_steps_they_all_have(corpus_db:
     rank 0's alone: stragglers leave it out and say so, and the waiting caused equals the waiting done. By
     default step 11, every rank's last, is left out anyway."""
     for selection in (StepSelection(), StepSelection(include_last=True)):
-        table, notes = stragglers_table(corpus_db, runs=["fused_traces"], selection=selection)
+        report = stragglers_report(corpus_db, runs=["fused_traces"], selection=selection)
+        table, notes = report.table, report.notes
         assert table["matched_count"].to_list() == [14] * 4
         assert table["wait_caused_us"].sum() == pytest.approx(table["wait_us"].sum(), abs=1e-6)
         left_out = "run fused_traces: ranks are compared over the steps every rank has; left out: step 11 (1 of 4 ranks)"
@@ -357,7 +360,7 @@ def test_collective_scaling_orders_runs_by_world_size(tmp_path: Path) -> None:
     files = write_run(tmp_path / "small", two) + write_run(tmp_path / "big", late_rank_run())
     db = tmp_path / "w.duckdb"
     assert ingest_traces(files, db, workers=0).ok
-    table, _ = collective_scaling(db, "transfer_us", selection=EVERY_STEP)
+    table = collective_scaling(db, "transfer_us", selection=EVERY_STEP).table
     assert table.select("run", "world_size", "transfer_us").rows() == [("small", 2, 7.0), ("big", 3, 3.0)]
 
 
@@ -365,7 +368,7 @@ def test_collective_scaling_orders_runs_by_world_size(tmp_path: Path) -> None:
 
 
 def test_the_merged_four_rank_rccl_file_matches_every_collective(corpus_db: Path) -> None:
-    rows = instance_table(corpus_db, runs=["fused_traces"])
+    rows = instances_report(corpus_db, runs=["fused_traces"]).table
     assert rows.height == 84 and rows["matched"].all()
     assert rows["instance"].n_unique() == 21
     assert rows.group_by("instance").agg(pl.col("rank").n_unique())["rank"].to_list() == [4] * 21
@@ -380,12 +383,12 @@ def test_the_merged_four_rank_rccl_file_matches_every_collective(corpus_db: Path
 
 
 def test_the_trace_filter_pair_says_why_nothing_matches(corpus_db: Path) -> None:
-    rows = instance_table(corpus_db, runs=["trace_filter"])
+    rows = instances_report(corpus_db, runs=["trace_filter"]).table
     assert rows.height == 20 and not rows["matched"].any()
     # SendRecv kernels, typed by the nccl:* annotations around their launches (tests/test_collective_types.py)
     assert set(rows["reason"]) == {"no process group"}
     assert set(rows["collective_type"]) == {"AllGather", "AllReduce", "AllToAll"}
-    _, notes = collectives_table(corpus_db, runs=["trace_filter"])
+    notes = collectives_report(corpus_db, runs=["trace_filter"]).notes
     assert ("run trace_filter: 0 of 20 communication kernels matched; unmatched (counted as transfer): 20 no process "
             "group (AllGather, AllReduce, AllToAll); the run holds 2 of its 128 ranks") in notes
 
@@ -408,8 +411,8 @@ def test_reports_on_a_parquet_export_equal_the_warehouse(tmp_path: Path) -> None
     out = tmp_path / "pq"
     result = CliRunner().invoke(app, ["export", "--db", str(db), "--parquet", str(out)])
     assert result.exit_code == 0, result.output
-    assert collectives_table(out, selection=EVERY_STEP)[0].equals(collectives_table(db, selection=EVERY_STEP)[0])
-    assert stragglers_table(out, selection=EVERY_STEP)[0].equals(stragglers_table(db, selection=EVERY_STEP)[0])
+    assert collectives_report(out, selection=EVERY_STEP).table.equals(collectives_report(db, selection=EVERY_STEP).table)
+    assert stragglers_report(out, selection=EVERY_STEP).table.equals(stragglers_report(db, selection=EVERY_STEP).table)
     assert compute_metric(out, list(SPLIT)).equals(compute_metric(db, list(SPLIT)))
 
 

@@ -46,7 +46,7 @@ def row(table, section: str, name: str) -> dict:
 
 
 def test_two_runs(db: Path) -> None:
-    table = diff(db, "a", "b", skip_steps=0, include_last=True)
+    table = diff(db, "a", "b", skip_steps=0, include_last=True).table
     compute = row(table, "metric", "compute_us")
     # A: 30, 40 (mean 35, p10 31, p90 39); B: 60, 80 (mean 70, p10 62, p90 78); the spread is 16 at most
     assert (compute["a"], compute["b"], compute["delta"], compute["delta_pct"]) == (35.0, 70.0, 35.0, 100.0)
@@ -64,11 +64,11 @@ def test_two_runs(db: Path) -> None:
 
 
 def test_two_step_ranges_and_two_ranks(db: Path) -> None:
-    table = diff(db, "a,steps=1:1", "a,steps=2:2", include_last=True)
+    table = diff(db, "a,steps=1:1", "a,steps=2:2", include_last=True).table
     compute, exposed = row(table, "metric", "compute_us"), row(table, "metric", "exposed_comm_us")
     assert (compute["a"], compute["b"], compute["beyond_spread"]) == (30.0, 40.0, True)
     assert (exposed["a"], exposed["b"], exposed["delta_pct"]) == (20.0, 0.0, -100.0)
-    same = diff(db, "a,rank=0", "a,rank=0", skip_steps=0, include_last=True)
+    same = diff(db, "a,rank=0", "a,rank=0", skip_steps=0, include_last=True).table
     assert (same["delta"].drop_nulls() == 0).all() and not same["beyond_spread"].any()
 
 
@@ -77,7 +77,7 @@ def test_what_one_side_lacks_is_zero_there(db: Path, tmp_path: Path) -> None:
     t.step(1, 0, 100 * US)
     t.kernel("ampere_sgemm_128x64_tn", 10 * US, 40 * US, launch_ns=5 * US)
     assert ingest_traces([t.write(tmp_path / "c" / "rank0.json")], db, workers=0).ok
-    table = diff(db, "a", "c", skip_steps=0, include_last=True)
+    table = diff(db, "a", "c", skip_steps=0, include_last=True).table
     allreduce, nccl = row(table, "collective", "AllReduce"), row(table, "category", "nccl")
     assert (allreduce["a"], allreduce["b"], allreduce["delta"]) == (10.0, 0.0, -10.0)
     assert (nccl["a"], nccl["b"], nccl["delta_pct"]) == (15.0, 0.0, -100.0)

@@ -152,17 +152,17 @@ def test_cluster_ingest_gives_rankless_files_ranks_of_their_own_and_refuses_a_ra
 
 def test_cross_rank_reports_on_a_cluster_ingest_equal_a_local_ingest(client: Client, tmp_path: Path) -> None:
     from tests.test_cross_rank import EVERY_STEP, late_rank_run, write_run
-    from traceq.report.collectives import collectives_table, instance_table, stragglers_table
+    from traceq.report.collectives import collectives_report, instances_report, stragglers_report
 
     files = write_run(tmp_path / "job", late_rank_run())
     out = tmp_path / "pq"
     assert ingest_with_dask(files, out, client=client).ok
     db = tmp_path / "local.duckdb"
     assert ingest_traces(files, db, workers=0).ok
-    assert instance_table(out).equals(instance_table(db))
-    assert instance_table(out)["wait_us"].sort().to_list() == [0, 4, 7]
-    for table in (collectives_table, stragglers_table):
-        assert table(out, selection=EVERY_STEP)[0].equals(table(db, selection=EVERY_STEP)[0])
+    assert instances_report(out).table.equals(instances_report(db).table)
+    assert instances_report(out).table["wait_us"].sort().to_list() == [0, 4, 7]
+    for report in (collectives_report, stragglers_report):
+        assert report(out, selection=EVERY_STEP).table.equals(report(db, selection=EVERY_STEP).table)
     split = ["exposed_comm_wait_us", "exposed_comm_transfer_us"]
     assert compute_metric(out, split, by="run,rank,step").equals(compute_metric(db, split, by="run,rank,step"))
 

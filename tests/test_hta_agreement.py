@@ -138,7 +138,7 @@ def test_hta_selection_on_mi300_differs_from_traceq_by_design(tmp_path: Path) ->
         comm = kept.filter(pl.col("name").str.contains(r"^nccl.*Kernel"))
         comp = kept.filter(~pl.col("name").str.contains(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)"))
         split = intervals.overlap_split(
-            comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy(), comp["start_ns"].to_numpy(), comp["end_ns"].to_numpy()
+            (comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy()), (comp["start_ns"].to_numpy(), comp["end_ns"].to_numpy())
         )
         return 100 * split.overlap_ratio
 
@@ -172,7 +172,7 @@ def _per_window_ratio(kernels: pl.DataFrame, windows: pl.DataFrame) -> float:
         comm = kept.filter(pl.col("name").str.contains(r"^nccl"))
         comp = kept.filter(~pl.col("name").str.contains(r"^nccl"))
         split = intervals.overlap_split(
-            comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy(), comp["start_ns"].to_numpy(), comp["end_ns"].to_numpy()
+            (comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy()), (comp["start_ns"].to_numpy(), comp["end_ns"].to_numpy())
         )
         overlapped += split.overlapped_comm_ns
         comm_total += split.comm_ns

@@ -56,7 +56,7 @@ def test_hta_dataframe_through_the_interval_api_gives_htas_overlap(relative: str
         # HTA's rounding can leave a kernel inside one microsecond with end < ts: an empty interval
         return starts, np.maximum(starts, (rows["ts"] + rows["dur"]).to_numpy().astype(np.int64))
 
-    split = intervals.overlap_split(*spans(kernels[kinds == "COMMUNICATION"]), *spans(kernels[kinds == "COMPUTATION"]))
+    split = intervals.overlap_split(spans(kernels[kinds == "COMMUNICATION"]), spans(kernels[kinds == "COMPUTATION"]))
     assert round(100 * split.overlap_ratio, 2) == expected
 
 
@@ -89,7 +89,7 @@ def test_kineto_event_list_through_the_interval_api_gives_traceqs_whole_trace(re
     assert set(rows) == set(sets)
     for device, by_kind in sets.items():
         pairs = {k: (np.array([s for s, _ in v], np.int64), np.array([e for _, e in v], np.int64)) for k, v in by_kind.items()}
-        expected = intervals.breakdown(pairs["comm"], pairs["compute"], pairs["memcpy"])
+        expected = intervals.breakdown(pairs["comm"], pairs["compute"], pairs["memcpy"]).as_dict()
         assert {k: rows[device][k] for k in expected} == expected
 
 
@@ -100,5 +100,5 @@ def test_a_nullable_integer_column_with_na_is_refused_as_missing_not_as_float() 
     starts = pd.Series([0, None, 30], dtype="Int64")
     ends = pd.Series([10, 20, 40], dtype="Int64")
     with pytest.raises(intervals.IntervalError, match=r"value 1 is missing \(NA or NaN\), 1 in all; drop or fill"):
-        intervals.total_length(starts, ends)
-    assert intervals.total_length(starts.dropna(), ends[starts.notna()]) == 20
+        intervals.total_length((starts, ends))
+    assert intervals.total_length((starts.dropna(), ends[starts.notna()])) == 20

@@ -16,7 +16,7 @@ from tests.tracegen import TraceBuilder
 from traceq.cli import app
 from traceq.errors import ConfigError
 from traceq.ingest import ingest_traces
-from traceq.report.kernels import kernel_table
+from traceq.report.kernels import kernel_report
 from traceq.report.selection import StepSelection
 
 US = 1_000
@@ -41,7 +41,7 @@ def db(tmp_path: Path) -> Path:
 
 
 def test_kernels_by_hand(db: Path) -> None:
-    table = kernel_table(db, selection=ALL)
+    table = kernel_report(db, selection=ALL).table
     # 120 us of kernels in all (the 20 us beside the GEMM count too)
     assert table.select("name", "count", "total_ms", "share_pct", "mean_us", "min_us", "max_us").rows() == [
         ("ampere_sgemm_128x64_tn", 3, pytest.approx(0.07), pytest.approx(70 / 120 * 100), pytest.approx(70 / 3), 10.0, 40.0),
@@ -49,23 +49,23 @@ def test_kernels_by_hand(db: Path) -> None:
         ("my_custom_op", 1, pytest.approx(0.02), pytest.approx(20 / 120 * 100), 20.0, 20.0, 20.0),
     ]
     assert table["category"].to_list() == ["gemm", "nccl", "other"]
-    per_step = kernel_table(db, by="run,step", level="category", selection=ALL)
+    per_step = kernel_report(db, by="run,step", level="category", selection=ALL).table
     assert per_step.select("step", "category", "total_ms", "share_pct").rows() == [
         (1, "nccl", pytest.approx(0.03), 50.0), (1, "gemm", pytest.approx(0.03), 50.0),  # a tie: by class, then category
         (2, "gemm", pytest.approx(0.04), pytest.approx(200 / 3)), (2, "other", pytest.approx(0.02), pytest.approx(100 / 3)),
     ]
-    assert kernel_table(db, top=1, selection=ALL)["name"].to_list() == ["ampere_sgemm_128x64_tn"]
-    unknown = kernel_table(db, unclassified=True, selection=ALL)
+    assert kernel_report(db, top=1, selection=ALL).table["name"].to_list() == ["ampere_sgemm_128x64_tn"]
+    unknown = kernel_report(db, unclassified=True, selection=ALL).table
     assert unknown["name"].to_list() == ["my_custom_op"]
     assert unknown["share_pct"].to_list() == [pytest.approx(20 / 120 * 100)]  # of all kernel time, not of the unknown
-    assert kernel_table(db, selection=StepSelection(step_min=2, step_max=2, include_last=True))["count"].to_list() == [1, 1]
+    assert kernel_report(db, selection=StepSelection(step_min=2, step_max=2, include_last=True)).table["count"].to_list() == [1, 1]
 
 
 def test_bad_arguments(db: Path) -> None:
     with pytest.raises(ConfigError, match="one of kernel, category"):
-        kernel_table(db, level="kernels")
+        kernel_report(db, level="kernels")
     with pytest.raises(ConfigError, match="did you mean step"):
-        kernel_table(db, by="run,stpe")
+        kernel_report(db, by="run,stpe")
     done = CliRunner().invoke(app, ["kernels", "--db", str(db), "--top", "0"])
     assert done.exit_code == 1 and done.stderr.startswith("error: --top 0: must be 1 or more")
 
@@ -88,7 +88,7 @@ def test_kernels_on_a_corpus_trace_against_a_plain_count(tmp_path: Path) -> None
             expected[e["name"]][1] += e["dur"]
     db = tmp_path / "w.duckdb"
     assert ingest_traces([path], db).ok
-    table = kernel_table(db, top=None, selection=ALL)
+    table = kernel_report(db, top=None, selection=ALL).table
     got = {r["name"]: (r["count"], r["total_ms"] * 1000) for r in table.iter_rows(named=True)
            if r["class"] not in ("memcpy", "memset")}
     assert set(got) == set(expected)

@@ -27,7 +27,7 @@ from traceq.cli import app
 from traceq.errors import ConfigError, EmptySelection
 from traceq.ingest import ingest_traces
 from traceq.ingest.census import count_device_events
-from traceq.report.metrics import step_report
+from traceq.report.metrics import metric_report
 from traceq.perfetto.engine import NS_COLUMNS, analyse_trace, perfetto_report, time_error_ns
 from traceq.perfetto.processor import (
     ENV_VAR,
@@ -108,7 +108,7 @@ def test_step_markers_with_case_and_groups_number_steps_as_at_ingest(tmp_path: P
         mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, step_marker=marker,
                                selection=EVERY_STEP)
         assert ingest_traces([path], db, workers=0, step_marker=marker, force=True).ok
-        assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table), marker
+        assert mine.table.equals(metric_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table), marker
         assert mine.table["exposed_comm_us"].to_list() == [60.0, 0.0, 40.0], marker
 
 
@@ -166,7 +166,7 @@ def test_a_step_that_launched_nothing_keeps_its_row_as_on_duckdb(tmp_path: Path,
     assert ingest_traces([path], db, workers=0).ok
     for by in ("run,rank,step", "run"):
         assert perfetto_report([path], "compute,step_time", by=by, binary=binary, selection=EVERY_STEP).table.equals(
-            step_report(db, "compute,step_time", by=by, selection=EVERY_STEP).table), by
+            metric_report(db, "compute,step_time", by=by, selection=EVERY_STEP).table), by
 
 
 def test_events_perfetto_reads_and_traceq_does_not_are_reported(tmp_path: Path, binary: Path) -> None:
@@ -306,15 +306,15 @@ def test_the_report_equals_the_duckdb_engines_report(tmp_path: Path, binary: Pat
     assert ingest_traces(files, db, workers=0).ok
     metrics = "exposed_comm,overlapped_comm,idle,compute_kernel,exposed_memcpy,overlap_ratio,step_time"
     for by in ("run,rank,step", "run,rank", "run", "rank", "step", "run,step"):
-        duck = step_report(db, metrics, by=by)
+        duck = metric_report(db, metrics, by=by)
         # several metrics side by side: as many rows as one metric alone (no rank paired with another's)
-        assert duck.table.height == step_report(db, "idle", by=by).table.height, by
+        assert duck.table.height == metric_report(db, "idle", by=by).table.height, by
         mine = perfetto_report(files, metrics, by=by, binary=binary, selection=StepSelection())
         assert mine.table.equals(duck.table.select(mine.table.columns)), by
         if by == "rank":  # one row per (run, rank): two runs' rank 0 are not joined to each other
             assert duck.table.height == duck.rows.select("run", "rank").n_unique() == 5
     whole = perfetto_report(files, "comm", by="run,rank", whole_trace=True, binary=binary)
-    assert whole.table.equals(step_report(db, "comm", by="run,rank", whole_trace=True).table)
+    assert whole.table.equals(metric_report(db, "comm", by="run,rank", whole_trace=True).table)
 
 
 def test_a_step_marker_names_the_steps_as_at_ingest(tmp_path: Path, binary: Path) -> None:
@@ -329,7 +329,7 @@ def test_a_step_marker_names_the_steps_as_at_ingest(tmp_path: Path, binary: Path
     assert mine.table["exposed_comm_us"].to_list() == [EXPECTED[s]["exposed_comm"] for s in (1, 2, 3)]
     db = tmp_path / "w.duckdb"
     assert ingest_traces([path], db, workers=0, step_marker="^train_step").ok
-    assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table)
+    assert mine.table.equals(metric_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table)
 
 
 def test_two_files_holding_one_step_of_a_rank_are_refused_as_at_ingest(tmp_path: Path, binary: Path) -> None:
@@ -347,7 +347,7 @@ def test_two_files_holding_one_step_of_a_rank_are_refused_as_at_ingest(tmp_path:
     assert mine.table["step"].to_list() == [1, 2, 3, 11, 12, 13]
     db = tmp_path / "w.duckdb"
     assert ingest_traces([tmp_path / "job"], db, workers=0).ok
-    assert mine.table.equals(step_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table)
+    assert mine.table.equals(metric_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table)
 
 
 def test_notes_say_what_a_trace_lacks_and_what_exists(tmp_path: Path, binary: Path) -> None:

@@ -263,7 +263,7 @@ def test_a_rank_whose_clock_is_ahead_is_moved_back_onto_the_reference_clock(hand
     assert ranks["0"] == {"offset_ns": 0, "status": "reference", "reason": None, "skew_ns": None, "collectives": 0}
     assert "clock: offset -700.000 us onto rank 0's clock" in decoded.process("skewed rank 1").process.process_labels[1]
     # the same sign as `traceq check`: rank 1's clock is ahead, and the offset takes it back
-    [detail] = check_warehouse(handmade).filter(run="skewed", check="clock_skew")["detail"].to_list()
+    [detail] = check_warehouse(handmade).table.filter(run="skewed", check="clock_skew")["detail"].to_list()
     assert "is 700.0 us ahead of rank 0" in detail
 
 
@@ -494,7 +494,7 @@ def test_corpus_slice_counts_per_stream_equal_the_warehouse(corpus_runs) -> None
     # `traceq check` finds kernels overlapping on one stream of the B200 trace: they are on extra tracks
     overlapping = [name for name in decoded.children("b200 rank 0") if "(overlap" in name]
     assert overlapping and summary.overlap_tracks == len(overlapping)
-    assert check_warehouse(db).filter(run="b200", check="overlapping_kernels").height == 1
+    assert check_warehouse(db).table.filter(run="b200", check="overlapping_kernels").height == 1
 
 
 def test_corpus_counters_equal_traceq_report_to_the_ns(corpus_runs) -> None:
@@ -535,7 +535,7 @@ def test_corpus_comm_kernels_carry_their_collective_and_wait_vs_transfer(corpus_
     # each kernel's wait is the one `traceq collectives --instances` gives it
     import traceq
 
-    instances = traceq.instance_table(db).filter(pl.col("run") == "fused_traces").sort("rank", "start_us")
+    instances = traceq.instances_report(db).table.filter(pl.col("run") == "fused_traces").sort("rank", "start_us")
     checked = 0
     for (rank,), rows in instances.group_by("rank", maintain_order=True):
         exported = sorted((ts, end - ts, args["wait_ns"]) for uuid, slices in decoded.slices.items()

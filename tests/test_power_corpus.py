@@ -42,7 +42,7 @@ def test_step_power_and_energy_equal_a_reference_from_the_raw_log(h200_db: Path,
 
 
 def test_the_notes_say_where_each_power_figure_comes_from(h200_db: Path) -> None:
-    _, notes = metric_report(h200_db, "tokens_per_j,energy_j,power_w", by="run", runs=["h200-ddp"])
+    notes = metric_report(h200_db, "tokens_per_j,energy_j,power_w", by="run", runs=["h200-ddp"]).notes
     text = "\n".join(notes)
     assert "run h200-ddp: power from NVML (1 log(s), 32 samples, 24 energy counter reads)" in text
     # steps 3..19 (warm-up 2, the last open): the reference's counter deltas, how many are not 0

@@ -13,7 +13,7 @@ from traceq.cli import app
 from traceq.report.selection import StepSelection
 from traceq.errors import EmptySelection
 from traceq.ingest import ingest_traces
-from traceq.report.scaling import scaling_table
+from traceq.report.scaling import scaling_report
 
 MS = 1_000_000
 BASE = 1_700_000_000_000_000_000
@@ -54,7 +54,8 @@ def scaling_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_weak_scaling_table_by_hand(scaling_db: Path) -> None:
-    table, notes = scaling_table(scaling_db, by=["model"], runs=["a1", "a2", "a4"])
+    report = scaling_report(scaling_db, by=["model"], runs=["a1", "a2", "a4"])
+    table, notes = report.table, report.notes
     rows = table.to_dicts()
     assert [r["world_size"] for r in rows] == [1, 2, 4]
     # global tokens/s = tokens_per_step / step time: 1000 / 0.1, 2000 / 0.125, 4000 / 0.16
@@ -78,7 +79,7 @@ def test_weak_scaling_table_by_hand(scaling_db: Path) -> None:
 
 
 def test_strong_scaling_is_a_separate_series_by_model(scaling_db: Path) -> None:
-    table, _ = scaling_table(scaling_db, by=["model"])
+    table = scaling_report(scaling_db, by=["model"]).table
     b = table.filter(table["model"] == "B").to_dicts()
     # 4000 tokens per step over 0.2 s and 0.125 s: 20,000 and 32,000 tokens/s; ideal 20,000 x 4 / 2
     assert [r["global_tokens_per_s"] for r in b] == pytest.approx([20_000, 32_000])
@@ -102,6 +103,6 @@ def test_scaling_from_the_cli(scaling_db: Path, tmp_path: Path) -> None:
 
 def test_scaling_of_an_empty_selection_says_what_to_do(scaling_db: Path) -> None:
     with pytest.raises(EmptySelection, match="no run 'absent' in the warehouse; it holds a1, a2, a4, b2, b4"):
-        scaling_table(scaling_db, runs=["absent"])
+        scaling_report(scaling_db, runs=["absent"])
     with pytest.raises(EmptySelection, match=r"no step is selected \(steps 900..999"):
-        scaling_table(scaling_db, selection=StepSelection.parse("900:999"))
+        scaling_report(scaling_db, selection=StepSelection.parse("900:999"))

@@ -58,7 +58,7 @@ def test_a_run_without_communication_is_said_to_have_none_not_to_have_no_step(co
     """The H200 overlap run (one GPU) has steps 1..10 and no communication kernel: a per-collective
     report of it said "no step is selected" although 9 were."""
     from traceq.errors import EmptySelection
-    from traceq.report.collectives import collectives_table
+    from traceq.report.collectives import collectives_report
     from traceq.report.metrics import metric_report
 
     selection = StepSelection.parse(steps)
@@ -66,7 +66,7 @@ def test_a_run_without_communication_is_said_to_have_none_not_to_have_no_step(co
     with pytest.raises(EmptySelection) as report:
         metric_report(corpus_db, "exposed_comm_by_collective_us", selection=selection, runs=["h200-overlap"])
     with pytest.raises(EmptySelection) as table:
-        collectives_table(corpus_db, selection=selection, runs=["h200-overlap"])
+        collectives_report(corpus_db, selection=selection, runs=["h200-overlap"])
     if steps is None:
         assert str(report.value) == ("no communication kernel in the selected steps of run h200-overlap: "
                                      "exposed_comm_by_collective_us has nothing to split")

@@ -54,7 +54,7 @@ def test_sql_breakdown_equals_interval_api_on_random_kernels(events: list[tuple[
     row = step_metrics(con, whole_trace=True).row(0, named=True)
     expected = intervals.breakdown(
         intervals_of(events, "comm"), intervals_of(events, "compute"), intervals_of(events, "memcpy", "memset")
-    )
+    ).as_dict()
     for name, value in expected.items():
         assert row[name] == value, name
     assert row["comm_kernel_ns"] == sum(d for c, _, d, _ in events if c == "comm")
@@ -79,7 +79,7 @@ def test_exposed_comm_by_collective_equals_interval_api(kernels: list[tuple[str,
     got = dict(zip(frame["collective_type"], frame["exposed_comm_ns"]))
     compute, nothing = intervals_of(kernels, "compute"), intervals_of([], "memcpy")
     expected = {
-        label: intervals.breakdown(intervals_of(kernels, label), compute, nothing)["exposed_comm_ns"]
+        label: intervals.breakdown(intervals_of(kernels, label), compute, nothing).exposed_comm_ns
         for label in ("AllReduce", "AllGather") if any(c == label for c, *_ in kernels)
     }
     assert got == expected

@@ -90,7 +90,8 @@ def test_windows_of_a_gpu_that_lags_by_more_than_a_step_match_hand_computation(l
 
 
 def test_activity_before_the_first_step_is_reported_not_folded_into_step_one(lagging_db: Path) -> None:
-    frame, notes = metric_report(lagging_db, "exposed_comm", by=["run", "rank", "step"], selection=EVERY_STEP)
+    report = metric_report(lagging_db, "exposed_comm", by=["run", "rank", "step"], selection=EVERY_STEP)
+    frame, notes = report.table, report.notes
     assert frame["exposed_comm_us"].to_list() == [60.0, 0.0, 40.0]
     assert any("0.010 ms (1 events) before the first step's window" in n for n in notes), notes
     whole = compute_metric(lagging_db, "compute", by=["run", "rank"], whole_trace=True)
@@ -216,7 +217,7 @@ def _span_figures(activity: pl.DataFrame, lo: int, hi: int) -> dict[str, int]:
         g = clipped.filter(pl.col("class").is_in(classes))
         return g["start_ns"].to_numpy(), g["end_ns"].to_numpy()
 
-    figures = intervals.breakdown(pair("comm"), pair("compute"), pair("memcpy", "memset"), window=(lo, hi))
+    figures = intervals.breakdown(pair("comm"), pair("compute"), pair("memcpy", "memset"), window=(lo, hi)).as_dict()
     lengths = clipped["end_ns"] - clipped["start_ns"]
     figures["comm_kernel_ns"] = int(lengths.filter(clipped["class"] == "comm").sum())
     figures["compute_kernel_ns"] = int(lengths.filter(clipped["class"] == "compute").sum())

@@ -41,7 +41,7 @@ def two_steps(path: Path) -> Path:
 def test_summary_by_hand(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
-    table, _ = summary(db, selection=StepSelection(skip_steps=0, include_last=True))
+    table = summary(db, selection=StepSelection(skip_steps=0, include_last=True)).table
     row = table.row(0, named=True)
     window = 140  # us, over both steps
     expected = {
@@ -64,11 +64,11 @@ def test_summary_step_by_step_by_hand(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
     selection = StepSelection(skip_steps=0, include_last=True)
-    table, _ = summary(db, by="run,rank,step", selection=selection)
+    table = summary(db, by="run,rank,step", selection=selection).table
     got = table.select("step", "steps", "compute_ms", "compute_pct", "overlapped_comm_pct", "exposed_comm_pct",
                        "idle_ms", "idle_pct").rows()
     assert got == [(1, 1, 0.03, 30.0, 10.0, 20.0, 0.05, 50.0), (2, 1, 0.04, 100.0, 0.0, 0.0, 0.0, 0.0)]
-    by_step, _ = summary(db, by="step", selection=selection)
+    by_step = summary(db, by="step", selection=selection).table
     assert by_step.select("step", "compute_pct", "idle_pct").rows() == [(1, 30.0, 50.0), (2, 100.0, 0.0)]
 
 
@@ -93,7 +93,8 @@ def test_summary_says_what_it_cannot_group_by(tmp_path: Path) -> None:
 
 
 def test_shares_of_the_window_add_up_on_every_corpus_trace(corpus_db: Path) -> None:
-    table, notes = summary(corpus_db, by="run,rank,device", selection=StepSelection(skip_steps=0, include_last=True))
+    report = summary(corpus_db, by="run,rank,device", selection=StepSelection(skip_steps=0, include_last=True))
+    table, notes = report.table, report.notes
     measured = table.filter(pl.col("device").is_not_null())
     assert measured.height > 20
     total = measured["compute_pct"] + measured["exposed_comm_pct"] + measured["exposed_memcpy_pct"] + measured["idle_pct"]

@@ -71,7 +71,8 @@ def test_tflops_and_mfu_follow_the_flops_convention_and_the_peak(two_runs: Path)
     rows = compute_metric(two_runs, "tflops", by=["run", "rank", "step"], runs=["job"], selection=EVERY)
     # 2.46144e10 FLOPs per step / 2 GPUs / 0.1 s = 1.23072e11 FLOP/s = 0.123072 TFLOP/s
     assert rows["tflops"].to_list() == pytest.approx([0.123072, 0.061536, 0.123072, 0.030768])
-    mfu, notes = metric_report(two_runs, "mfu", by=["run", "rank", "step"], runs=["job"], selection=EVERY)
+    report = metric_report(two_runs, "mfu", by=["run", "rank", "step"], runs=["job"], selection=EVERY)
+    mfu, notes = report.table, report.notes
     assert mfu["mfu"].to_list() == pytest.approx([0.246144, 0.123072, 0.246144, 0.061536])
     text = "\n".join(notes)
     assert "6·N + 12·L·H·Q·T" in text and "H100 SXM 989" in text and "A100 312" in text
@@ -83,7 +84,8 @@ def test_user_flops_replace_the_convention(two_runs: Path) -> None:
     rows = compute_metric(two_runs, "tflops", by=["run", "rank", "step"], runs=["job"], selection=EVERY)
     assert rows["tflops"][0] == pytest.approx(2e11 / 2 / 0.1 / 1e12)  # 1.0 TFLOP/s
     set_run_metadata(two_runs, "job2", {"model_flops_per_token": 1e6, "gpu_model": "NVIDIA A100-SXM4-80GB"})
-    mfu, notes = metric_report(two_runs, "mfu", by=["run", "rank", "step"], runs=["job2"])
+    report = metric_report(two_runs, "mfu", by=["run", "rank", "step"], runs=["job2"])
+    mfu, notes = report.table, report.notes
     # 1e6 x 4000 / 2 / 0.1 s = 2e10 FLOP/s = 0.02 TFLOP/s; / 312
     assert mfu["mfu"][0] == pytest.approx(0.02 / 312)
     assert any("model_flops_per_token" in n and "312 TFLOP/s (table, A100 for 'NVIDIA A100-SXM4-80GB')" in n for n in notes)
@@ -130,7 +132,8 @@ def test_report_by_metadata_from_the_cli_and_bad_columns(two_runs: Path) -> None
 def test_missing_tokens_per_step_is_said_not_guessed(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     ingest_traces([write_rank(tmp_path / "bare", 0, [100], None)], db, workers=0)
-    frame, notes = metric_report(db, "tokens_per_s", by=["run"])
+    report = metric_report(db, "tokens_per_s", by=["run"])
+    frame, notes = report.table, report.notes
     assert frame["tokens_per_s"].to_list() == [None]
     assert any("traceq runs set bare --tokens-per-step N" in n for n in notes)
     set_run_metadata(db, "bare", {"tokens_per_step": 500, "world_size": 1})
@@ -177,7 +180,8 @@ def test_exposed_comm_by_collective_and_process_group_by_hand(tmp_path: Path) ->
     assert by_pg.select("step", "process_group", "exposed_comm_by_pg_us").rows() == [
         (1, "default_pg (0)", 20.0), (1, "tp (1)", 35.0), (2, "default_pg (0)", 0.0), (2, "tp (1)", 10.0)]
     # mean over both steps, absent collectives counting as 0
-    mean, notes = metric_report(db, "exposed_comm_by_collective", by=["run", "rank"], selection=EVERY)
+    report = metric_report(db, "exposed_comm_by_collective", by=["run", "rank"], selection=EVERY)
+    mean, notes = report.table, report.notes
     assert mean.select("collective_type", "exposed_comm_by_collective_us").rows() == [("AllGather", 20.0), ("AllReduce", 12.5)]
     assert any("can sum to more than exposed_comm_us" in n for n in notes)
 
@@ -218,20 +222,21 @@ def test_a_run_json_of_traceq_0_1_still_ingests(tmp_path: Path) -> None:
 
 def test_flops_per_step_alone_gives_tflops_and_mfu_and_a_missing_input_is_named(tmp_path: Path) -> None:
     """A model without tokens (ResNet, recsys): FLOPs per step and a peak are enough (DESIGN §5)."""
-    from traceq.report.scaling import scaling_table
+    from traceq.report.scaling import scaling_report
 
     db = tmp_path / "w.duckdb"
     ingest_traces([write_rank(tmp_path / "resnet", 0, [100, 300, 100], None)], db, workers=0)
     set_run_metadata(db, "resnet", {"flops_per_step": 4e11})
-    table, notes = metric_report(db, "tflops,mfu", by="run")
+    report = metric_report(db, "tflops,mfu", by="run")
+    table, notes = report.table, report.notes
     # world size 2 (distributedInfo), steps 1 and 2 (the last left out): 2 x 4e11 / 2 / 0.4 s = 1 TFLOP/s
     assert table["tflops"].to_list() == [pytest.approx(1.0)]
     assert table["mfu"].to_list() == [None]
     text = "\n".join(notes)
     assert "tokens_per_step unknown" not in text
     assert "run resnet: 4e+11 FLOPs/step (flops_per_step); GPU unknown, so mfu is empty: traceq runs set resnet --gpu-model" in text
-    scaling_notes = "\n".join(scaling_table(db)[1])
+    scaling_notes = "\n".join(scaling_report(db).notes)
     assert "run resnet: GPU unknown, so mfu is empty" in scaling_notes and "no run has a peak" not in scaling_notes
     set_run_metadata(db, "resnet", {"gpu_model": "NVIDIA A100-SXM4-80GB"})
     assert compute_metric(db, "mfu", by="run")["mfu"].to_list() == [pytest.approx(1.0 / 312)]
-    assert scaling_table(db)[0]["mfu"].to_list() == [pytest.approx(1.0 / 312)]
+    assert scaling_report(db).table["mfu"].to_list() == [pytest.approx(1.0 / 312)]

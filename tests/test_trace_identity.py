@@ -174,7 +174,8 @@ def test_an_unknown_gpu_leaves_mfu_empty_and_says_how_to_set_the_peak(tmp_path: 
                                                                  "model_flops_per_token": 6e9}))
     db = tmp_path / "w.duckdb"
     assert ingest_traces([path], db, workers=0).ok
-    frame, notes = metric_report(db, "mfu")
+    report = metric_report(db, "mfu")
+    frame, notes = report.table, report.notes
     assert frame["mfu"].to_list() == [None]
     assert any("GPU 'Mystery Accelerator 9000' is not in the peak table" in n and "--peak-tflops P" in n for n in notes)
 

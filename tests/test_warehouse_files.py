@@ -165,7 +165,7 @@ def test_the_sql_console_caps_its_rows_and_says_so(warehouse: Path) -> None:
     assert done.exit_code == 0
     lines = done.stdout.splitlines()
     assert len(lines) == 100_001 and lines[-1] == "99999"
-    assert "more than 100,000 rows: the first 100,000 are printed (--max-rows)" in done.stderr
+    assert "more than 100,000 rows: the first 100,000 are shown (--max-rows)" in done.stderr
     done = runner.invoke(app, ["sql", "select * from range(7) as t(i)", "--db", str(warehouse), "--max-rows", "5",
                                "--format", "csv"])
     assert done.stdout.splitlines()[1:] == ["0", "1", "2", "3", "4"]

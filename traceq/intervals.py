@@ -1,21 +1,31 @@
 """Interval algebra on integer-nanosecond spans: union, intersection, difference, overlap.
 
 Depends on numpy and the standard library only, so other profilers can copy or import it alone (its
-one exception, :class:`IntervalError`, is a ValueError). An interval set is a pair of
-1-D arrays ``(starts, ends)`` of integer nanoseconds, half-open ``[start, end)``, in any order,
-possibly overlapping, nested, duplicated or zero-length. Results are normalised: int64 arrays,
-sorted, disjoint and non-touching, without zero-length intervals. Every function is
-O(n log n) (one sort plus vectorised sweeps).
+one exception, :class:`IntervalError`, is a ValueError).
+
+One convention in, two kinds of result out:
+
+- An interval set is one argument, a ``(starts, ends)`` pair of 1-D arrays (or lists) of integer
+  nanoseconds, half-open ``[start, end)``, in any order, possibly overlapping, nested, duplicated or
+  zero-length; an :class:`Intervals` is such a pair.
+- A set operation (:func:`union`, :func:`intersection`, :func:`difference`) gives an :class:`Intervals`,
+  normalised: int64 arrays, sorted, disjoint and non-touching, without zero-length intervals. A
+  measurement (:func:`breakdown`, :func:`overlap_split`) gives a :class:`Breakdown` of integer ns;
+  :func:`total_length` gives the one number it measures.
+
+Every function is O(n log n) (one sort plus vectorised sweeps).
 
     >>> import numpy as np
     >>> from traceq import intervals
     >>> comm = (np.array([0, 5, 20]), np.array([10, 15, 30]))  # ns; U = [0,15) + [20,30)
     >>> compute = ([10], [25])
-    >>> split = intervals.overlap_split(*comm, *compute)
+    >>> split = intervals.overlap_split(comm, compute)
     >>> split.comm_ns, split.overlapped_comm_ns, split.exposed_comm_ns, split.overlap_ratio
     (25, 10, 15, 0.4)
-    >>> intervals.breakdown(comm, compute, memcpy=([30], [40]))["exposed_memcpy_ns"]
+    >>> intervals.breakdown(comm, compute, memcpy=([30], [40])).exposed_memcpy_ns
     10
+    >>> intervals.union(comm).starts.tolist(), intervals.union(comm).ends.tolist()
+    ([0, 20], [15, 30])
 
 Metric definitions (README, Metrics) live in ``breakdown``; the other functions are the
 building blocks.
@@ -24,14 +34,15 @@ building blocks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = [
+    "Breakdown",
     "IntervalError",
-    "OverlapSplit",
+    "Intervals",
     "breakdown",
     "difference",
     "intersection",
@@ -39,6 +50,15 @@ __all__ = [
     "total_length",
     "union",
 ]
+
+
+class Intervals(NamedTuple):
+    """An interval set: ``starts`` and ``ends`` (exclusive), int64 ns. What the set operations return
+    (normalised), and what any function takes where it takes a ``(starts, ends)`` pair."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+
 
 Spans = tuple[np.ndarray, np.ndarray]
 
@@ -48,77 +68,54 @@ class IntervalError(ValueError):
 
 
 _INT64_MAX = np.iinfo(np.int64).max
+_NONE: Spans = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
 
 
-def union(starts: Any, ends: Any) -> Spans:
-    """Merge intervals into their union: sorted, disjoint, non-touching, no zero-length ones.
-
-    Args:
-        starts: interval starts, integer ns (1-D array-like).
-        ends: interval ends (exclusive), integer ns, same length as ``starts``, ``end >= start``.
-
-    Returns:
-        ``(starts, ends)`` int64 arrays of the union.
-    """
-    s, e = _validate(starts, ends, "intervals")
-    return _union(s, e)
-
-
-def intersection(a_starts: Any, a_ends: Any, b_starts: Any, b_ends: Any) -> Spans:
-    """Intersect two interval sets: U(a) ∩ U(b), normalised like ``union``.
+def union(intervals: Any) -> Intervals:
+    """The union of an interval set, U(intervals): sorted, disjoint, non-touching, no zero-length ones.
 
     Args:
-        a_starts, a_ends: first set, integer ns (1-D array-likes of equal length).
-        b_starts, b_ends: second set, integer ns (1-D array-likes of equal length).
-
-    Returns:
-        ``(starts, ends)`` int64 arrays.
+        intervals: ``(starts, ends)``, integer ns (1-D array-likes of equal length, ``end >= start``).
     """
-    a = _union(*_validate(a_starts, a_ends, "a"))
-    b = _union(*_validate(b_starts, b_ends, "b"))
-    return _combine(a, b, keep_a_only=False, keep_both=True)
+    return Intervals(*_union(*_validate(intervals, "intervals")))
 
 
-def difference(a_starts: Any, a_ends: Any, b_starts: Any, b_ends: Any) -> Spans:
-    """Subtract one interval set from another: U(a) − U(b), normalised like ``union``.
-
-    Args:
-        a_starts, a_ends: the set to subtract from, integer ns (1-D array-likes of equal length).
-        b_starts, b_ends: the set to remove, integer ns (1-D array-likes of equal length).
-
-    Returns:
-        ``(starts, ends)`` int64 arrays.
-    """
-    a = _union(*_validate(a_starts, a_ends, "a"))
-    b = _union(*_validate(b_starts, b_ends, "b"))
-    return _combine(a, b, keep_a_only=True, keep_both=False)
+def intersection(a: Any, b: Any) -> Intervals:
+    """U(a) ∩ U(b), normalised like :func:`union`. ``a``, ``b``: ``(starts, ends)`` pairs, integer ns."""
+    return Intervals(*_combine(_union(*_validate(a, "a")), _union(*_validate(b, "b")), keep_a_only=False, keep_both=True))
 
 
-def total_length(starts: Any, ends: Any) -> int:
-    """Length of the union of intervals, |U(intervals)|, in ns.
+def difference(a: Any, b: Any) -> Intervals:
+    """U(a) − U(b): the time of ``a`` not covered by ``b``, normalised like :func:`union`. ``a``, ``b``:
+    ``(starts, ends)`` pairs, integer ns."""
+    return Intervals(*_combine(_union(*_validate(a, "a")), _union(*_validate(b, "b")), keep_a_only=True, keep_both=False))
 
-    Args:
-        starts: interval starts, integer ns (1-D array-like).
-        ends: interval ends (exclusive), integer ns, same length as ``starts``.
 
-    Returns:
-        The covered length in ns as a Python int (overlaps counted once).
-    """
-    return _length(union(starts, ends))
+def total_length(intervals: Any) -> int:
+    """|U(intervals)|: the covered length in ns, overlaps counted once, as a Python int.
+    ``intervals``: ``(starts, ends)``, integer ns."""
+    return _length(union(intervals))
 
 
 @dataclass(frozen=True)
-class OverlapSplit:
-    """How much communication time compute hides: all integer ns.
+class Breakdown:
+    """One GPU's time (README: Metrics), all integer ns, under the names of traceq's metrics:
 
-    ``comm_ns`` = |U(comm)|, ``overlapped_comm_ns`` = |U(comm) ∩ U(compute)|,
-    ``exposed_comm_ns`` = |U(comm) − U(compute)|; ``overlapped_comm_ns + exposed_comm_ns == comm_ns``
-    (the names of traceq's metrics, in ns).
+    ``comm_ns`` |U(comm)|, ``compute_ns`` |U(compute)|, ``overlapped_comm_ns`` |U(comm) ∩ U(compute)|,
+    ``exposed_comm_ns`` |U(comm) − U(compute)|, ``exposed_memcpy_ns`` |U(memcpy) − U(compute) − U(comm)|,
+    ``busy_ns`` |U(all)|, ``window_ns`` and ``idle_ns`` (window − busy). Always
+    ``overlapped_comm_ns + exposed_comm_ns == comm_ns`` and
+    ``compute_ns + exposed_comm_ns + exposed_memcpy_ns + idle_ns == window_ns``.
     """
 
     comm_ns: int
+    compute_ns: int
     overlapped_comm_ns: int
     exposed_comm_ns: int
+    exposed_memcpy_ns: int
+    busy_ns: int
+    window_ns: int
+    idle_ns: int
 
     @property
     def overlap_ratio(self) -> float:
@@ -127,54 +124,31 @@ class OverlapSplit:
             return math.nan
         return self.overlapped_comm_ns / self.comm_ns
 
-
-def overlap_split(
-    comm_starts: Any, comm_ends: Any, compute_starts: Any, compute_ends: Any
-) -> OverlapSplit:
-    """Split communication time into the part overlapped by compute and the exposed part.
-
-    Args:
-        comm_starts, comm_ends: communication kernels, integer ns (1-D array-likes of equal length).
-        compute_starts, compute_ends: compute kernels, integer ns (1-D array-likes of equal length).
-
-    Returns:
-        An ``OverlapSplit`` with ``comm_ns``, ``overlapped_comm_ns``, ``exposed_comm_ns`` (ns) and
-        ``overlap_ratio``.
-    """
-    comm = _union(*_validate(comm_starts, comm_ends, "comm"))
-    compute = _union(*_validate(compute_starts, compute_ends, "compute"))
-    comm_ns = _length(comm)
-    overlapped_ns = _length(_combine(comm, compute, keep_a_only=False, keep_both=True))
-    return OverlapSplit(comm_ns=comm_ns, overlapped_comm_ns=overlapped_ns, exposed_comm_ns=comm_ns - overlapped_ns)
+    def as_dict(self) -> dict[str, int]:
+        """The figures by name (for a table row)."""
+        return asdict(self)
 
 
-def breakdown(
-    comm: tuple[Any, Any],
-    compute: tuple[Any, Any],
-    memcpy: tuple[Any, Any],
-    window: tuple[int, int] | None = None,
-) -> dict[str, int]:
-    """Break one GPU's time into the README's Metrics figures, all in integer ns.
+def overlap_split(comm: Any, compute: Any) -> Breakdown:
+    """How much communication time compute hides: :func:`breakdown` of ``comm`` and ``compute`` alone
+    (``comm_ns``, ``overlapped_comm_ns``, ``exposed_comm_ns``, ``overlap_ratio``; the window is their
+    extent). ``comm``, ``compute``: ``(starts, ends)`` pairs, integer ns."""
+    return breakdown(comm, compute)
+
+
+def breakdown(comm: Any, compute: Any, memcpy: Any = _NONE, window: tuple[int, int] | None = None) -> Breakdown:
+    """Break one GPU's time into the README's Metrics figures (:class:`Breakdown`), all in integer ns.
 
     Args:
         comm: ``(starts, ends)`` of communication kernels, integer ns.
         compute: ``(starts, ends)`` of compute kernels, integer ns.
-        memcpy: ``(starts, ends)`` of memcpy and memset activity, integer ns.
+        memcpy: ``(starts, ends)`` of memcpy and memset activity, integer ns (default: none).
         window: ``(start, end)`` of the device window in ns; when None, the earliest start to the
             latest end over all three sets (zero-length intervals included), or empty when all
             three are empty. Intervals are clipped to a given window: only their time inside it
             counts, so ``idle_ns`` is never negative nor longer than the window.
-
-    Returns:
-        ``comm_ns`` |U(comm)|, ``compute_ns`` |U(compute)|, ``overlapped_comm_ns``
-        |U(comm) ∩ U(compute)|, ``exposed_comm_ns`` |U(comm) − U(compute)|, ``exposed_memcpy_ns``
-        |U(memcpy) − U(compute) − U(comm)|, ``busy_ns`` |U(all)|, ``window_ns``, ``idle_ns``
-        (window − busy); always ``compute_ns + exposed_comm_ns + exposed_memcpy_ns + idle_ns == window_ns``.
     """
-    raw = {
-        name: _validate(*_as_pair(pair, name), name)
-        for name, pair in (("comm", comm), ("compute", compute), ("memcpy", memcpy))
-    }
+    raw = {name: _validate(pair, name) for name, pair in (("comm", comm), ("compute", compute), ("memcpy", memcpy))}
     if window is not None:
         lo, hi = _window_pair(window)
         raw = {name: _clip(spans, lo, hi) for name, spans in raw.items()}
@@ -188,22 +162,23 @@ def breakdown(
     exposed_memcpy_ns = _length(_combine(memcpy_u, gpu_u, keep_a_only=True, keep_both=False))
     busy_ns = _length(_union(*_concat(gpu_u, memcpy_u)))
     window_ns = _window_length(window, raw.values())
-    return {
-        "comm_ns": comm_ns,
-        "compute_ns": _length(compute_u),
-        "overlapped_comm_ns": overlapped_ns,
-        "exposed_comm_ns": comm_ns - overlapped_ns,
-        "exposed_memcpy_ns": exposed_memcpy_ns,
-        "busy_ns": busy_ns,
-        "window_ns": window_ns,
-        "idle_ns": window_ns - busy_ns,
-    }
+    return Breakdown(
+        comm_ns=comm_ns,
+        compute_ns=_length(compute_u),
+        overlapped_comm_ns=overlapped_ns,
+        exposed_comm_ns=comm_ns - overlapped_ns,
+        exposed_memcpy_ns=exposed_memcpy_ns,
+        busy_ns=busy_ns,
+        window_ns=window_ns,
+        idle_ns=window_ns - busy_ns,
+    )
 
 
 # --- internals -------------------------------------------------------------------------------
 
 
-def _validate(starts: Any, ends: Any, name: str) -> Spans:
+def _validate(pair: Any, name: str) -> Spans:
+    starts, ends = _as_pair(pair, name)
     s = _as_int64(starts, f"{name} starts")
     e = _as_int64(ends, f"{name} ends")
     if s.shape != e.shape:

@@ -137,15 +137,14 @@ def fail(error: str | TraceqError) -> None:
     raise typer.Exit(code=1)
 
 
-def steps_note(selection: Any) -> str:
-    skip = "the run's warmup_steps, 0 if unset" if selection.skip_steps is None else str(selection.skip_steps)
-    parts = [f"warm-up steps skipped: {skip}"]
-    if selection.step_min is not None or selection.step_max is not None:
-        parts.append(f"steps {selection.step_min or ''}:{selection.step_max or ''}")
-    parts.append("dropping every last step" if selection.drop_last
-                 else "keeping the last step" if selection.include_last
-                 else "leaving out the open last step (--include-last keeps it)")
-    return ", ".join(parts)
+def show(report: Any, fmt: Format) -> None:
+    """A :class:`~traceq.report.result.Report` as every command shows one: its title (for a table) and
+    notes on stderr, its table on stdout as ``fmt`` says."""
+    if fmt is Format.table and report.title:
+        echo(report.title, err=True)
+    for note in report.notes:
+        echo(f"note: {note}", err=True)
+    emit(report.table, fmt, report.narrow)
 
 
 def emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:

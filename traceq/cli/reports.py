@@ -24,7 +24,7 @@ from traceq.cli.base import (
     echo,
     emit,
     selecting_steps,
-    steps_note,
+    show,
 )
 from traceq.errors import ConfigError
 from traceq.store.warehouse import DEFAULT_DB
@@ -75,7 +75,7 @@ def report(
     directory) and --rank N the rank of files that name none.
     """
     from traceq.catalog import BREAKDOWNS
-    from traceq.report.metrics import step_report
+    from traceq.report.metrics import metric_names, metric_report
 
     if engine is Engine.perfetto or traces:
         result = _perfetto_report(traces, engine, metric, by, whole_trace, selection, run, rank, html, trace_processor,
@@ -84,22 +84,15 @@ def report(
         raise ConfigError("the warehouse keeps the marker each file was ingested with; ingest again with "
                           "--step-marker, or read the traces with --engine perfetto", param="step_marker", value=step_marker)
     else:
-        result = step_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=run,
-                             cross_rank=html is not None and not whole_trace)  # the page shows waiting too
+        result = metric_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=run,
+                               cross_rank=html is not None and not whole_trace)  # the page shows waiting too
     if html is not None:
         from traceq.report.html import write_html_report
 
         # the report's step rows serve the page too, unless they are per collective or the whole trace
-        reuse = not whole_trace and not set(result.metrics) & set(BREAKDOWNS)
+        reuse = not whole_trace and not set(metric_names(metric)) & set(BREAKDOWNS)
         write_html_report(db, html, selection=selection, runs=run, steps=result.rows if reuse else None)
-    if fmt is Format.table:
-        used = "whole trace, every kernel" if whole_trace else steps_note(selection)
-        if engine is Engine.perfetto:  # trace files carry no run metadata
-            used = used.replace("the run's warmup_steps, 0 if unset", "none unless --skip-steps") + "; Perfetto engine"
-        echo(f"{result.metric} by {by} ({used})", err=True)
-    for note in result.notes:
-        echo(f"note: {note}", err=True)
-    emit(result.table, fmt)
+    show(result, fmt)
     if html is not None:
         echo(f"wrote {html}", err=True)
 
@@ -151,7 +144,6 @@ def summary(
       traceq summary --by run,rank,step --run llama-8n --html steps.html   # step by step
     """
     from traceq.ingest import temporary_warehouse
-    from traceq.report.summary import PARTS
     from traceq.report.summary import summary as summarise
     from traceq.report.summary import write_summary_html
 
@@ -161,17 +153,12 @@ def summary(
                 echo(f"failed {f.message}", err=True)
             for note in [*ingested.notes, *(n for f in ingested.files for n in f.notes)]:
                 echo(f"note: {note}", err=True)
-            table, notes = summarise(db, by=by, selection=selection, runs=run)
+            result = summarise(db, by=by, selection=selection, runs=run)
     else:
-        table, notes = summarise(db, by=by, selection=selection, runs=run)
+        result = summarise(db, by=by, selection=selection, runs=run)
     if html is not None:
-        write_summary_html(table, html, by, notes)
-    if fmt is Format.table:
-        echo(f"summary by {by} ({steps_note(selection)}); ms per step, % of the device window", err=True)
-    for note in notes:
-        echo(f"note: {note}", err=True)
-    # on a narrow terminal: step time and the shares of compute, exposed comm and idle stay longest
-    emit(table, fmt, drop_first=(*(f"{p}_ms" for p in PARTS), "overlapped_comm_pct", "exposed_memcpy_pct", "steps"))
+        write_summary_html(result, html, by)
+    show(result, fmt)
     if html is not None:
         echo(f"wrote {html}", err=True)
 
@@ -200,14 +187,9 @@ def kernels(
 
       traceq kernels --unclassified --format csv      # then write rules for them: traceq rules --add
     """
-    from traceq.report.kernels import kernel_table
+    from traceq.report.kernels import kernel_report
 
-    table = kernel_table(db, by=by, level=level, top=top, selection=selection, runs=run, unclassified=unclassified)
-    if fmt is Format.table:
-        what = "categories" if level == "category" else "kernels"
-        echo(f"top {top} {what} by device time, by {by} ({steps_note(selection)})", err=True)
-    # on a narrow terminal: the name, its total and its share stay longest
-    emit(table, fmt, drop_first=("min_us", "max_us", "mean_us", "class", "count"))
+    show(kernel_report(db, by=by, level=level, top=top, selection=selection, runs=run, unclassified=unclassified), fmt)
 
 
 @app.command()
@@ -236,18 +218,12 @@ def collectives(
 
       traceq collectives --instances --run llama7b-256n --format json
     """
-    from traceq.report.collectives import collectives_table, instance_table
+    from traceq.report.collectives import collectives_report, instances_report
 
     if instances:
-        table, notes = instance_table(db, runs=run), []
+        show(instances_report(db, runs=run), fmt)
     else:
-        table, notes = collectives_table(db, by=by, selection=selection, whole_trace=whole_trace, runs=run)
-    if fmt is Format.table:
-        used = "every kernel" if instances or whole_trace else steps_note(selection)
-        echo(f"collectives by {'instance' if instances else by} ({used})", err=True)
-        for note in notes:
-            echo(f"note: {note}", err=True)
-    emit(table, fmt, drop_first=("algbw_gbps", "inter_node", "group_size", "ordinal", "seq", "reason", "device"))
+        show(collectives_report(db, by=by, selection=selection, whole_trace=whole_trace, runs=run), fmt)
 
 
 @app.command()
@@ -273,15 +249,9 @@ def stragglers(
 
       traceq stragglers --by-step --steps 11:60 --format csv
     """
-    from traceq.report.collectives import stragglers_table
+    from traceq.report.collectives import stragglers_report
 
-    table, notes = stragglers_table(db, by_step=by_step, selection=selection, whole_trace=whole_trace, runs=run)
-    if fmt is Format.table:
-        echo(f"stragglers by run,rank{',step' if by_step else ''} "
-                   f"({'whole trace' if whole_trace else steps_note(selection)})", err=True)
-        for note in notes:
-            echo(f"note: {note}", err=True)
-    emit(table, fmt, drop_first=("matched_count",))
+    show(stragglers_report(db, by_step=by_step, selection=selection, whole_trace=whole_trace, runs=run), fmt)
 
 
 class PathView(str, Enum):
@@ -333,23 +303,7 @@ def critical_path(
         raise ConfigError("give one of --segments, --ranks and --kernels")
     result = compute(db, run=run, selection=selection, steps=step)
     drawn = write_critical_path_html(str(html), result, step[0] if step else None) if html is not None else None
-    if segments:
-        table = result.segments.drop("instance_id", "trace_id")
-    elif ranks:
-        table = result.ranks()
-    elif kernels:
-        table = result.kernels(top)
-    else:
-        table = result.steps
-    if fmt is Format.table:
-        echo(f"critical path of run {result.steps['run'][0]} ({steps_note(selection)})", err=True)
-        for note in result.notes:
-            echo(f"note: {note}", err=True)
-        if not (segments or ranks or kernels):
-            for s in result.steps["step"].to_list()[:20]:
-                echo(f"  {result.sentence(s)}", err=True)
-    emit(table, fmt, drop_first=("path_start_ns", "category", "process_group", "top_kernel_ms", "copy_ms", "wait_ms",
-                                  "compute_ms", "waited_for", "steps"))
+    show(result.report("segments" if segments else "ranks" if ranks else "kernels" if kernels else "steps", top), fmt)
     if drawn is not None:
         echo(f"wrote {html} (step {drawn})", err=True)
 
@@ -380,19 +334,10 @@ def diff(
     from traceq.report.diff import diff as compare
     from traceq.report.diff import write_diff_html
 
-    notes = ["a, b: means over each side's selected rank-steps (ratios and rates: their sums' ratio); "
-             "each rank's open last step left out unless --include-last; p10/p90: the spread of its steps; "
-             "beyond_spread: |delta| > the wider p90 - p10 of the two sides",
-             "metric rows are in each metric's unit; collective rows: exposed comm (us) per collective type; "
-             "category rows: kernel time (us) launched per step, per kernel category"]
-    table = compare(db, a, b, skip_steps=skip_steps, include_last=include_last)
+    result = compare(db, a, b, skip_steps=skip_steps, include_last=include_last)
     if html is not None:
-        write_diff_html(table, str(html), a, b, notes)
-    if fmt is Format.table:
-        echo(f"A = {a}, B = {b}", err=True)
-        for note in notes:
-            echo(f"note: {note}", err=True)
-    emit(table, fmt, drop_first=("a_p10", "a_p90", "b_p10", "b_p90", "delta"))
+        write_diff_html(result, html, a, b)
+    show(result, fmt)
     if html is not None:
         echo(f"wrote {html}", err=True)
 
@@ -430,24 +375,15 @@ def scaling(
             raise ConfigError("draws the tokens/s scaling curves; with --metric, leave it out "
                               "(`traceq report --html` shows busbw against message size)", param="html", value=str(html))
 
-        frame, notes = collective_scaling(db, metric, by=by, selection=selection, runs=run)
-        if fmt is Format.table:
-            echo(f"{metric} across {frame['run'].n_unique()} run(s) ({steps_note(selection)})", err=True)
-            for note in notes:
-                echo(f"note: {note}", err=True)
-        emit(frame, fmt)
+        show(collective_scaling(db, metric, by=by, selection=selection, runs=run), fmt)
         return
-    frame, notes, rows = scaling_report(db, by=by, selection=selection, runs=run)
+    result = scaling_report(db, by=by, selection=selection, runs=run)
     if html is not None:
         from traceq.report.html import write_html_report
 
         group = [c.strip() for c in by.split(",") if c.strip()]
-        write_html_report(db, html, selection=selection, runs=run, scaling_by=group, steps=rows)
-    if fmt is Format.table:
-        echo(f"scaling across {frame.height} run(s) ({steps_note(selection)})", err=True)
-    for note in notes:
-        echo(f"note: {note}", err=True)
-    emit(frame, fmt)
+        write_html_report(db, html, selection=selection, runs=run, scaling_by=group, steps=result.rows)
+    show(result, fmt)
     if html is not None:
         echo(f"wrote {html}", err=True)
 

@@ -24,6 +24,7 @@ from traceq.cli.base import (
     app,
     echo,
     emit,
+    show,
 )
 from traceq.errors import ConfigError
 from traceq.store.warehouse import DEFAULT_DB
@@ -175,11 +176,10 @@ def check(
     from traceq.report.check import check_warehouse, needs_attention
 
     findings = check_warehouse(db, skew_threshold_us=skew_threshold_us)
-    n_warn = findings.filter(findings["severity"] == "warning").height
-    if fmt is Format.table:
-        echo(f"{n_warn} warning(s), {findings.height - n_warn} info finding(s) in {db}", err=True)
-    if findings.height or fmt is not Format.table:
-        emit(findings, fmt, drop_first=("count", "rank", "path"))  # the finding (check, severity, detail) stays
+    if findings.table.height or fmt is not Format.table:
+        show(findings, fmt)
+    else:
+        echo(findings.title, err=True)
     if needs_attention(findings):
         raise typer.Exit(code=1)
 
@@ -219,25 +219,19 @@ def sql(
     from traceq.report.adhoc import warehouse_sql
     from traceq.perfetto.processor import trace_processor_binary
 
-    notes: list[str] = []
     if engine is Engine.perfetto:
         if len(words) != 2:
             raise ConfigError("give one trace file, then the query", param="words", value=" ".join(words))
-        frame, notes = trace_sql(words[1], Path(words[0]), rank=rank, binary=trace_processor_binary(trace_processor),
-                                 step_marker=step_marker)
+        result = trace_sql(words[1], Path(words[0]), rank=rank, binary=trace_processor_binary(trace_processor),
+                           step_marker=step_marker, max_rows=max_rows)
     else:
         if step_marker is not None:
             raise ConfigError("the warehouse keeps the marker each file was ingested with", param="step_marker", value=step_marker)
         if len(words) != 1:
             raise ConfigError("give the query alone (the DuckDB engine reads the warehouse, --db); "
                               "to query a trace file use --engine perfetto", param="words", value=" ".join(words))
-        frame = warehouse_sql(words[0], db, max_rows=max_rows)
-    if frame.height > max_rows:
-        frame = frame.head(max_rows)
-        notes.append(f"the query gives more than {max_rows:,} rows: the first {max_rows:,} are printed (--max-rows)")
-    for note in notes:
-        echo(f"note: {note}", err=True)
-    emit(frame, fmt)
+        result = warehouse_sql(words[0], db, max_rows=max_rows)
+    show(result, fmt)
 
 
 @app.command()

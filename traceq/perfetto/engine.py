@@ -27,7 +27,7 @@ from traceq.perfetto.processor import PerfettoTrace, open_trace
 if TYPE_CHECKING:
     import polars as pl
 
-    from traceq.report.metrics import StepReport
+    from traceq.report.result import Report
     from traceq.report.selection import StepSelection
 
 # The metrics this engine computes: the interval times (each read from its ns column of
@@ -280,8 +280,8 @@ def perfetto_report(
     inputs: Sequence[str | Path], metric: str | Sequence[str] = "exposed_comm_us", *,
     by: str | Sequence[str] = ("run", "rank"), whole_trace: bool = False, selection: StepSelection | None = None,
     run: str | None = None, rank: int | None = None, binary: Path | None = None, step_marker: str | None = None,
-) -> StepReport:
-    """:func:`traceq.report.metrics.step_report` computed by the Perfetto engine from trace files.
+) -> Report:
+    """:func:`traceq.report.metrics.metric_report` computed by the Perfetto engine from trace files.
 
     Only the interval metrics (``METRICS``, overlap_ratio, step_time_ms) and the grain run, rank,
     device, step: throughput, power and the cross-rank split need the warehouse (``--engine duckdb``).
@@ -291,7 +291,8 @@ def perfetto_report(
     import polars as pl
 
     from traceq.catalog import columns
-    from traceq.report.metrics import StepReport, metric_names, side_by_side
+    from traceq.report.metrics import metric_names, side_by_side
+    from traceq.report.result import Report
     from traceq.report.selection import StepSelection
 
     selection = selection or StepSelection()
@@ -322,18 +323,22 @@ def perfetto_report(
         notes.extend(steps_used(rows))
         if selection.skip_steps is None:
             notes.append("trace files carry no run metadata: no warm-up step is skipped unless --skip-steps")
-    table = side_by_side(rows, names, grain)
-    return StepReport(tuple(names), rows, table, notes)
+    used = "whole trace, every kernel" if whole_trace else selection.describe(metadata=False)
+    return Report(side_by_side(rows, names, grain), notes, f"{','.join(names)} by {','.join(grain)} ({used}; Perfetto engine)",
+                  rows)
 
 
 def trace_sql(
     sql: str, trace: Path, *, rank: int | None = None, binary: Path | None = None, step_marker: str | None = None,
-) -> tuple[pl.DataFrame, list[str]]:
-    """(the rows of ``sql`` (PerfettoSQL) on ``trace`` loaded in a trace processor with traceq's modules
-    loaded: traceq_device_events, traceq_steps, traceq_device_windows, traceq_interval_breakdown, ...;
-    the notes on how Perfetto's import differs from traceq's reader). EngineError with the trace
-    processor's message when the query fails, ConfigError for a statement that gives no rows."""
+    max_rows: int | None = None,
+) -> Report:
+    """The rows of ``sql`` (PerfettoSQL) on ``trace`` loaded in a trace processor with traceq's modules
+    loaded (traceq_device_events, traceq_steps, traceq_device_windows, traceq_interval_breakdown, ...), as a
+    report's table, with notes on how Perfetto's import differs from traceq's reader; at most ``max_rows``
+    rows (None: all). EngineError with the trace processor's message when the query fails, ConfigError
+    for a statement that gives no rows."""
     from traceq.ingest.identity import check_rank
+    from traceq.report.result import Report
 
     check_rank(rank)
     if not trace.is_file():
@@ -346,4 +351,4 @@ def trace_sql(
         if not rows.columns:
             raise ConfigError(f"not a query (it returns no rows): {sql[:80]!r}; give a SELECT")
         _, notes = import_notes(loaded, events.result())
-    return rows, notes
+    return Report.of_query(rows, notes, max_rows)

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import duckdb
 
 from traceq.errors import ConfigError
+from traceq.report.result import Report
 from traceq.report.selection import StepSelection, relation
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
-
-if TYPE_CHECKING:
-    import polars as pl
 
 # the relations of sql/ a query may name besides the warehouse's tables (with the report's default
 # step selection); those it names are computed once, as temporary tables
@@ -28,15 +25,15 @@ BINDINGS = {"interval_breakdown": {"windows": "selected_windows"}}  # the select
 def warehouse_sql(
     sql: str, db: Warehouse = DEFAULT_DB, selection: StepSelection = StepSelection(include_last=True),
     max_rows: int | None = None,
-) -> pl.DataFrame:
-    """The rows of ``sql`` (DuckDB) on the warehouse, where the names of :data:`RELATIONS` are traceq's
+) -> Report:
+    """The rows of ``sql`` (DuckDB) on the warehouse, as a report's table, where the names of :data:`RELATIONS` are traceq's
     relations (by default over every step, the open last one included, as the Perfetto engine's tables
     hold them: reports leave it out); ConfigError with DuckDB's message when the query fails.
 
     The query reads the warehouse and nothing else: where ``db`` is a path, the connection is closed to
     files (DuckDB's external access off: no COPY TO, no read_csv of other files, no ATTACH), to extensions
     (none installed or loaded) and to configuration changes. ``max_rows``: give at most this many rows
-    and one more (so the caller can tell there were more); None: all."""
+    and a note that there were more; None: all."""
     from traceq.store.frames import to_polars
 
     with opened(db) as con:
@@ -53,7 +50,7 @@ def warehouse_sql(
             twice = sorted({c for c in result.columns if result.columns.count(c) > 1})
             if twice:
                 raise ConfigError(f"the query gives two columns named {', '.join(twice)}; name them apart (AS)")
-            return to_polars(result if max_rows is None else result.limit(max_rows + 1))
+            return Report.of_query(to_polars(result if max_rows is None else result.limit(max_rows + 1)), (), max_rows)
         except duckdb.Error as exc:
             raise ConfigError(f"DuckDB refused the query: {str(exc).strip().splitlines()[0]}") from None
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from traceq import query
+from traceq.report.result import Report
 from traceq.report.selection import query_params
 from traceq.store.frames import to_polars
 from traceq.store.warehouse import DEFAULT_DB, connect
@@ -47,16 +48,16 @@ SEVERITIES = ("warning", "info")
 DEFAULT_SKEW_THRESHOLD_US = 50.0
 
 
-def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = DEFAULT_SKEW_THRESHOLD_US) -> pl.DataFrame:
+def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = DEFAULT_SKEW_THRESHOLD_US) -> Report:
     """Run every data-quality check on the warehouse at ``db``; one row per finding.
 
     Args:
         db: DuckDB warehouse path (opened read-only).
         skew_threshold_us: report a rank's clock skew only beyond this many microseconds.
 
-    Returns a frame with columns run, path (null for run-level findings), rank (null where it does
+    Returns a :class:`~traceq.report.result.Report` whose table has the columns run, path (null for run-level findings), rank (null where it does
     not apply, -1 unknown), check, severity (warning | info), count (of the things found) and detail,
-    warnings first. An empty frame means every check passed.
+    warnings first. An empty table means every check passed.
     """
     params = {"threshold_ns": skew_threshold_us * 1000, **query_params()}
     con = connect(db, read_only=True)
@@ -69,13 +70,17 @@ def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = D
         con.close()
     findings = pl.concat(frames)
     order = {s: i for i, s in enumerate(SEVERITIES)}
-    return (
+    findings = (
         findings.with_columns(pl.col("severity").replace_strict(order, return_dtype=pl.Int8).alias("_order"))
         .sort(["_order", "run", "path", "rank", "check"], nulls_last=True)
         .drop("_order")
     )
+    warnings = findings.filter(pl.col("severity") == "warning").height
+    title = f"{warnings} warning(s), {findings.height - warnings} info finding(s) in {db}"
+    # on a narrow terminal the finding (check, severity, detail) stays
+    return Report(findings, (), title, narrow=("count", "rank", "path"))
 
 
-def needs_attention(findings: pl.DataFrame) -> bool:
+def needs_attention(findings: Report) -> bool:
     """Whether any finding is a warning (the CLI's exit code 1)."""
-    return findings.filter(pl.col("severity") == "warning").height > 0
+    return findings.table.filter(pl.col("severity") == "warning").height > 0

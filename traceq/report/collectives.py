@@ -20,6 +20,7 @@ from traceq.catalog import META_COLUMNS, columns
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
 from traceq.report.metrics import nothing_selected, require_runs, run_metadata_frame, steps_selected
+from traceq.report.result import Report
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -54,7 +55,29 @@ def _bytes(n: int) -> str:
     return f"{n} PiB"
 
 
-def collectives_table(
+def collectives_report(
+    db: Warehouse = DEFAULT_DB,
+    *,
+    by: str | Sequence[str] = DEFAULT_GRAIN,
+    selection: StepSelection = StepSelection(),
+    whole_trace: bool = False,
+    runs: Sequence[str] | None = None,
+) -> Report:
+    """Collective instances of the selected steps (or the whole trace) per group of ``by`` (of
+    :data:`GRAINS`), matched ones apart from unmatched ones (``basis``), with the notes to read beside.
+
+    Columns: the ``by`` columns (with process_group: group_size and inter_node too), ``basis``,
+    ``count`` (instances), ``size_bytes``, ``transfer_us``, ``wait_us``, ``algbw_gbps``, ``busbw_gbps``
+    (see :data:`BANDWIDTH_NOTE`). An instance counts in the step of the kernel that arrived last, over
+    the steps every rank of its run has.
+    """
+    table, notes = _collectives_table(db, by=by, selection=selection, whole_trace=whole_trace, runs=runs)
+    title = (f"collectives by {','.join(columns(by, GRAINS))} "
+             f"({'whole trace, every kernel' if whole_trace else selection.describe()})")
+    return Report(table, notes, title, narrow=("algbw_gbps", "inter_node", "group_size"))
+
+
+def _collectives_table(
     db: Warehouse = DEFAULT_DB,
     *,
     by: str | Sequence[str] = DEFAULT_GRAIN,
@@ -63,8 +86,8 @@ def collectives_table(
     runs: Sequence[str] | None = None,
     keep_bucket: bool = False,
 ) -> tuple[pl.DataFrame, list[str]]:
-    """Collective instances of the selected steps (or the whole trace) per group of ``by`` (of
-    :data:`GRAINS`), matched ones apart from unmatched ones (``basis``), and the notes to print beside.
+    """The table and notes of :func:`collectives_report` (the HTML report's and :func:`collective_scaling`'s
+    source).
 
     Columns: the ``by`` columns (with process_group: group_size and inter_node too), ``basis``,
     ``count`` (instances), ``size_bytes``, ``transfer_us``, ``wait_us``, ``algbw_gbps``, ``busbw_gbps``
@@ -114,7 +137,7 @@ def collective_scaling(
     by: str | Sequence[str] = (),
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
-) -> tuple[pl.DataFrame, list[str]]:
+) -> Report:
     """Collective figures across runs: one row per (``by`` metadata columns, collective type, size bucket,
     basis, run), with the run's world size and nodes, ordered by world size within each series (runs are
     compared at the same message sizes). ``metric`` (one of
@@ -123,15 +146,16 @@ def collective_scaling(
         raise ConfigError(f"one of {', '.join(SCALING_METRICS)} (or leave it out for tokens/s)", param="metric",
                           value=metric)
     group = columns(by, [c for c in META_COLUMNS if c not in ("world_size", "nodes")])
-    table, notes = collectives_table(db, by=("run", "collective_type", "size_bucket"), selection=selection, runs=runs,
-                                     keep_bucket=True)
+    table, notes = _collectives_table(db, by=("run", "collective_type", "size_bucket"), selection=selection, runs=runs,
+                                      keep_bucket=True)
     with opened(db) as con:
         meta = run_metadata_frame(con).select("run", "world_size", "nodes", *group)
     table = table.join(meta, on="run", how="left")
     keys = [*group, "collective_type", "size_bucket", "basis"]
     figures = ["count", "size_bytes", *[m for m in ("transfer_us", "wait_us", "algbw_gbps", "busbw_gbps") if m != metric]]
     order = [*group, "collective_type", "_bucket", "basis", "world_size", "run"]
-    return table.sort(order, nulls_last=True).select(*keys, "run", "world_size", "nodes", metric, *figures), notes
+    table = table.sort(order, nulls_last=True).select(*keys, "run", "world_size", "nodes", metric, *figures)
+    return Report(table, notes, f"{metric} across {table['run'].n_unique()} run(s) ({selection.describe()})")
 
 
 def _shared_step_rows(
@@ -153,14 +177,14 @@ def _positive(expr: pl.Expr) -> pl.Expr:
     return pl.when(expr > 0).then(expr)
 
 
-def stragglers_table(
+def stragglers_report(
     db: Warehouse = DEFAULT_DB,
     *,
     by_step: bool = False,
     selection: StepSelection = StepSelection(),
     whole_trace: bool = False,
     runs: Sequence[str] | None = None,
-) -> tuple[pl.DataFrame, list[str]]:
+) -> Report:
     """Per (run, rank), or per (run, rank, step) with ``by_step``: the matched collectives the rank took
     part in (``matched_count``), how many it arrived last at and their share, the waiting that made the
     others do (``wait_caused_us``) and its own waiting (``wait_us``: its kernels' first parts, summed),
@@ -189,10 +213,11 @@ def stragglers_table(
     notes.append("summed over the selected steps: wait_caused_us = the waiting the other ranks did at the collectives "
                  "this rank arrived last at; wait_us = this rank's own waiting (kernel time, overlaps counted twice; "
                  "traceq report --metric comm_wait_us gives the union)")
-    return table.select(*keys, *STRAGGLER_COLUMNS), notes
+    title = f"stragglers by {','.join(keys)} ({'whole trace' if whole_trace else selection.describe()})"
+    return Report(table.select(*keys, *STRAGGLER_COLUMNS), notes, title, narrow=("matched_count",))
 
 
-def instance_table(db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = None) -> pl.DataFrame:
+def instances_report(db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = None) -> Report:
     """One row per communication kernel: its run, instance (matched ones: 1, 2, ... in the order they
     began, per run), collective type, process group, Seq or order, rank, start and duration, and its wait
     and transfer (README: Across ranks)."""
@@ -211,9 +236,11 @@ def instance_table(db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = N
         pl.when(pl.col("matched")).then(pl.struct("_first", "instance_id").rank("dense").over("run"))
         .cast(pl.Int64).alias("instance"),
     ).sort("run", "instance", "rank", "start_ns", nulls_last=True).drop("_first", "instance_id")
-    return rows.select("run", "instance", *[c for c in rows.columns if c not in ("run", "instance")]).with_columns(
+    table = rows.select("run", "instance", *[c for c in rows.columns if c not in ("run", "instance")]).with_columns(
         (pl.col("start_ns") / 1e3).alias("start_us"),
         (pl.col("dur_ns") / 1e3).alias("dur_us"),
         (pl.col("wait_ns") / 1e3).alias("wait_us"),
         (pl.col("transfer_ns") / 1e3).alias("transfer_us"),
     ).drop("start_ns", "dur_ns", "wait_ns", "transfer_ns")
+    return Report(table, (), "collectives by instance (every kernel)",
+                  narrow=("inter_node", "group_size", "ordinal", "seq", "reason", "device"))

@@ -17,6 +17,7 @@ from traceq import query
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
 from traceq.report.path_walk import Step, Walker
+from traceq.report.result import Report
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -24,6 +25,7 @@ from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 if TYPE_CHECKING:
     import polars as pl
 
+VIEWS = ("steps", "segments", "ranks", "kernels")  # what CriticalPath.report shows
 # activity rows read per batch of steps (the walk holds one batch at a time)
 BATCH_ROWS = 4_000_000
 
@@ -46,12 +48,33 @@ class CriticalPath:
             (to_rank, the last to arrive), the collective, and the waiting rank's wait up to the jump
             (wait_on_path_ns: what the late rank's lateness cost the step there).
         notes: how the collectives were matched, what the selection left out.
+        selection: the steps selected, in words.
     """
 
     steps: pl.DataFrame
     segments: pl.DataFrame
     jumps: pl.DataFrame
     notes: list[str]
+    selection: str = ""
+
+    def report(self, view: str = "steps", top: int | None = 20) -> Report:
+        """One of :data:`VIEWS` as a :class:`~traceq.report.result.Report`: ``steps`` (one row per step, and
+        the first 20 steps' sentences after the notes), ``segments`` (the paths), ``ranks``
+        (:meth:`ranks`) or ``kernels`` (:meth:`kernels`, ``top`` rows)."""
+        if view not in VIEWS:
+            raise ConfigError(f"one of {', '.join(VIEWS)}", param="view", value=view)
+        notes = list(self.notes)
+        if view == "steps":
+            table = self.steps
+            notes += [self.sentence(s) for s in self.steps["step"].to_list()[:20]]
+        elif view == "segments":
+            table = self.segments.drop("instance_id", "trace_id")
+        else:
+            table = self.ranks() if view == "ranks" else self.kernels(top)
+        run = self.steps["run"][0] if self.steps.height else ""
+        return Report(table, notes, f"critical path of run {run}, {view} ({self.selection})",
+                      narrow=("path_start_ns", "category", "process_group", "top_kernel_ms", "copy_ms", "wait_ms",
+                              "compute_ms", "waited_for", "steps"))
 
     def blame(self, by: Sequence[str] = ("rank", "kind")) -> pl.DataFrame:
         """Time on the path per step and ``by`` (columns of :attr:`segments`), in ms, largest first."""
@@ -198,7 +221,7 @@ def critical_path(
                 for step in _step_starts(run, batch):
                     walker.walk(step)
             notes = [*crossrank.matching_notes(con, [run]), *selection_notes(con, selection, [run])]
-    return _report(run, windows, walker, notes)
+    return _report(run, windows, walker, notes, selection.describe())
 
 
 def _windows(con: duckdb.DuckDBPyConnection, run: str, selection: StepSelection) -> pl.DataFrame:
@@ -276,7 +299,7 @@ def _frame(rows: list[dict[str, Any]], schema: dict[str, str]) -> pl.DataFrame:
         else pl.DataFrame(schema=types)
 
 
-def _report(run: str, windows: pl.DataFrame, walker: Walker, notes: list[str]) -> CriticalPath:
+def _report(run: str, windows: pl.DataFrame, walker: Walker, notes: list[str], selection: str) -> CriticalPath:
     import polars as pl
 
     segments = _frame(walker.segments, SEGMENT_SCHEMA).with_columns(
@@ -309,7 +332,7 @@ def _report(run: str, windows: pl.DataFrame, walker: Walker, notes: list[str]) -
                      "wait_ms", "copy_ms", "idle_ms", "top_rank", "top_rank_ms", "top_kernel_ms", "top_kernel"))
     order = ["run", "step", "order", "rank", "device", "trace_id", "start_ns", "end_ns", "dur_ns", "path_start_ns", "kind",
              "name", "category", "collective_type", "process_group", "instance_id"]
-    return CriticalPath(steps, segments.select(order), jumps, notes)
+    return CriticalPath(steps, segments.select(order), jumps, notes, selection)
 
 
 def write_critical_path_html(path: str, result: CriticalPath, step: int | None = None) -> int:
@@ -319,7 +342,8 @@ def write_critical_path_html(path: str, result: CriticalPath, step: int | None =
     import polars as pl
 
     from traceq.report import plots
-    from traceq.report.html import _figure, _notes, _section, _table, write_page
+    from traceq.report.html import _figure, _section, write_page
+    from traceq.report.result import html_notes, html_table
 
     steps = result.steps
     if step is None:
@@ -328,10 +352,10 @@ def write_critical_path_html(path: str, result: CriticalPath, step: int | None =
     run = steps["run"][0]
     sections = [
         _section(f"Step {step}", _figure(plots.critical_path_figure(result.segments, result.jumps, step, start), "path")
-                 + _notes([result.sentence(step), KIND_NOTE])),
-        _section("Every step", _table(steps) + _notes([result.sentence(s) for s in steps["step"].to_list()[:50]])),
-        _section("Ranks on the path", _table(result.ranks())),
-        _section("Kernels and collectives on the path", _table(result.kernels(30)) + _notes(result.notes)),
+                 + html_notes([result.sentence(step), KIND_NOTE])),
+        _section("Every step", html_table(steps) + html_notes([result.sentence(s) for s in steps["step"].to_list()[:50]])),
+        _section("Ranks on the path", html_table(result.ranks())),
+        _section("Kernels and collectives on the path", html_table(result.kernels(30)) + html_notes(result.notes)),
     ]
     write_page(path, f"traceq critical path: {run}", "traceq critical path", f"run {run} · {steps.height} step(s)",
                sections)

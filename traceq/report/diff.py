@@ -6,6 +6,7 @@ change is real."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from traceq import query
@@ -20,6 +21,7 @@ from traceq.report.metrics import (
     require_runs,
     step_metrics,
 )
+from traceq.report.result import Report
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -32,6 +34,13 @@ SCALARS = tuple(m for m in METRIC_NAMES if m not in BREAKDOWNS)
 # metric: every scalar metric, in its unit; collective: exposed comm (us) per collective type;
 # category: kernel time (us) launched per step, per kernel category
 SECTIONS = ("metric", "collective", "category")
+NOTES = (
+    "a, b: means over each side's selected rank-steps (ratios and rates: their sums' ratio); each rank's open last "
+    "step left out unless include_last (--include-last); p10/p90: the spread of its steps; beyond_spread: |delta| > "
+    "the wider p90 - p10 of the two sides",
+    "metric rows are in each metric's unit; collective rows: exposed comm (us) per collective type; "
+    "category rows: kernel time (us) launched per step, per kernel category",
+)
 
 
 @dataclass(frozen=True)
@@ -67,8 +76,9 @@ class Side:
 def diff(
     db: Warehouse = DEFAULT_DB, a: str | Side = "", b: str | Side = "", *, skip_steps: int | None = None,
     include_last: bool = False,
-) -> pl.DataFrame:
-    """One row per quantity: ``section`` (:data:`SECTIONS`), ``name``, ``a``, ``b``
+) -> Report:
+    """Side ``a`` against side ``b`` (a run, ``RUN,rank=N`` and/or ``RUN,steps=a:b``, or a :class:`Side`), one
+    row per quantity: ``section`` (:data:`SECTIONS`), ``name``, ``a``, ``b``
     (means over each side's rank-steps), ``delta`` (b − a), ``delta_pct``, the step-to-step spread of
     each side (``a_p10``, ``a_p90``, ``b_p10``, ``b_p90``) and ``beyond_spread``: |delta| larger than
     the wider of the two p90 − p10 spreads (a change steps alone do not explain). Per collective type:
@@ -94,12 +104,14 @@ def diff(
         parts.append(_compare(section, *filled))
     out = pl.concat(parts, how="vertical")
     spread = pl.max_horizontal(pl.col("a_p90") - pl.col("a_p10"), pl.col("b_p90") - pl.col("b_p10"))
-    return out.with_columns(
+    table = out.with_columns(
         (pl.col("b") - pl.col("a")).alias("delta"),
         pl.when(pl.col("a") != 0).then((pl.col("b") - pl.col("a")) / pl.col("a").abs() * 100).alias("delta_pct"),
     ).with_columns(
         (pl.col("delta").abs() > spread).alias("beyond_spread"),
     ).select("section", "name", "a", "b", "delta", "delta_pct", "beyond_spread", "a_p10", "a_p90", "b_p10", "b_p90")
+    return Report(table, NOTES, f"A = {sides[0].label()}, B = {sides[1].label()}",
+                  narrow=("a_p10", "a_p90", "b_p10", "b_p90", "delta"))
 
 
 def _side_rows(
@@ -158,17 +170,17 @@ def _compare(section: str, rows_a: pl.DataFrame, rows_b: pl.DataFrame) -> pl.Dat
     return table.sort(pl.max_horizontal(pl.col("a").fill_null(0), pl.col("b").fill_null(0)), descending=True)
 
 
-def write_diff_html(table: pl.DataFrame, path: str, a: str, b: str, notes: list[str]) -> None:
+def write_diff_html(report: Report, path: str | Path, a: str, b: str) -> Path:
     """The diff as one self-contained HTML page: the deltas beyond the spread as bars, then the table."""
     import polars as pl
 
     from traceq.report import plots
-    from traceq.report.html import _figure, _notes, _section, _table, write_page
+    from traceq.report.html import _figure, _section, write_page
 
-    real = table.filter(pl.col("beyond_spread") & pl.col("delta_pct").is_not_null())
+    real = report.table.filter(pl.col("beyond_spread") & pl.col("delta_pct").is_not_null())
     sections = []
     if real.height:
         sections.append(_section("Changes beyond the step-to-step spread", _figure(plots.diff_figure(real, a, b), "diff")))
-    sections.append(_section("Every quantity", _table(table) + _notes(notes)))
-    write_page(path, f"traceq diff: {a} vs {b}", "traceq diff", f"A = {a} · B = {b}", sections)
+    sections.append(_section("Every quantity", report.html()))
+    return write_page(path, f"traceq diff: {a} vs {b}", "traceq diff", f"A = {a} · B = {b}", sections)
 

@@ -18,7 +18,7 @@ import polars as pl
 from traceq.catalog import BREAKDOWN_NOTE
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
-from traceq.report.collectives import MATCHED, collectives_table
+from traceq.report.collectives import MATCHED, collectives_report
 from traceq.report.metrics import (
     breakdown_metrics,
     mean_of,
@@ -36,6 +36,7 @@ from traceq.report.notes import (
     steps_used,
 )
 from traceq.report.power import power_series, power_status, step_wall_times
+from traceq.report.result import html_notes, html_table
 from traceq.report.scaling import SCALING_NOTES, per_run, scaling_from_runs
 from traceq.report.selection import StepSelection
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -108,7 +109,7 @@ def _cross_rank(
         .group_by("run", "rank", "step").agg((pl.col("comm_wait_ns").sum() / 1e3).alias("comm_wait_us"))
     )
     try:
-        table, _ = collectives_table(con, by=("run", "collective_type", "size_bucket"), selection=selection, runs=runs)
+        table = collectives_report(con, by=("run", "collective_type", "size_bucket"), selection=selection, runs=runs).table
         bandwidth = table.filter(pl.col("basis") == MATCHED)
     except EmptySelection:
         bandwidth = pl.DataFrame()
@@ -135,7 +136,7 @@ def render_html(data: ReportData) -> str:
 
     sections: list[str] = []
     runs = sorted(data.steps["run"].unique().to_list())
-    sections.append(_section("Runs", _table(summary(data.steps)) + _notes([
+    sections.append(_section("Runs", html_table(summary(data.steps)) + html_notes([
         *data.notes,
         "means over the selected rank-steps; ratios and rates (overlap_ratio, tokens/s, TFLOP/s, MFU, power, "
         "tokens/J) are ratios of sums, Σ overlapped / Σ comm, Σ tokens / Σ step time, as in every report and the "
@@ -147,7 +148,7 @@ def render_html(data: ReportData) -> str:
     gpu_rows = data.steps.filter(pl.col("window_us").is_not_null())
     if gpu_rows.height:
         fig = plots.step_breakdown_figure(gpu_rows)
-        body = _figure(fig, "steps") + _notes([
+        body = _figure(fig, "steps") + html_notes([
             "each step's device window runs from the first device activity it launched to the first the next step "
             "launched (the last: to the end of the activity the steps launched), so windows tile the timeline and a "
             "step counts all activity in its window, whichever step launched it; a rank without steps is step -1, "
@@ -155,14 +156,14 @@ def render_html(data: ReportData) -> str:
             "compute here is compute time without communication beside it; compute + overlapped comm = compute_us; "
             "the stack adds up to the window"])
     else:
-        body = _figure(plots.step_time_figure(data.steps), "steps") + _notes(
+        body = _figure(plots.step_time_figure(data.steps), "steps") + html_notes(
             ["no GPU activity in these traces (CPU-only run): the per-step device breakdown needs kernels"])
     sections.append(_section("Per-step breakdown", body))
 
     if data.by_collective.height:
-        body = _figure(plots.collective_figure(data.by_collective), "collectives") + _notes([BREAKDOWN_NOTE])
+        body = _figure(plots.collective_figure(data.by_collective), "collectives") + html_notes([BREAKDOWN_NOTE])
     else:
-        body = _notes(["no communication kernels in the selected steps"])
+        body = html_notes(["no communication kernels in the selected steps"])
     sections.append(_section("Exposed communication by collective", body))
 
     body = ""
@@ -171,21 +172,21 @@ def render_html(data: ReportData) -> str:
     if data.bandwidth.height:
         body += _figure(plots.busbw_figure(data.bandwidth), "busbw")
     if not body:
-        body = _notes(["no collectives matched across ranks in the selected steps (it needs every rank of a "
+        body = html_notes(["no collectives matched across ranks in the selected steps (it needs every rank of a "
                        "process group in the run)"])
-    sections.append(_section("Across ranks: waiting and bus bandwidth", body + _notes(data.cross_rank_notes)))
+    sections.append(_section("Across ranks: waiting and bus bandwidth", body + html_notes(data.cross_rank_notes)))
 
     scaling = data.scaling
     body = ""
     if scaling["world_size"].drop_nulls().n_unique() >= 2 and scaling["global_tokens_per_s"].drop_nulls().len():
         body += _figure(plots.scaling_figure(scaling, data.scaling_by), "scaling")
     else:
-        body += _notes(["scaling curves need runs at two or more world sizes with tokens_per_step"])
-    body += _table(scaling) + _notes([*SCALING_NOTES, FLOPS_CONVENTION, PEAK_NOTE.format(table=peak_table_text())])
+        body += html_notes(["scaling curves need runs at two or more world sizes with tokens_per_step"])
+    body += html_table(scaling) + html_notes([*SCALING_NOTES, FLOPS_CONVENTION, PEAK_NOTE.format(table=peak_table_text())])
     sections.append(_section("Scaling", body))
 
     if data.power.height:
-        body = _figure(plots.power_figure(data.power, data.windows), "power") + _notes([NVML_NOTE])
+        body = _figure(plots.power_figure(data.power, data.windows), "power") + html_notes([NVML_NOTE])
     else:
         body = ""
     missing = data.power_status.filter(pl.col("source") != "nvml")
@@ -194,7 +195,7 @@ def render_html(data: ReportData) -> str:
                  + (r["reason"] or "the log says NVML was absent" if r["source"] == "unavailable" else "no power log ingested")
                  + ")" for r in missing.iter_rows(named=True)]
         body += f'<p class="unavailable">Power unavailable for {len(missing)} of {len(runs)} run(s); no watts are shown ' \
-                "where NVML gave none.</p>" + _notes(lines)
+                "where NVML gave none.</p>" + html_notes(lines)
     sections.append(_section("Power", body))
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -255,27 +256,10 @@ def _figure(fig: object, div_id: str) -> str:
                        config={"displaylogo": False, "responsive": True})
 
 
-def _notes(lines: Sequence[str]) -> str:
-    if not lines:
-        return ""
-    return "<ul class=\"notes\">" + "".join(f"<li>{_html.escape(line)}</li>" for line in lines) + "</ul>"
 
 
-def _table(frame: pl.DataFrame) -> str:
-    head = "".join(f"<th>{_html.escape(c)}</th>" for c in frame.columns)
-    body = []
-    for row in frame.iter_rows():
-        cells = "".join(f"<td>{_html.escape(_cell(v))}</td>" for v in row)
-        body.append(f"<tr>{cells}</tr>")
-    return f"<div class=\"scroll\"><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
 
 
-def _cell(value: object) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
-    return str(value)
 
 
 _CSS = """

@@ -11,6 +11,7 @@ from traceq import query
 from traceq.catalog import columns
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report.metrics import nothing_selected, require_runs
+from traceq.report.result import Report
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -26,7 +27,7 @@ UNCLASSIFIED = "other"  # the category of a compute kernel that no rule matched
 MAX_TOP = 10_000_000  # more rows than any trace has kernel names; beyond a 64-bit LIMIT
 
 
-def kernel_table(
+def kernel_report(
     db: Warehouse = DEFAULT_DB,
     *,
     by: str | Sequence[str] = ("run",),
@@ -35,7 +36,7 @@ def kernel_table(
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
     unclassified: bool = False,
-) -> pl.DataFrame:
+) -> Report:
     """The kernels (``level="kernel"``) or categories (``"category"``) with the most device time, per
     group of ``by`` (run, rank, step), ``top`` of each group (None: all).
 
@@ -76,4 +77,8 @@ def kernel_table(
         table = table.filter((pl.col("class") == "compute") & (pl.col("category") == UNCLASSIFIED))
     if top is not None:
         table = table.group_by(grain, maintain_order=True).head(top) if grain else table.head(top)
-    return table.select(*grain, *keys, "count", "total_ms", "share_pct", "mean_us", "min_us", "max_us")
+    table = table.select(*grain, *keys, "count", "total_ms", "share_pct", "mean_us", "min_us", "max_us")
+    what = ("unclassified " if unclassified else "") + ("categories" if level == "category" else "kernels")
+    title = f"{'every' if top is None else f'top {top}'} {what} by device time, by {','.join(grain)} ({selection.describe()})"
+    # on a narrow terminal: the name, its total and its share stay longest
+    return Report(table, (), title, narrow=("min_us", "max_us", "mean_us", "class", "count"))

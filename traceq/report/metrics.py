@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import duckdb
@@ -34,6 +33,7 @@ from traceq.catalog import (
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
 from traceq.report.notes import metric_notes, selection_notes, step_window_notes
+from traceq.report.result import Report
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import import_in_background, to_polars
 from traceq.store.schema import require_side_tables
@@ -201,7 +201,7 @@ def compute_metric(
     breakdown metrics add their key column (collective_type or process_group) to ``by``. Raises
     :class:`~traceq.errors.EmptySelection` when the selection leaves nothing.
     """
-    return metric_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=runs)[0]
+    return metric_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=runs).table
 
 
 def metric_report(
@@ -212,44 +212,14 @@ def metric_report(
     whole_trace: bool = False,
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
-) -> tuple[pl.DataFrame, list[str]]:
-    """:func:`compute_metric` plus the notes a reader needs beside the numbers (steps used, FLOPs
-    convention and peak, power availability, breakdown overlap, windows); same arguments."""
-    report = step_report(db, metric, by=by, whole_trace=whole_trace, selection=selection, runs=runs)
-    return report.table, report.notes
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """A report of one metric or several: ``rows`` (one per step, or per step and key for the breakdown
-    metrics, every metric), ``table`` (``rows`` aggregated to the grain asked, the columns of each
-    metric side by side), the ``notes`` to print beside it."""
-
-    metrics: tuple[str, ...]
-    rows: pl.DataFrame
-    table: pl.DataFrame
-    notes: list[str]
-
-    @property
-    def metric(self) -> str:
-        """The metrics' names, comma-separated (one name for a report of one metric)."""
-        return ",".join(self.metrics)
-
-
-def step_report(
-    db: Warehouse = DEFAULT_DB,
-    metric: str | Sequence[str] = "exposed_comm_us",
-    *,
-    by: str | Sequence[str] = ("run", "rank"),
-    whole_trace: bool = False,
-    selection: StepSelection = StepSelection(),
-    runs: Sequence[str] | None = None,
     cross_rank: bool = False,
-) -> StepReport:
-    """:func:`metric_report` with the step rows behind the table, for a caller that shows them again
-    (the HTML report): every metric is computed once. ``metric``: one name, several as a list or a
-    comma-separated string (their columns side by side; a breakdown metric only alone). ``cross_rank``:
-    the rows carry the cross-rank figures (README: Across ranks) even where no metric asks for them."""
+) -> Report:
+    """:func:`compute_metric` as a :class:`~traceq.report.result.Report`: the table, the notes a reader
+    needs beside it (steps used, FLOPs convention and peak, power availability, breakdown overlap,
+    windows), and as ``rows`` the step rows behind the table (one per step, or per step and key for a
+    breakdown metric; every metric), for a caller that shows them again (the HTML report), so that every
+    metric is computed once. Arguments as :func:`compute_metric`; ``cross_rank``: the rows carry the
+    cross-rank figures (README: Across ranks) even where no metric asks for them."""
     names = metric_names(metric)
     grain = columns(by, GROUP_COLUMNS)
     for name in names:
@@ -260,6 +230,9 @@ def step_report(
     if breakdowns and len(names) > 1:
         raise ConfigError("a breakdown (one row per collective type or process group) is reported alone",
                           param="metric", value=",".join(names))
+    title = f"{','.join(names)} by {','.join(grain)} ({'whole trace, every kernel' if whole_trace else selection.describe()})"
+    if breakdowns:
+        grain = [*grain, BREAKDOWNS[names[0]][1]]
     # polars (0.09 s to import) loads while DuckDB opens the warehouse and runs the interval query
     cross_rank = cross_rank or bool(set(names) & set(CROSS_RANK))
     with import_in_background("polars"), opened(db) as con, \
@@ -267,7 +240,6 @@ def step_report(
         require_runs(con, runs)
         if breakdowns:
             rows = breakdown_metrics(con, names[0], whole_trace=whole_trace, selection=selection, runs=runs)
-            grain = [*grain, BREAKDOWNS[names[0]][1]]
         else:
             rows = step_metrics(con, whole_trace=whole_trace, selection=selection, runs=runs,
                                 idle_parts=bool(set(names) & set(IDLE_PARTS)), cross_rank=cross_rank)
@@ -284,7 +256,7 @@ def step_report(
         if not whole_trace:
             notes.extend(selection_notes(con, selection, runs))
             notes.extend(step_window_notes(con, rows, selection))
-    return StepReport(tuple(names), rows, side_by_side(rows, names, grain), notes)
+    return Report(side_by_side(rows, names, grain), notes, title, rows)
 
 
 def metric_names(metric: str | Sequence[str]) -> list[str]:

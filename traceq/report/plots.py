@@ -152,7 +152,7 @@ def wait_heatmap_figure(waits: pl.DataFrame, max_ranks: int = 512) -> Any:
 def busbw_figure(table: pl.DataFrame) -> Any:
     """Bus bandwidth (GB/s) against message size (bytes, log), one line per (run, collective type).
 
-    ``table``: rows of :func:`traceq.report.collectives.collectives_table` by run, collective_type and
+    ``table``: rows of :func:`traceq.report.collectives.collectives_report` by run, collective_type and
     size_bucket (matched instances).
     """
     go = _go()

@@ -5,7 +5,11 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
+from collections.abc import Sequence
+
 from traceq import query
+from traceq.errors import EmptySelection
+from traceq.report.result import Report
 from traceq.report.selection import query_params
 from traceq.store.frames import to_polars
 from traceq.store.schema import require_side_tables
@@ -16,6 +20,25 @@ def run_metadata(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per run: its metadata as typed columns (see ``sql/run_metadata.sql``)."""
 
     return to_polars(query.run(con, "run_metadata", query_params()).order("run"))
+
+
+def runs_report(db: Warehouse = DEFAULT_DB, *, traces: bool = False, runs: Sequence[str] | None = None) -> Report:
+    """The runs of the warehouse with their metadata (:func:`list_runs`), or with ``traces`` their trace
+    files (:func:`list_traces`); ``runs``: only these (EmptySelection naming the runs held when one is
+    not there)."""
+    table = list_traces(db) if traces else list_runs(db)
+    held = set(list_runs(db)["run"].to_list()) if traces else set(table["run"].to_list())
+    missing = [r for r in runs or () if r not in held]
+    if missing:
+        raise EmptySelection(f"no run {', '.join(map(repr, missing))} in {db}; it holds "
+                             + (", ".join(sorted(held)[:8]) + (", ..." if len(held) > 8 else "") if held else "none"))
+    if runs:
+        table = table.filter(pl.col("run").is_in(list(runs)))
+    title = f"{table.height} trace file(s)" if traces else f"{table.height} run(s)"
+    # the path is what a listing of traces is for: it stays, and the figures and labels beside it go first
+    narrow = ("step_marker", "device_events", "events", "first_step", "last_step", "rank_source", "gpu_model",
+              "steps") if traces else ()
+    return Report(table, (), title, narrow=narrow)
 
 
 def list_runs(db: Warehouse = DEFAULT_DB) -> pl.DataFrame:

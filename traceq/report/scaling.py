@@ -17,6 +17,7 @@ import polars as pl
 from traceq.catalog import META_COLUMNS, columns
 from traceq.report.metrics import mean_of, selected_step_rows
 from traceq.report.notes import flops_text, peak_text, power_notes, selection_notes
+from traceq.report.result import Report
 from traceq.report.selection import StepSelection
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
@@ -95,27 +96,14 @@ def scaling_from_runs(runs: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFram
     return pl.concat(out, how="diagonal_relaxed").select(columns).sort([*group, "world_size", "run"], nulls_last=True)
 
 
-def scaling_table(
-    db: Warehouse = DEFAULT_DB,
-    *,
-    by: str | Sequence[str] = (),
-    selection: StepSelection = StepSelection(),
-    runs: Sequence[str] | None = None,
-) -> tuple[pl.DataFrame, list[str]]:
-    """The scaling table across runs and the notes that explain it (:func:`scaling_report` without the
-    step rows)."""
-    table, notes, _ = scaling_report(db, by=by, selection=selection, runs=runs)
-    return table, notes
-
-
 def scaling_report(
     db: Warehouse = DEFAULT_DB,
     *,
     by: str | Sequence[str] = (),
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
-) -> tuple[pl.DataFrame, list[str], pl.DataFrame]:
-    """The scaling table across runs, the notes that explain it, and the step rows it comes from.
+) -> Report:
+    """The scaling table across runs, the notes that explain it, and (``rows``) the step rows it comes from.
 
     Args:
         db: warehouse path or an open connection.
@@ -138,4 +126,5 @@ def scaling_report(
         missing = [flops_text(r)] if r["flops_per_step"] is None or r["world_size"] is None else []
         missing += [peak_text(r)] if r["peak_tflops"] is None else []
         notes.append(f"run {r['run']}: " + "; ".join(missing or ["no step with a step time"]))
-    return table, [*left_out, *notes, *power], rows
+    title = f"scaling across {table.height} run(s) ({selection.describe()})"
+    return Report(table, [*left_out, *notes, *power], title, rows)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from traceq.catalog import GROUP_COLUMNS, columns
 from traceq.report.metrics import mean_of, selected_step_rows
 from traceq.report.notes import metric_notes, selection_notes, step_window_notes, steps_used
+from traceq.report.result import Report
 from traceq.report.selection import StepSelection
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
@@ -29,9 +30,9 @@ def summary(
     by: str | Sequence[str] = ("run", "rank"),
     selection: StepSelection = StepSelection(),
     runs: Sequence[str] | None = None,
-) -> tuple[pl.DataFrame, list[str]]:
+) -> Report:
     """One row per group of ``by`` (default run and rank; with ``step``, per step) over the selected
-    steps, and the notes a reader needs beside it.
+    steps, with the notes a reader needs beside it and the step rows behind it.
 
     Columns: ``steps`` (device-steps averaged), ``step_time_ms`` (mean), for each part of the window
     ``<part>_ms`` (mean per step) and ``<part>_pct`` (its share of the device window: the part summed
@@ -61,22 +62,27 @@ def summary(
         )],
         *[mean_of(name).alias(name) for name in KNOWN_WHERE_GIVEN],  # ratios of sums (README: Metrics)
     )
-    return table.sort(grain, nulls_last=True), notes
+    title = f"summary by {','.join(grain)} ({selection.describe()}); ms per step, % of the device window"
+    # on a narrow terminal: step time and the shares of compute, exposed comm and idle stay longest
+    narrow = (*(f"{p}_ms" for p in PARTS), "overlapped_comm_pct", "exposed_memcpy_pct", "steps")
+    return Report(table.sort(grain, nulls_last=True), notes, title, rows, narrow)
 
 
-def write_summary_html(table: pl.DataFrame, path: str | Path, by: str | Sequence[str], notes: Sequence[str]) -> Path:
+def write_summary_html(report: Report, path: str | Path, by: str | Sequence[str]) -> Path:
     """The summary as one self-contained HTML page: each row's shares of the device window as stacked
     bars, then the table and its notes."""
     from traceq.report import plots
-    from traceq.report.html import _figure, _notes, _section, _table, write_page
+    from traceq.report.html import _figure, _section, write_page
+    from traceq.report.result import html_notes
 
     grain = columns(by, GROUP_COLUMNS)
+    table = report.table
     runs = sorted(table["run"].unique().to_list()) if "run" in table.columns else []
     sections = [
         _section("Where the device window goes", _figure(plots.summary_figure(table, grain), "summary")
-                 + _notes(["compute here is compute without communication beside it; compute + exposed comm + "
+                 + html_notes(["compute here is compute without communication beside it; compute + exposed comm + "
                            "exposed memcpy + idle = 100 % of the device window, overlapped comm is part of compute"])),
-        _section("Per " + ", ".join(grain), _table(table) + _notes(notes)),
+        _section("Per " + ", ".join(grain), report.html()),
     ]
     meta = f"by {', '.join(grain)}" + (f" · {len(runs)} run(s): {', '.join(runs)}" if runs else "")
     return write_page(path, "traceq summary", "traceq summary", meta, sections)

@@ -1,0 +1,82 @@
+"""What every report returns: :class:`Report`, a table with the notes to read beside it.
+
+The command line, the HTML pages and the Python API show a report the same way: its ``title`` says
+what the table is and over which steps, the ``table`` holds the figures, the ``notes`` say what a
+reader needs beside them (steps used, conventions, what is missing). ``rows`` are the finer rows the
+table aggregates, where the report has them (one per rank and step), for a caller that shows them again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html import escape
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import polars as pl
+
+
+@dataclass(frozen=True)
+class Report:
+    """A report: ``table`` (a polars DataFrame), ``notes`` (lines to read beside it), ``title`` (what the
+    table is, e.g. 'exposed_comm_us by run,rank (...)'), ``rows`` (what the table aggregates, or None),
+    and ``narrow``: the columns a terminal too narrow for the table leaves out first, the least
+    important first (the rest follow the command line's general order)."""
+
+    table: pl.DataFrame
+    notes: tuple[str, ...] = ()
+    title: str = ""
+    rows: pl.DataFrame | None = field(default=None, repr=False)
+    narrow: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "notes", tuple(self.notes))  # a list given is kept as it was when made
+        object.__setattr__(self, "narrow", tuple(self.narrow))
+
+    @classmethod
+    def of_query(cls, rows: pl.DataFrame, notes: Sequence[str] = (), max_rows: int | None = None) -> Report:
+        """The rows of an ad-hoc query as a report: at most ``max_rows`` of them (None: all), and a note
+        when there were more (``rows`` holding one more than ``max_rows`` is enough to tell)."""
+        if max_rows is not None and rows.height > max_rows:
+            notes = [*notes, f"the query gives more than {max_rows:,} rows: the first {max_rows:,} are shown (--max-rows)"]
+            rows = rows.head(max_rows)
+        return cls(rows, notes)
+
+    def with_notes(self, notes: Sequence[str]) -> Report:
+        """This report with ``notes`` after its own (those it has already left out)."""
+        added = tuple(n for n in notes if n not in self.notes)
+        return Report(self.table, (*self.notes, *added), self.title, self.rows, self.narrow)
+
+    def html(self) -> str:
+        """The table and its notes as an HTML fragment (what the pages put in a section)."""
+        return html_table(self.table) + html_notes(self.notes)
+
+    def _repr_html_(self) -> str:  # a notebook shows the report as the pages do
+        return (f"<p><b>{escape(self.title)}</b></p>" if self.title else "") + self.html()
+
+    def __str__(self) -> str:
+        lines = [self.title] if self.title else []
+        return "\n".join([*lines, str(self.table), *(f"note: {n}" for n in self.notes)])
+
+
+def html_table(frame: pl.DataFrame) -> str:
+    """``frame`` as an HTML table in a box that scrolls sideways where the page is narrower."""
+    head = "".join(f"<th>{escape(c)}</th>" for c in frame.columns)
+    body = "".join("<tr>" + "".join(f"<td>{escape(_cell(v))}</td>" for v in row) + "</tr>" for row in frame.iter_rows())
+    return f"<div class=\"scroll\"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+
+
+def html_notes(lines: Sequence[str]) -> str:
+    """``lines`` as the list of notes under a table ('' for none)."""
+    if not lines:
+        return ""
+    return "<ul class=\"notes\">" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>"
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
