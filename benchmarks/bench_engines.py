@@ -39,7 +39,7 @@ REPORT = ["--metric", "exposed_comm", "--by", "run,rank,step", "--format", "csv"
 def duckdb_engine(path: Path, sample_s: float | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_engines_") as tmp:
         db = Path(tmp) / "w.duckdb"
-        ing = measure([str(TRACEQ), "ingest", str(path), "--db", str(db), "--run", "bench"], sample_s=sample_s)
+        ing = measure([str(TRACEQ), "ingest", str(path), "--db", str(db), "--name", "bench"], sample_s=sample_s)
         rep = measure([str(TRACEQ), "report", "--db", str(db), *REPORT], sample_s=sample_s)
     return {"rc": ing["rc"] or rep["rc"], "seconds": ing["seconds"] + rep["seconds"], "cpu_s": ing["cpu_s"] + rep["cpu_s"],
             "peak_rss_mb": max(ing["peak_rss_mb"], rep["peak_rss_mb"]), "stdout": rep["stdout"],

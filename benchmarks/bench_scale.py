@@ -18,7 +18,7 @@ Sections (each prints a table; all figures also go to ``benchmarks/out/bench_sca
   GC thresholds ingest workers use (and with Python's defaults), the same in the reader's chunks,
   and the chunks decoded to Arrow (``decode_chunk``, what a worker does).
 - ``ranks``: a synthetic 64-rank run (``make_ranks.py``: nccl_data.json.gz under 64 rank numbers)
-  ingested with all cores and with one process (workers=0), then reported.
+  ingested with all cores and with one process (threads=1), then reported.
 - ``report2048``: a warehouse of 2048 ranks x 50 steps synthesised directly in SQL
   (:func:`synthesize_run`), reported by run and by rank.
 - ``collectives``: a run of 2048 ranks x 50 steps x 100 collectives synthesised in the warehouse
@@ -325,7 +325,7 @@ def corpus_template(tmp: Path) -> list[tuple[str, int, int]]:
     source = REPO.parent / "shared" / "corpus" / "amd_hpctraining" / "fused_traces" / "merged_all_events.json.gz"
     db = tmp / "template.duckdb"
     _rm(db)
-    assert ingest_traces([source], db, workers=0).ok
+    assert ingest_traces([source], db, threads=1).ok
     rows = instances_report(db).table.filter("arrived_last").sort("instance")
     _rm(db)
     return [(r["collective_type"], int(r["size_bytes"]), round(r["transfer_us"] * 1000)) for r in rows.iter_rows(named=True)]
@@ -444,7 +444,7 @@ def bench_ranks(repeats: int, tmp: Path, ranks: int = 64) -> dict:
     files = sorted(folder.glob("*.json.gz"))
     mb = json_mb(files)
     db = tmp / "ranks.duckdb"
-    serial = repeated(lambda i: ([TRACEQ, "ingest", str(folder), "--db", str(db), "-q", "--workers", "0"], lambda: _rm(db)), 1)
+    serial = repeated(lambda i: ([TRACEQ, "ingest", str(folder), "--db", str(db), "-q", "--threads", "1"], lambda: _rm(db)), 1)
     parallel = repeated(lambda i: ([TRACEQ, "ingest", str(folder), "--db", str(db), "-q"], lambda: None if i == repeats - 1 else _rm(db)), repeats)
     report = repeated(lambda i: ([TRACEQ, "report", "--metric", "exposed_comm", "--by", "run", "--db", str(db), "--format", "csv"], lambda: None), repeats)
     rows = _rows(db)
@@ -575,7 +575,7 @@ def bench_selection(repeats: int, tmp: Path) -> list[dict]:
     _rm(small, both)
     subprocess.run([TRACEQ, "ingest", str(small_trace), "--db", str(small), "-q"], check=True, stdout=subprocess.DEVNULL)
     shutil.copy(small, both)
-    subprocess.run([TRACEQ, "ingest", str(large_trace(1500)), "--run", "big", "--db", str(both), "-q"], check=True,
+    subprocess.run([TRACEQ, "ingest", str(large_trace(1500)), "--name", "big", "--db", str(both), "-q"], check=True,
                    stdout=subprocess.DEVNULL)
     cases = [
         ("report --run h200-overlap", small, ["report", "--run", "h200-overlap"]),
@@ -705,7 +705,7 @@ def bench_dask(tmp: Path, ranks: int = 64) -> dict:
     folder = rank_dir(ranks)
     out = tmp / "dask_parquet"
     _rm(out)
-    res = measure([TRACEQ, "ingest-cluster", str(folder), "--parquet", str(out), "--workers", str(min(2, CORES))])
+    res = measure([TRACEQ, "ingest-cluster", str(folder), "--parquet", str(out), "--processes", str(min(2, CORES))])
     report = measure([TRACEQ, "report", "--metric", "exposed_comm", "--by", "run", "--db", str(out), "--format", "csv"])
     mb = json_mb(sorted(folder.glob("*.json.gz")))
     return {

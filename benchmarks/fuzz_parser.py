@@ -152,7 +152,7 @@ def main() -> int:
             try:
                 if args.ingest_every and i % args.ingest_every == 0:
                     before = row_counts(db)
-                    result = ingest_traces([path], db, workers=0, chunk_bytes=256).files[0]
+                    result = ingest_traces([path], db, threads=1, chunk_bytes=256).files[0]
                     after = row_counts(db)
                     whole = after[0] == before[0] + 1 if result.status == "ingested" else after == before
                     if not whole or (result.status == "failed" and not result.message.startswith(f"{path}: ")):

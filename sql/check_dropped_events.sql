@@ -1,12 +1,12 @@
 -- check_dropped_events: one row per trace with events that ingest could not use (traces.n_dropped).
--- Columns: run, path, rank (the file's rank, -1 unknown), check, severity, count (events dropped), detail.
+-- Columns: run, path, rank (the file's rank; null for a file of several ranks), check, severity, count (events dropped), detail.
 -- Dropped: array elements that are not objects, events without "ph", and complete ("X") events whose
 -- ts/dur is missing, not a number, a negative duration or beyond +-2**62 ns.
 with final as (
     select
         run,
         path,
-        coalesce(file_rank, -1) as rank,
+        file_rank as rank,
         'dropped_events' as "check",
         'warning' as severity,
         n_dropped as count,

@@ -33,7 +33,7 @@ final as (
         'warning' as severity,
         n_traces as count,
         format('{} traces of run {} hold the same step(s) of rank {} ({} step(s)): {}; delete one, or ingest '
-            || 'them again into a new warehouse (each file then keeps a rank of its own, or use --run)',
+            || 'them again into a new warehouse (each file then keeps a rank of its own, or use --name)',
             n_traces, run, rank, n_steps, paths) as detail
     from duplicates
 )

@@ -21,13 +21,13 @@ final as (
     select
         t.run,
         t.path,
-        coalesce(t.file_rank, -1) as rank,
+        t.file_rank as rank,
         'missing_rank' as "check",
         'info' as severity,
         coalesce(u.n_events, 0) as count,
         format('no rank in distributedInfo, in event args or in the file name: stored as rank {} of run {} '
             || '({} trace(s)), a rank of its own; re-ingest with --rank N or name the file rank<N>.json.gz to set it',
-            coalesce(t.file_rank, -1), t.run, r.n_traces) as detail
+            t.file_rank, t.run, r.n_traces) as detail
     from traces as t
     inner join traces_per_run as r using (run)
     left join unknown as u using (trace_id)

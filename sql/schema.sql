@@ -6,7 +6,7 @@
 create sequence if not exists trace_ids start 1;
 
 create table if not exists runs (
-    run varchar primary key,           -- run name (--run, else the parent directory's name)
+    run varchar primary key,           -- run name (ingest --name, else the parent directory's name)
     metadata json,                     -- collector metadata or values set with `traceq runs set`
     created_at timestamp default current_timestamp
 );

@@ -52,7 +52,7 @@ def one_step(path: Path) -> Path:
 def db(tmp_path: Path) -> Path:
     path = tmp_path / "w.duckdb"
     files = [lagging_gpu(tmp_path / "lag" / "rank0.json"), one_step(tmp_path / "single" / "rank0.json")]
-    assert ingest_traces(files, path, workers=0).ok
+    assert ingest_traces(files, path, threads=1).ok
     return path
 
 
@@ -192,7 +192,7 @@ def test_a_cpu_only_trace_keeps_its_last_step_its_windows_are_its_cpu_spans(tmp_
     for n in (1, 2, 3):
         t.step(n, (n - 1) * 100 * US, n * 100 * US)
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([t.write(tmp_path / "gloo" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([t.write(tmp_path / "gloo" / "rank0.json")], db, threads=1).ok
     report = metric_report(db, "window,idle", by="run,rank,step")
     table, notes = report.table, report.notes
     assert table.select("step", "window_us", "idle_us").rows() == [(1, 100.0, 100.0), (2, 100.0, 100.0), (3, 100.0, 100.0)]

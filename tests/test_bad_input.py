@@ -66,7 +66,7 @@ def base_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A warehouse that already holds one good trace, so "nothing changed" is not vacuous."""
     db = tmp_path_factory.mktemp("base") / "base.duckdb"
     trace = small_trace().write(tmp_path_factory.mktemp("good") / "rank0.json")
-    code, _, err = ingest_cli(str(trace), "--db", str(db), "--workers", "0")
+    code, _, err = ingest_cli(str(trace), "--db", str(db), "--threads", "1")
     assert code == 0, err
     return db
 
@@ -114,7 +114,7 @@ def test_bad_file_fails_with_one_line_and_leaves_nothing(name: str, db: Path, tm
     path = tmp_path / name
     path.write_bytes(make())
     before = table_counts(db)
-    code, out, err = ingest_cli(str(path), "--db", str(db), "--workers", "0")
+    code, out, err = ingest_cli(str(path), "--db", str(db), "--threads", "1")
     assert code == 1
     assert len(err) == 1, err
     assert err[0].startswith(f"failed {path}: ")
@@ -130,7 +130,7 @@ def test_file_failing_after_many_chunks_leaves_no_rows(db: Path, tmp_path: Path)
     path = tmp_path / "rank0.json"
     path.write_bytes(data[: int(len(data) * 0.9)])
     before = table_counts(db)
-    summary = ingest_traces([path], db, workers=0, chunk_bytes=128 << 10)
+    summary = ingest_traces([path], db, threads=1, chunk_bytes=128 << 10)
     assert [f.status for f in summary.files] == ["failed"]
     assert "truncated trace" in summary.files[0].message
     assert table_counts(db) == before
@@ -169,7 +169,7 @@ def test_syntax_error_early_in_a_large_file_fails_at_once(db: Path, tmp_path: Pa
     first_ts = data.index(b'"ts":', start) + 5
     path = tmp_path / "rank0.json"
     path.write_bytes(data[:first_ts] + b" NaN, " + data[first_ts:])
-    summary = ingest_traces([path], db, workers=0, chunk_bytes=64 << 10)
+    summary = ingest_traces([path], db, threads=1, chunk_bytes=64 << 10)
     result = summary.files[0]
     assert result.status == "failed"
     assert f"near byte {first_ts + 1:,}" in result.message
@@ -213,7 +213,7 @@ def test_trace_with_unusable_events_ingests_the_rest_and_counts_them(db: Path, t
     events = [*b.events, *UNUSABLE_EVENTS.values()]
     path = tmp_path / "rank0.json"
     path.write_bytes(b'{"traceEvents": [' + _encode(events) + b"]}")
-    code, out, err = ingest_cli(str(path), "--db", str(db), "--workers", "0")
+    code, out, err = ingest_cli(str(path), "--db", str(db), "--threads", "1")
     assert code == 0, err
     con = duckdb.connect(str(db), read_only=True)
     n_events, n_dropped, n_gpu = con.execute(
@@ -240,7 +240,7 @@ def test_odd_values_that_are_kept(db: Path, tmp_path: Path) -> None:
     ]
     path = tmp_path / "rank0.json"
     path.write_bytes(_doc(b.events, distributedInfo={"rank": 0}).replace(b"BAD_UTF8", b"bad\xff\xfename"))
-    code, _, err = ingest_cli(str(path), "--db", str(db), "--workers", "0")
+    code, _, err = ingest_cli(str(path), "--db", str(db), "--threads", "1")
     assert code == 0, err
     con = duckdb.connect(str(db), read_only=True)
     rows = dict(con.execute(
@@ -259,7 +259,7 @@ def test_header_values_out_of_range_are_unknown(db: Path, tmp_path: Path) -> Non
     path.write_bytes(_doc(small_trace().events).replace(
         b'{"schemaVersion": 1,', b'{"schemaVersion": 1e400, "baseTimeNanoseconds": 1e999, '
         b'"distributedInfo": {"rank": "zero", "world_size": -1e999},'))
-    code, out, err = ingest_cli(str(path), "--db", str(db), "--workers", "0")
+    code, out, err = ingest_cli(str(path), "--db", str(db), "--threads", "1")
     assert code == 0, err
     assert "rank -1," in out[0]
     assert any("names no rank" in e and "stored as rank -1" in e for e in err)
@@ -272,7 +272,7 @@ def test_header_values_out_of_range_are_unknown(db: Path, tmp_path: Path) -> Non
 
 def test_uint64_corpus_trace_ingests(db: Path) -> None:
     path = corpus_path("hta/large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz")
-    code, out, err = ingest_cli(str(path), "--db", str(db), "--workers", "0")
+    code, out, err = ingest_cli(str(path), "--db", str(db), "--threads", "1")
     assert code == 0, err
     assert out[0].startswith(f"ingested {path}: run large_integer_trace, rank 70")
 
@@ -281,7 +281,7 @@ def test_duplicate_events_are_kept_and_reported_by_check(db: Path, tmp_path: Pat
     b = small_trace()
     path = tmp_path / "rank0.json"
     path.write_bytes(_doc(b.events + b.events, distributedInfo={"rank": 0}))
-    code, _, err = ingest_cli(str(path), "--db", str(db), "--workers", "0")
+    code, _, err = ingest_cli(str(path), "--db", str(db), "--threads", "1")
     assert code == 0, err
     from traceq.report.check import check_warehouse
 
@@ -305,7 +305,7 @@ def test_same_file_under_two_names_is_ingested_once(db: Path, tmp_path: Path) ->
     # again, under a third name: nothing changes
     c = tmp_path / "c.json.gz"
     shutil.copy(source, c)
-    code, out, _ = ingest_cli(str(c), "--db", str(db), "--workers", "0")
+    code, out, _ = ingest_cli(str(c), "--db", str(db), "--threads", "1")
     assert code == 0 and out[0].startswith(f"skipped {c}: already ingested")
     assert table_counts(db) == after
 
@@ -316,12 +316,12 @@ def test_same_trace_stored_twice_with_other_bytes_is_refused_in_one_line(db: Pat
     (run / "rank0.json").write_bytes(_corpus_json())
     shutil.copy(corpus_path(GOOD), run / "rank0_copy.json.gz")
     before = table_counts(db)
-    code, out, err = ingest_cli(str(run), "--db", str(db), "--workers", "0")
+    code, out, err = ingest_cli(str(run), "--db", str(db), "--threads", "1")
     assert code == 1
     assert out[0].startswith(f"ingested {run / 'rank0.json'}")
     (line,) = [e for e in err if e.startswith("failed")]
     assert str(run / "rank0_copy.json.gz") in line and "run job already holds steps 551..552 of rank 0 from" in line
-    assert "--run NAME" in line
+    assert "--name NAME" in line
     assert table_counts(db)["traces"] == before["traces"] + 1
     from traceq.report.check import check_warehouse
 
@@ -344,7 +344,7 @@ def test_directory_mixing_good_and_bad_files(db: Path, tmp_path: Path) -> None:
     code, _, _ = ingest_cli(str(run / "rank0.json.gz"), str(run / "rank1.json.gz"), "--db", str(reference))
     assert code == 0
 
-    code, out, err = ingest_cli(str(run), "--db", str(db), "--workers", "2")
+    code, out, err = ingest_cli(str(run), "--db", str(db), "--threads", "2")
     assert code == 1
     assert sorted(line.split(":")[0] for line in out if line.startswith("ingested")) == [
         f"ingested {run / 'rank0.json.gz'}", f"ingested {run / 'rank1.json.gz'}"]
@@ -359,7 +359,7 @@ def test_a_step_marker_that_matches_nothing_names_the_file_and_its_markers(tmp_p
     from tests.conftest import corpus_path
 
     trace = corpus_path("hta/trace_filter/sampled_rank-0.json.gz")
-    summary = ingest_traces([trace], tmp_path / "w.duckdb", step_marker="^nomatch", workers=0)
+    summary = ingest_traces([trace], tmp_path / "w.duckdb", step_marker="^nomatch", threads=1)
     (failed,) = summary.by_status("failed")
     assert failed.message.startswith(f"{trace}: no event matches the step marker '^nomatch'; its annotations include")
     assert "'ProfilerStep#N'" in failed.message and "'Optimizer.step#Shampoo.step'" in failed.message
@@ -375,7 +375,7 @@ def test_a_step_marker_inside_the_step_gets_a_note(tmp_path: Path) -> None:
     from tests.conftest import corpus_path
 
     trace = corpus_path("kineto_tb_plugin/2021-01_profiler_api/resnet50_profiler_api_num_workers_0/worker0.pt.trace.json.gz")
-    summary = ingest_traces([trace], tmp_path / "w.duckdb", step_marker="Optimizer.step#", workers=0)
+    summary = ingest_traces([trace], tmp_path / "w.duckdb", step_marker="Optimizer.step#", threads=1)
     assert summary.ok
     notes = [n for f in summary.files for n in f.notes if "step marker" in n]
     assert notes == [f"{trace}: the step marker's 6 spans (25.096 ms each on average) cover 19 % of the time from "

@@ -44,7 +44,7 @@ def write_run(run: Path, traces: dict[str, TraceBuilder], *, run_json: bool = Tr
 def findings_for(tmp_path: Path, traces: dict[str, TraceBuilder], *, run_json: bool = True) -> pl.DataFrame:
     """Ingest one run into its own warehouse (tmp_path/w.duckdb) and check it."""
     write_run(tmp_path / "job", traces, run_json=run_json)
-    summary = ingest_traces([tmp_path / "job"], tmp_path / "w.duckdb", workers=0)
+    summary = ingest_traces([tmp_path / "job"], tmp_path / "w.duckdb", threads=1)
     assert summary.ok, [f.message for f in summary.files]
     return check_warehouse(tmp_path / "w.duckdb").table
 
@@ -121,7 +121,7 @@ def scenarios_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("scenarios")
     for run, traces in SCENARIOS.items():
         write_run(root / run, traces, run_json=run not in NO_RUN_METADATA)
-    summary = ingest_traces([root / run for run in SCENARIOS], root / "w.duckdb", workers=0)
+    summary = ingest_traces([root / run for run in SCENARIOS], root / "w.duckdb", threads=1)
     assert summary.ok, [f.message for f in summary.by_status("failed")]
     return root / "w.duckdb"
 
@@ -202,10 +202,10 @@ def test_clamped_windows(findings: pl.DataFrame) -> None:
 
 def test_ingest_refuses_a_second_trace_of_the_same_rank_and_steps(tmp_path: Path) -> None:
     write_run(tmp_path / "job", {"rank0.json": clean_rank(0), "rank0_again.json": clean_rank(0, seq=False)})
-    summary = ingest_traces([tmp_path / "job"], tmp_path / "w.duckdb", workers=0)
+    summary = ingest_traces([tmp_path / "job"], tmp_path / "w.duckdb", threads=1)
     assert [f.status for f in summary.files] == ["ingested", "failed"]
     assert "run job already holds steps 1..2 of rank 0 from" in summary.files[1].message
-    assert "--run NAME" in summary.files[1].message
+    assert "--name NAME" in summary.files[1].message
     assert check_warehouse(tmp_path / "w.duckdb").table.filter(check="duplicate_rank").is_empty()
 
 
@@ -214,7 +214,7 @@ def test_check_finds_two_traces_of_one_rank_in_an_older_warehouse(tmp_path: Path
     write_run(tmp_path / "a", {"rank0.json": clean_rank(0)})
     write_run(tmp_path / "b", {"rank0.json": clean_rank(0, seq=False)})
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([tmp_path / "a", tmp_path / "b"], db, workers=0).ok
+    assert ingest_traces([tmp_path / "a", tmp_path / "b"], db, threads=1).ok
     import duckdb
 
     with duckdb.connect(str(db)) as con:
@@ -284,7 +284,7 @@ def test_cli_exit_code_is_0_when_only_info_findings(tmp_path: Path) -> None:
     write_run(tmp_path / "clean", SCENARIOS["clean"])
     write_run(tmp_path / "no_launch", SCENARIOS["no_launch"])
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([tmp_path / "clean", tmp_path / "no_launch"], db, workers=0).ok
+    assert ingest_traces([tmp_path / "clean", tmp_path / "no_launch"], db, threads=1).ok
     result = _cli("--db", str(db))
     assert result.exit_code == 0, result.output
     assert result.stderr.startswith("0 warning(s), 2 info finding(s)")  # kernels without launch, launched by no step

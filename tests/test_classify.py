@@ -97,7 +97,7 @@ def ingested(folder: Path, rank: int, *kernels: str, db: Path) -> Path:
     trace.step(1, 0, 100_000)
     for n, name in enumerate(kernels):
         trace.kernel(name, 10_000 + 20_000 * n, 20_000 + 20_000 * n, launch_ns=1_000 + n)
-    assert ingest_traces([trace.write(folder / f"rank{rank}.json")], db, workers=0).ok
+    assert ingest_traces([trace.write(folder / f"rank{rank}.json")], db, threads=1).ok
     return db
 
 

@@ -34,7 +34,7 @@ def good_trace(tmp_path: Path) -> Path:
 
 def test_ingest_then_report_in_every_format(tmp_path: Path, good_trace: Path) -> None:
     db = tmp_path / "w.duckdb"
-    result = runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--workers", "0"])
+    result = runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--threads", "1"])
     assert result.exit_code == 0, result.output
     assert "1 ingested, 0 skipped, 0 failed" in result.output
 
@@ -53,12 +53,12 @@ def test_ingest_then_report_in_every_format(tmp_path: Path, good_trace: Path) ->
 
 def test_reingesting_the_same_content_is_a_reported_no_op(tmp_path: Path, good_trace: Path) -> None:
     db = tmp_path / "w.duckdb"
-    runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--workers", "0"])
+    runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--threads", "1"])
     before = row_counts(db)
     copy = tmp_path / "elsewhere" / "copy.json.gz"
     copy.parent.mkdir()
     copy.write_bytes(good_trace.read_bytes())
-    again = runner.invoke(app, ["ingest", str(good_trace), str(copy), "--db", str(db), "--workers", "0"])
+    again = runner.invoke(app, ["ingest", str(good_trace), str(copy), "--db", str(db), "--threads", "1"])
     assert again.exit_code == 0
     assert "0 ingested, 2 skipped, 0 failed" in again.output
     assert "already ingested" in again.output
@@ -85,7 +85,7 @@ def bad_files(tmp_path: Path, good_trace: Path) -> dict[str, tuple[Path, str]]:
 def test_bad_files_fail_alone_with_one_line_naming_file_and_reason(tmp_path: Path, good_trace: Path) -> None:
     db = tmp_path / "w.duckdb"
     bad = bad_files(tmp_path, good_trace)
-    args = ["ingest", *(str(p) for p, _ in bad.values()), str(good_trace), "--db", str(db), "--workers", "0"]
+    args = ["ingest", *(str(p) for p, _ in bad.values()), str(good_trace), "--db", str(db), "--threads", "1"]
     result = runner.invoke(app, args)
     assert result.exit_code == 1
     assert "1 ingested, 0 skipped, 4 failed" in result.stdout
@@ -106,7 +106,7 @@ def test_report_errors_are_one_line_with_the_fix(tmp_path: Path, good_trace: Pat
     assert missing.exit_code == 1
     assert "no warehouse here; ingest traces into it first" in missing.stderr
     db = tmp_path / "w.duckdb"
-    runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--workers", "0"])
+    runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--threads", "1"])
     for args, text in [
         (["--metric", "bogus"], "--metric bogus: unknown metric; every metric: comm_kernel_us"),
         (["--metric", "exposed_com"], "--metric exposed_com: unknown metric; did you mean exposed_comm_us?"),
@@ -131,17 +131,22 @@ def test_metrics_lists_every_metric_with_unit(tmp_path: Path) -> None:
 
 
 def test_every_command_help_shows_an_example() -> None:
-    commands = [c.name or c.callback.__name__ for c in app.registered_commands]
-    assert {"ingest", "report", "metrics", "runs", "rules"} <= set(commands)
-    for name in commands:
-        result = runner.invoke(app, [name, "--help"])
+    import typer
+
+    group = typer.main.get_command(app)
+    commands = [[name] for name in group.commands]
+    commands += [[name, sub] for name, command in group.commands.items() for sub in getattr(command, "commands", ())]
+    assert {"ingest", "report", "metrics", "runs", "rules"} <= {c[0] for c in commands}
+    assert {("runs", "set"), ("runs", "rm"), ("runs", "rename")} <= {tuple(c) for c in commands}
+    for words in commands:
+        result = runner.invoke(app, [*words, "--help"])
         assert result.exit_code == 0
-        assert "Example" in result.stdout and f"traceq {name}" in result.stdout, name
+        assert "Example" in result.stdout and f"traceq {' '.join(words)}" in result.stdout, words
 
 
 def test_user_rules_from_the_cli(tmp_path: Path, good_trace: Path) -> None:
     db = tmp_path / "w.duckdb"
-    runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--workers", "0"])
+    runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--threads", "1"])
     bad = tmp_path / "bad_rules.csv"
     bad.write_text("priority,pattern,class\n1,x,comm\n")
     result = runner.invoke(app, ["rules", "--add", str(bad), "--db", str(db)])
@@ -169,7 +174,7 @@ def _console(*args: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedP
 def test_console_script_exit_codes_and_output(tmp_path: Path, good_trace: Path) -> None:
     # main() ends the process with os._exit: what was printed must still arrive, with the exit code
     db = tmp_path / "w.duckdb"
-    ok = _console("ingest", str(good_trace), "--db", str(db), "--workers", "0")
+    ok = _console("ingest", str(good_trace), "--db", str(db), "--threads", "1")
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.rstrip().endswith(f"1 ingested, 0 skipped, 0 failed -> {db}")
     report = _console("report", "--metric", "exposed_comm", "--by", "run,rank,step", "--format", "csv", "--db", str(db))
@@ -193,3 +198,28 @@ def test_console_script_survives_a_closed_pipe() -> None:
         os.close(write_end)
     assert writer.returncode == 1  # click's answer to EPIPE
     assert writer.stderr == ""
+
+
+def test_run_selects_and_name_names_in_every_command(tmp_path: Path, good_trace: Path) -> None:
+    """One name per thing: --run selects runs of the warehouse, ingest --name names the run traces go to;
+    --threads (ingest) and --processes (ingest-cluster) count what they say. The former names are refused
+    in one line that gives the new one, and nothing is ingested."""
+    db = tmp_path / "w.duckdb"
+    for args, said in [
+        (["--run", "job1"], "error: --run job1: selects runs in the reports; name the run these traces go to with "
+                            "--name job1\n"),
+        (["--workers", "2"], "error: --workers 2: renamed: --threads 2\n"),
+    ]:
+        done = runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), *args])
+        assert (done.exit_code, done.stderr) == (1, said), args
+        assert not db.exists()
+    done = runner.invoke(app, ["ingest-cluster", str(good_trace), "--parquet", str(tmp_path / "pq"), "--workers", "2"])
+    assert (done.exit_code, done.stderr) == (1, "error: --workers 2: renamed: --processes 2\n")
+    done = runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--name", "job1", "--threads", "1"])
+    assert done.exit_code == 0, done.output
+    listed = runner.invoke(app, ["runs", "--run", "job1", "--db", str(db), "--format", "json"])
+    assert [r["run"] for r in json.loads(listed.stdout)] == ["job1"]
+    done = runner.invoke(app, ["report", "--name", "job1", "--db", str(db)])
+    assert done.exit_code == 1 and "--name job1: names the run of trace files read with --engine perfetto" in done.stderr
+    done = runner.invoke(app, ["report", "--engine", "perfetto", "--run", "job1", str(good_trace)])
+    assert done.exit_code == 1 and "--name RUN names their run" in done.stderr

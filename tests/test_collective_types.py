@@ -47,7 +47,7 @@ def test_sendrecv_kernels_take_the_type_of_the_annotation_around_their_launch(tm
     expected = annotated_types(path)
     assert sum(expected.values()) >= 10 and len(expected) >= 1
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0).ok
+    assert ingest_traces([path], db, threads=1).ok
     with connect(db, read_only=True) as con:
         gpu_activity = relation(con, "gpu_activity")  # noqa: F841 (the SQL reads it by name)
         got = Counter(dict(con.sql(
@@ -93,7 +93,7 @@ def test_rooted_collectives_on_one_clock_are_placed_by_start_time(tmp_path: Path
     instances = broadcasts_by_hand(path)
     assert len(instances) == 6
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0).ok
+    assert ingest_traces([path], db, threads=1).ok
     from traceq.report.crossrank import matched
 
     with connect(db, read_only=True) as con, matched(con, None) as table:
@@ -126,7 +126,7 @@ def test_rooted_collectives_on_clocks_of_their_own_are_not_inferable(tmp_path: P
             "Process Group Ranks": "[0, 1]", "In msg nelems": 1024, "dtype": "Float"})
         files.append(t.write(tmp_path / "job" / f"rank{rank}.json"))
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     with connect(db, read_only=True) as con:
         with matched(con, None) as table:
             rows = con.sql(f"select rank, matched, arrival, wait_ns, transfer_ns, arrived_last, wait_caused_ns "
@@ -168,7 +168,7 @@ def test_rooted_collectives_agree_with_the_brute_force_reference(tmp_path: Path,
             files.append(t.write(tmp_path / "s" / f"rank{rank}.json",
                                  distributedInfo={"backend": "nccl", "rank": rank, "world_size": 3}))
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     expected = {(k["rank"], k["start_ns"]): (k["matched"], k["reason"], k["wait_ns"], k["transfer_ns"], k["arrived_last"])
                 for k in reference.instances(files)}
     with connect(db, read_only=True) as con, crossrank.matched(con) as table:

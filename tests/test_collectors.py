@@ -435,7 +435,7 @@ def test_gloo_job_collectives_match_across_ranks_as_counted_from_the_traces(gloo
     _, run_dir = gloo_run
     files = sorted(run_dir.glob("rank*.trace.json.gz"))
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     durations: dict[tuple[str, int], dict[int, int]] = {}
     for rank in (0, 1):
         events = load_trace(run_dir / f"rank{rank}.trace.json.gz")["traceEvents"]

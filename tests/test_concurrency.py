@@ -33,7 +33,7 @@ def trace(long_trace: tuple[Path, int]) -> Path:
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([small_trace().write(tmp_path / "small" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([small_trace().write(tmp_path / "small" / "rank0.json")], db, threads=1).ok
     return db
 
 
@@ -59,11 +59,11 @@ def _assert_complete(db: Path, n_traces: int) -> None:
 
 
 def test_two_ingests_on_one_warehouse_both_complete(trace: Path, db: Path) -> None:
-    first = _start("ingest", trace, "--db", db, "--workers", "0", "-q")
+    first = _start("ingest", trace, "--db", db, "--threads", "1", "-q")
     wait_until_mid_file(first, trace)
     # the second process also brings the first one's file: it must be skipped, not loaded twice
     other = small_trace(rank=1).write(db.parent / "other" / "rank1.json")
-    second = _start("ingest", corpus_path(SMALL), other, trace, "--db", db, "--workers", "0", "-q")
+    second = _start("ingest", corpus_path(SMALL), other, trace, "--db", db, "--threads", "1", "-q")
     assert first.poll() is None  # the second started while the first held the lock
     out1, err1 = first.communicate(timeout=120)
     out2, err2 = second.communicate(timeout=120)
@@ -75,7 +75,7 @@ def test_two_ingests_on_one_warehouse_both_complete(trace: Path, db: Path) -> No
 
 
 def test_report_while_an_ingest_runs_waits_and_sees_the_whole_file(trace: Path, db: Path) -> None:
-    ingest = _start("ingest", trace, "--db", db, "--workers", "0", "-q")
+    ingest = _start("ingest", trace, "--db", db, "--threads", "1", "-q")
     wait_until_mid_file(ingest, trace)
     report = _start("report", "--db", db, "--by", "run,rank", "--whole-trace", "--format", "csv")
     assert ingest.poll() is None
@@ -117,7 +117,7 @@ def locked(db: Path, monkeypatch: pytest.MonkeyPatch):
     lock.release()
 
 
-@pytest.mark.parametrize("command", [["ingest", "TRACE", "--workers", "0"], ["report"], ["check"], ["runs"]])
+@pytest.mark.parametrize("command", [["ingest", "TRACE", "--threads", "1"], ["report"], ["check"], ["runs"]])
 def test_a_command_that_cannot_get_the_lock_fails_with_one_clear_line(command: list[str], locked: Locked, tmp_path: Path) -> None:
     trace = small_trace(rank=1).write(tmp_path / "rank1.json")
     args = [str(trace) if a == "TRACE" else a for a in command]

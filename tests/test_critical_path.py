@@ -95,7 +95,7 @@ def test_idle_is_split_host_bound_sync_and_other_on_the_path(tmp_path: Path) -> 
     sync = t._span("cuda_runtime", "cudaStreamSynchronize", 10 * US, 30 * US, None)
     t.events.append(sync)
     db = tmp_path / "one.duckdb"
-    assert ingest_traces([t.write(tmp_path / "one" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([t.write(tmp_path / "one" / "rank0.json")], db, threads=1).ok
     result = critical_path(db, selection=EVERY_STEP, steps=[1])
     assert path_of(result, 1) == [
         (0, "compute", GEMM, 20 * US), (0, "idle_sync", None, 10 * US), (0, "idle_host_bound", None, 15 * US),
@@ -112,7 +112,7 @@ def test_choices_and_errors(tmp_path: Path) -> None:
     ingest(tmp_path, late_rank_run({1: 5 * US}), name="other")  # other content: not a duplicate
     two = tmp_path / "two.duckdb"
     assert ingest_traces(sorted((tmp_path / "job").glob("*.json")) + sorted((tmp_path / "other").glob("*.json")),
-                         two, workers=0).ok
+                         two, threads=1).ok
     with pytest.raises(ConfigError, match="holds 2 runs: name one with --run"):
         critical_path(two, selection=EVERY_STEP)
     assert critical_path(two, run="other", selection=EVERY_STEP).steps["run"].to_list() == ["other"]
@@ -214,7 +214,7 @@ def test_the_path_tiles_the_steps_of_real_gloo_runs(gloo_run, tmp_path: Path) ->
     last everywhere): the jumps on CPU spans are pinned by the hand-made gloo run above."""
     parallel, run_dir = gloo_run
     db = tmp_path / "gloo.duckdb"
-    assert ingest_traces([run_dir], db, workers=0).ok
+    assert ingest_traces([run_dir], db, threads=1).ok
     result = critical_path(db, selection=EVERY_STEP)
     assert_tiles(result)
     assert set(result.segments["device"].to_list()) == {-1}
@@ -263,7 +263,7 @@ def test_hand_made_runs_agree_with_the_hand_worked_paths_and_the_reference(tmp_p
 
     files = reference.scenarios(tmp_path / "traces")[scenario]
     db = tmp_path / "run.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     assert _agrees_with_reference(db, files) == len(reference.STEPS[scenario])
     result = critical_path(db, selection=EVERY_STEP)
     for step, path in {**reference.EXPECTED[scenario], **reference.EXPECTED_LAST.get(scenario, {})}.items():
@@ -283,7 +283,7 @@ def test_corpus_multi_rank_runs_agree_with_the_reference(tmp_path: Path, files: 
 
     paths = [corpus_path(f) for f in files]
     db = tmp_path / "run.duckdb"
-    assert ingest_traces(paths, db, workers=0).ok
+    assert ingest_traces(paths, db, threads=1).ok
     assert _agrees_with_reference(db, paths) >= 2
 
 
@@ -357,7 +357,7 @@ def test_a_rooted_collective_on_one_clock_jumps_at_the_same_instant(tmp_path: Pa
     t.kernel(bcast, 20 * US, 25 * US, stream=20, device=1, rank=1, launch_ns=1 * US, **collective_args("broadcast", (0, 1)))
     path = t.write(tmp_path / "job" / "merged.json", distributedInfo={"backend": "nccl", "world_size": 2})
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0).ok
+    assert ingest_traces([path], db, threads=1).ok
     result = critical_path(db, selection=EVERY_STEP)
     assert path_of(result, 1) == [(1, "compute", GEMM, 11 * US), (0, "idle_other", None, 18 * US),
                                   (0, "compute", GEMM, 30 * US)]

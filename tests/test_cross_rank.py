@@ -85,7 +85,7 @@ EXPECTED_SPLIT = {  # rank -> us, worked out in late_rank_run's docstring
 
 def ingest(tmp_path: Path, builders: dict[int, TraceBuilder], name: str = "job", world_size: int | None = None) -> Path:
     db = tmp_path / f"{name}.duckdb"
-    assert ingest_traces(write_run(tmp_path / name, builders, world_size), db, workers=0).ok
+    assert ingest_traces(write_run(tmp_path / name, builders, world_size), db, threads=1).ok
     return db
 
 
@@ -270,7 +270,7 @@ def test_ranks_that_cannot_be_the_group_are_not_matched(tmp_path: Path) -> None:
         doc.pop("distributedInfo")
         f.write_text(json.dumps(doc))
     db = tmp_path / "unknown.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     assert set(_reasons(db).values()) == {"rank unknown"}
 
     outside = {0: collective_args(ranks=(0, 1)), 2: collective_args(ranks=(0, 1))}
@@ -359,7 +359,7 @@ def test_collective_scaling_orders_runs_by_world_size(tmp_path: Path) -> None:
                 e["args"].update({"Process Group Ranks": "[0, 1]", "Group size": 2})
     files = write_run(tmp_path / "small", two) + write_run(tmp_path / "big", late_rank_run())
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     table = collective_scaling(db, "transfer_us", selection=EVERY_STEP).table
     assert table.select("run", "world_size", "transfer_us").rows() == [("small", 2, 7.0), ("big", 3, 3.0)]
 
@@ -468,7 +468,7 @@ def test_random_runs_agree_with_the_brute_force_matcher(tmp_path_factory: pytest
     root = tmp_path_factory.mktemp("random")
     files = write_run(root / "job", run)
     db = root / "w.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     kernels = comm_reference.instances(files)
     sizes: dict = {}  # a matched instance's size: the largest of its kernels'
     for k in kernels:

@@ -35,7 +35,7 @@ def steps(path: Path, scale: int) -> Path:
 def db(tmp_path: Path) -> Path:
     path = tmp_path / "w.duckdb"
     files = [steps(tmp_path / "a" / "rank0.json", 1), steps(tmp_path / "b" / "rank0.json", 2)]
-    assert ingest_traces(files, path, workers=0).ok
+    assert ingest_traces(files, path, threads=1).ok
     return path
 
 
@@ -76,7 +76,7 @@ def test_what_one_side_lacks_is_zero_there(db: Path, tmp_path: Path) -> None:
     t = TraceBuilder(rank=0)  # run c: one step with a GEMM only, no collective
     t.step(1, 0, 100 * US)
     t.kernel("ampere_sgemm_128x64_tn", 10 * US, 40 * US, launch_ns=5 * US)
-    assert ingest_traces([t.write(tmp_path / "c" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([t.write(tmp_path / "c" / "rank0.json")], db, threads=1).ok
     table = diff(db, "a", "c", skip_steps=0, include_last=True).table
     allreduce, nccl = row(table, "collective", "AllReduce"), row(table, "category", "nccl")
     assert (allreduce["a"], allreduce["b"], allreduce["delta"]) == (10.0, 0.0, -10.0)

@@ -53,7 +53,7 @@ def test_cluster_ingest_reports_equal_a_local_ingest(client: Client, traces: lis
     assert [f.ranks for f in summary.files[:4]] == [[0], [1], [2], [3]]
     assert not list(out.glob(".staging-*"))
     db = tmp_path / "local.duckdb"
-    assert ingest_traces(traces, db, workers=0).ok
+    assert ingest_traces(traces, db, threads=1).ok
     for by in (("run",), ("run", "rank"), ("run", "rank", "step")):
         assert compute_metric(out, "exposed_comm", by=by).equals(compute_metric(db, "exposed_comm", by=by))
 
@@ -123,8 +123,8 @@ def test_cli_ingest_cluster_with_a_scheduler_address(cluster: LocalCluster, trac
 
 
 def test_without_a_client_or_scheduler_a_local_cluster_ingests(traces: list[Path], tmp_path: Path) -> None:
-    """The library builds the local cluster (the CLI only passes --workers): one worker process here."""
-    summary = ingest_with_dask(traces[:2], tmp_path / "pq", local_workers=1)
+    """The library builds the local cluster (the CLI only passes --processes): one worker process here."""
+    summary = ingest_with_dask(traces[:2], tmp_path / "pq", processes=1)
     assert [f.status for f in summary.files] == ["ingested", "ingested"]
     assert compute_metric(tmp_path / "pq", "comm", by="run,rank")["rank"].to_list() == [0, 1]
 
@@ -158,7 +158,7 @@ def test_cross_rank_reports_on_a_cluster_ingest_equal_a_local_ingest(client: Cli
     out = tmp_path / "pq"
     assert ingest_with_dask(files, out, client=client).ok
     db = tmp_path / "local.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     assert instances_report(out).table.equals(instances_report(db).table)
     assert instances_report(out).table["wait_us"].sort().to_list() == [0, 4, 7]
     for report in (collectives_report, stragglers_report):
@@ -219,6 +219,6 @@ def test_a_real_scheduler_and_two_workers_with_one_killed_mid_run_equal_a_local_
             except subprocess.TimeoutExpired:
                 proc.kill()
     db = tmp_path / "local.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     for by in (("run",), ("run", "rank"), ("run", "rank", "step")):
         assert compute_metric(out, "exposed_comm", by=by).equals(compute_metric(db, "exposed_comm", by=by))

@@ -107,7 +107,7 @@ def test_ingest_ingests_or_fails_cleanly(trace: tuple[bytes, bool], fuzz_db: Pat
     path = fuzz_db.parent / f"rank{next(_names)}.json{'.gz' if compressed else ''}"
     path.write_bytes(data)
     before = row_counts(fuzz_db)
-    summary = ingest_traces([path], fuzz_db, workers=0, chunk_bytes=256)  # raises only on a bug
+    summary = ingest_traces([path], fuzz_db, threads=1, chunk_bytes=256)  # raises only on a bug
     (result,) = summary.files
     assert result.status in ("ingested", "skipped", "failed")
     if result.status == "failed":

@@ -117,7 +117,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def warehouse(tmp_path_factory: pytest.TempPathFactory, trace: Path) -> Path:
     db = tmp_path_factory.mktemp("wh") / "w.duckdb"
-    assert traceq("ingest", trace, "--db", db, "--run", "trace", "-q").code == 0
+    assert traceq("ingest", trace, "--db", db, "--name", "trace", "-q").code == 0
     return db
 
 
@@ -187,7 +187,7 @@ def test_two_exports_to_one_directory_never_mix(tmp_path: Path, trace: Path) -> 
     dbs = []
     for run in ("first", "second"):
         db = tmp_path / f"{run}.duckdb"
-        assert traceq("ingest", trace, "--db", db, "--run", run, "-q").code == 0
+        assert traceq("ingest", trace, "--db", db, "--name", run, "-q").code == 0
         dbs.append(db)
     out = tmp_path / "out"
     for attempt in range(10):
@@ -316,8 +316,8 @@ def test_json_nested_a_thousand_deep(tmp_path: Path) -> None:
     for name, text in cases.items():
         path = tmp_path / name
         path.write_text(text)
-        for workers in ("2", "0"):
-            one_line_error(traceq("ingest", path, "--db", tmp_path / "w.duckdb", "--workers", workers),
+        for threads in ("2", "1"):
+            one_line_error(traceq("ingest", path, "--db", tmp_path / "w.duckdb", "--threads", threads),
                            str(path), "nested too deeply")
 
 
@@ -489,13 +489,13 @@ def test_export_of_a_run_whose_name_no_folder_can_hold(db: Path, tmp_path: Path)
 
 def test_a_run_name_that_no_export_could_hold(tmp_path: Path, trace: Path) -> None:
     db = tmp_path / "w.duckdb"
-    one_line_error(traceq("ingest", trace, "--db", db, "--run", "r" * 300), "--run", "too long")
-    one_line_error(traceq("ingest", trace, "--db", db, "--run", ""), "--run ''", "not empty")
+    one_line_error(traceq("ingest", trace, "--db", db, "--name", "r" * 300), "--name", "too long")
+    one_line_error(traceq("ingest", trace, "--db", db, "--name", ""), "--run ''", "not empty")
     folder = tmp_path / ("a b" * 60)  # 180 bytes, 300 percent-encoded
     folder.mkdir()
     shutil.copy(trace, folder / "rank0.json")
     one_line_error(traceq("ingest", folder, "--db", db), str(folder / "rank0.json"), "give the run a name")
-    assert traceq("ingest", folder, "--db", db, "--run", "short").code == 0
+    assert traceq("ingest", folder, "--db", db, "--name", "short").code == 0
 
 
 # ------------------------------------------------------------------ smaller
@@ -650,12 +650,12 @@ ROUND3 = {
                                       "Permission Error"),
     "sql: INSTALL an extension": (_warehouse, lambda p: ["sql", "install httpfs", "--db", p], "Permission Error"),
     "--db md:": (_warehouse, lambda p: ["report", "--db", "md:mine"], "md:mine: a warehouse is a local"),
-    "a run name with ESC": (_warehouse, lambda p: ["ingest", p.parent / "t", "--db", p, "--force", "--run", "x\x1b[2J"],
+    "a run name with ESC": (_warehouse, lambda p: ["ingest", p.parent / "t", "--db", p, "--force", "--name", "x\x1b[2J"],
                             "control characters"),
     "an export without gpu_events/": (_damaged_export,
                                       lambda p: ["import-parquet", p, "--db", p.parent / "new.duckdb"], "damaged export"),
-    "--workers 100000": (_warehouse, lambda p: ["ingest", p.parent / "t", "--db", p, "--workers", "100000"],
-                         "--workers 100000"),
+    "--threads 100000": (_warehouse, lambda p: ["ingest", p.parent / "t", "--db", p, "--threads", "100000"],
+                         "--threads 100000"),
     "1.2 million empty events": (_empty_events, lambda p: ["ingest", p, "--db", p.parent / "e.duckdb"],
                                  "hold nothing a trace event holds"),
     "kernels --top 10^20": (_warehouse, lambda p: ["kernels", "--db", p, "--top", "99999999999999999999"],

@@ -49,7 +49,7 @@ def is_comm(name: str, args: dict) -> bool:
 def ingest(tmp_path: Path, paths: list[Path]) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     db = tmp_path / "w.duckdb"
-    summary = ingest_traces(paths, db, workers=0)
+    summary = ingest_traces(paths, db, threads=1)
     assert summary.ok
     return db
 

@@ -34,7 +34,7 @@ def report_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     files = make_run(root, "a1", 1, 1000, 100, "A", 200.0) + make_run(root, "a2", 2, 2000, 125, "A", 210.0)
     files.append(collective_trace().write(root / "coll" / "rank0.json"))
     db = root / "w.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     return db
 
 
@@ -150,7 +150,7 @@ def test_report_without_power_says_unavailable(tmp_path: Path) -> None:
     (run_dir / "rank0.power.jsonl").write_text(json.dumps(
         {"kind": "header", "source": "unavailable", "reason": "NVMLError_LibraryNotFound", "gpus": []}) + "\n")
     db = tmp_path / "w.duckdb"
-    ingest_traces(files, db, workers=0)
+    ingest_traces(files, db, threads=1)
     text = write_html_report(db, tmp_path / "r.html").read_text()
     assert "Power unavailable for 1 of 1 run(s)" in text
     assert "run cpu1: power unavailable (NVMLError_LibraryNotFound)" in text
@@ -169,7 +169,7 @@ def test_html_report_shows_waiting_and_bus_bandwidth_across_ranks(tmp_path: Path
     from tests.test_cross_rank import late_rank_run, write_run
 
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(write_run(tmp_path / "job", late_rank_run()), db, workers=0).ok
+    assert ingest_traces(write_run(tmp_path / "job", late_rank_run()), db, threads=1).ok
     page = write_html_report(db, tmp_path / "cross.html")
     dom, log, shot = chromium(page, tmp_path)
     assert not script_errors(log), script_errors(log)

@@ -37,7 +37,7 @@ def test_idle_parts_by_hand(tmp_path: Path) -> None:
     other_thread["tid"] = 2
     t.events.append(other_thread)
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([t.write(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([t.write(tmp_path / "job" / "rank0.json")], db, threads=1).ok
     row = compute_metric(db, "idle,idle_sync,idle_host_bound,idle_other", by="run,rank,step", selection=ALL).row(0, named=True)
     assert (row["idle_us"], row["idle_sync_us"], row["idle_host_bound_us"], row["idle_other_us"]) == (40.0, 13.0, 12.0, 15.0)
 

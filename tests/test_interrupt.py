@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="
 def db(tmp_path: Path) -> Path:
     """A warehouse holding one small trace already."""
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([small_trace().write(tmp_path / "small" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([small_trace().write(tmp_path / "small" / "rank0.json")], db, threads=1).ok
     return db
 
 
@@ -104,7 +104,7 @@ def test_interrupted_ingest_leaves_nothing_and_rerun_completes(
 ) -> None:
     trace, n_events = long_trace
     before = table_counts(db)
-    proc = _ingest(trace, db, "--workers", "0")
+    proc = _ingest(trace, db, "--threads", "1")
     wait_until_mid_file(proc, trace)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)

@@ -83,7 +83,7 @@ def test_kineto_event_list_through_the_interval_api_gives_traceqs_whole_trace(re
                 else "comm" if _COMM.search(e["name"]) or "Collective name" in args else "compute")
         sets.setdefault(int(args.get("device", e["pid"])), {"comm": [], "compute": [], "memcpy": []})[kind].append((start, end))
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0).ok
+    assert ingest_traces([path], db, threads=1).ok
     with connect(db, read_only=True) as con:
         rows = {r["device"]: r for r in step_metrics(con, whole_trace=True).iter_rows(named=True)}
     assert set(rows) == set(sets)

@@ -36,7 +36,7 @@ def db(tmp_path: Path) -> Path:
     t.kernel("ampere_sgemm_128x64_tn", 110 * US, 150 * US, launch_ns=101 * US)
     t.kernel("my_custom_op", 120 * US, 140 * US, stream=9, launch_ns=102 * US)
     path = tmp_path / "w.duckdb"
-    assert ingest_traces([t.write(tmp_path / "job" / "rank0.json")], path, workers=0).ok
+    assert ingest_traces([t.write(tmp_path / "job" / "rank0.json")], path, threads=1).ok
     return path
 
 

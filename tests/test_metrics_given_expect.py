@@ -37,7 +37,7 @@ def one_step_trace() -> TraceBuilder:
 
 def test_interval_metrics_of_one_step_match_hand_computation(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    ingest_traces([one_step_trace().write(tmp_path / "job" / "rank0.json")], db, workers=0)
+    ingest_traces([one_step_trace().write(tmp_path / "job" / "rank0.json")], db, threads=1)
     with connect(db) as con:
         row = step_metrics(con).row(0, named=True)
     # U(compute) = [10,40] + [90,95] us = 35 us; U(comm) = [35,60] + [65,75] = 35 us
@@ -82,7 +82,7 @@ def two_step_trace() -> TraceBuilder:
 
 def test_kernels_belong_to_the_step_that_launched_them(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    ingest_traces([two_step_trace().write(tmp_path / "job" / "rank0.json.gz")], db, workers=0)
+    ingest_traces([two_step_trace().write(tmp_path / "job" / "rank0.json.gz")], db, threads=1)
     with connect(db) as con:
         gpu_activity = relation(con, "gpu_activity")  # noqa: F841 (the SQL reads it by name)
         rows = con.sql(
@@ -99,7 +99,7 @@ def test_kernels_belong_to_the_step_that_launched_them(tmp_path: Path) -> None:
 
 def test_step_selection_and_whole_trace_window(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    ingest_traces([two_step_trace().write(tmp_path / "job" / "rank0.json")], db, workers=0)
+    ingest_traces([two_step_trace().write(tmp_path / "job" / "rank0.json")], db, threads=1)
     # by default the last step (its device window open) is left out
     assert compute_metric(db, "exposed_comm", by=["run", "rank", "step"])["step"].to_list() == [1]
     every = StepSelection(include_last=True)
@@ -127,7 +127,7 @@ def test_rank_comes_from_event_args_when_a_file_merges_ranks(tmp_path: Path) -> 
         t.step(1, 0, 100_000, rank=r)
         t.kernel(NCCL, 10_000 + r * 1000, 20_000, launch_ns=1_000, rank=r, device=r)
     db = tmp_path / "w.duckdb"
-    ingest_traces([t.write(tmp_path / "merged" / "all.json")], db, workers=0)
+    ingest_traces([t.write(tmp_path / "merged" / "all.json")], db, threads=1)
     frame = compute_metric(db, "comm", by=["run", "rank"])
     assert frame.select("rank", "comm_us").rows() == [(0, 10.0), (1, 9.0)]
     with connect(db) as con:
@@ -141,7 +141,7 @@ def test_rank_from_file_name_and_unknown(tmp_path: Path) -> None:
     anonymous.step(1, 0, 10_000)
     anonymous.kernel("k", 0, 1, launch_ns=0)  # distinct content
     db = tmp_path / "w.duckdb"
-    ingest_traces([named.write(tmp_path / "r" / "worker-rank_7.json"), anonymous.write(tmp_path / "r" / "x.json")], db, workers=0)
+    ingest_traces([named.write(tmp_path / "r" / "worker-rank_7.json"), anonymous.write(tmp_path / "r" / "x.json")], db, threads=1)
     with connect(db) as con:
         got = con.sql("select file_rank, rank_source from traces order by trace_id").fetchall()
     assert got == [(7, "file name"), (-1, "unknown")]  # a rank of its own: -1, the first free one
@@ -152,7 +152,7 @@ def test_user_rules_reclassify_existing_data(tmp_path: Path) -> None:
     t.step(1, 0, 100_000)
     t.kernel("my_custom_allreduce_kernel", 10_000, 20_000, launch_ns=1_000)
     db = tmp_path / "w.duckdb"
-    ingest_traces([t.write(tmp_path / "j" / "rank0.json")], db, workers=0)
+    ingest_traces([t.write(tmp_path / "j" / "rank0.json")], db, threads=1)
     assert compute_metric(db, "comm")["comm_us"].to_list() == [0.0]
     rules = tmp_path / "rules.csv"
     rules.write_text("priority,pattern,class,category,collective\n5,^my_custom_allreduce,comm,custom,AllReduce\n")
@@ -190,7 +190,7 @@ def cpu_gloo_trace() -> TraceBuilder:
 
 def test_cpu_gloo_communication_is_measured_on_cpu_only_traces(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    ingest_traces([cpu_gloo_trace().write(tmp_path / "cpu" / "rank0.json")], db, workers=0)
+    ingest_traces([cpu_gloo_trace().write(tmp_path / "cpu" / "rank0.json")], db, threads=1)
     with connect(db) as con:
         row = step_metrics(con).row(0, named=True)
     assert row["activity"] == "cpu"
@@ -205,10 +205,10 @@ def test_gpu_and_cpu_only_traces_in_one_warehouse_each_get_their_own_rows(tmp_pa
     CPU-only trace beside them has both, with the values of each trace alone (one_step_trace and
     cpu_gloo_trace, worked out above)."""
     db = tmp_path / "w.duckdb"
-    ingest_traces([one_step_trace().write(tmp_path / "gpu" / "rank0.json")], db, workers=0)
+    ingest_traces([one_step_trace().write(tmp_path / "gpu" / "rank0.json")], db, threads=1)
     with connect(db) as con:
         assert step_metrics(con)["activity"].to_list() == ["gpu"]
-    ingest_traces([cpu_gloo_trace().write(tmp_path / "cpu" / "rank0.json")], db, workers=0)
+    ingest_traces([cpu_gloo_trace().write(tmp_path / "cpu" / "rank0.json")], db, threads=1)
     with connect(db) as con:
         rows = {r["run"]: r for r in step_metrics(con).iter_rows(named=True)}
     assert {run: r["activity"] for run, r in rows.items()} == {"gpu": "gpu", "cpu": "cpu"}

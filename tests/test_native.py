@@ -40,7 +40,7 @@ def _rows(db: Path, query: str) -> list[tuple]:
 
 def _both(paths: list[Path], tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
     native, decoded = tmp_path / "native.duckdb", tmp_path / "decode.duckdb"
-    summary = ingest_traces(paths, native, workers=2)
+    summary = ingest_traces(paths, native, threads=2)
     assert summary.ok, [f.message for f in summary.files]
     assert ingest_traces(paths, decoded, native=False).ok
     return native, decoded, {f.path: f.message for f in summary.files}

@@ -44,7 +44,7 @@ def warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     files.append(rank_trace(0).write(root / "job-b" / "rank0.json.gz", traceName="b"))
     files.append(corpus_path("hta/trace_filter/sampled_rank-1.json.gz"))
     db = root / "w.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     return db
 
 
@@ -163,9 +163,9 @@ def test_cli_export_then_report_on_the_directory(warehouse: Path, tmp_path: Path
 def test_import_refuses_a_trace_of_steps_the_warehouse_holds(tmp_path: Path) -> None:
     """The same rank's steps from another file: the whole import is refused in one line, nothing added."""
     first, second = tmp_path / "first.duckdb", tmp_path / "second.duckdb"
-    assert ingest_traces([rank_trace(0).write(tmp_path / "job" / "rank0.json")], first, workers=0).ok
+    assert ingest_traces([rank_trace(0).write(tmp_path / "job" / "rank0.json")], first, threads=1).ok
     assert ingest_traces([rank_trace(0).write(tmp_path / "other" / "job" / "rank0.json", traceName="x")], second,
-                         workers=0).ok
+                         threads=1).ok
     export_parquet(second, tmp_path / "pq")
     with connect(first, read_only=True) as con:
         before = con.sql("select count(*) from traces").fetchall()

@@ -107,7 +107,7 @@ def test_step_markers_with_case_and_groups_number_steps_as_at_ingest(tmp_path: P
     for marker in (r"(?i)^train step (\d+)$", r"^(Train) Step (\d+)$", r"^Train Step \d+$"):
         mine = perfetto_report([path], "exposed_comm", by="run,rank,step", binary=binary, step_marker=marker,
                                selection=EVERY_STEP)
-        assert ingest_traces([path], db, workers=0, step_marker=marker, force=True).ok
+        assert ingest_traces([path], db, threads=1, step_marker=marker, force=True).ok
         assert mine.table.equals(metric_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table), marker
         assert mine.table["exposed_comm_us"].to_list() == [60.0, 0.0, 40.0], marker
 
@@ -163,7 +163,7 @@ def test_a_step_that_launched_nothing_keeps_its_row_as_on_duckdb(tmp_path: Path,
     assert mine.table["step_time_ms"].to_list() == [0.1, 0.3, 0.1]
     assert mine.table["compute_us"].to_list() == [50.0, None, 50.0]
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0).ok
+    assert ingest_traces([path], db, threads=1).ok
     for by in ("run,rank,step", "run"):
         assert perfetto_report([path], "compute,step_time", by=by, binary=binary, selection=EVERY_STEP).table.equals(
             metric_report(db, "compute,step_time", by=by, selection=EVERY_STEP).table), by
@@ -303,7 +303,7 @@ def test_the_report_equals_the_duckdb_engines_report(tmp_path: Path, binary: Pat
     files = [corpus_path("amd_hpctraining/fused_traces/merged_all_events.json.gz"),
              corpus_path("tracelens/mi300/resnet_act_checkpoint.json.gz")]
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     metrics = "exposed_comm,overlapped_comm,idle,compute_kernel,exposed_memcpy,overlap_ratio,step_time"
     for by in ("run,rank,step", "run,rank", "run", "rank", "step", "run,step"):
         duck = metric_report(db, metrics, by=by)
@@ -328,7 +328,7 @@ def test_a_step_marker_names_the_steps_as_at_ingest(tmp_path: Path, binary: Path
     assert mine.table["step"].to_list() == [1, 2, 3]
     assert mine.table["exposed_comm_us"].to_list() == [EXPECTED[s]["exposed_comm"] for s in (1, 2, 3)]
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0, step_marker="^train_step").ok
+    assert ingest_traces([path], db, threads=1, step_marker="^train_step").ok
     assert mine.table.equals(metric_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table)
 
 
@@ -346,7 +346,7 @@ def test_two_files_holding_one_step_of_a_rank_are_refused_as_at_ingest(tmp_path:
     mine = perfetto_report([tmp_path / "job"], "exposed_comm", by="run,rank,step", binary=binary, selection=EVERY_STEP)
     assert mine.table["step"].to_list() == [1, 2, 3, 11, 12, 13]
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([tmp_path / "job"], db, workers=0).ok
+    assert ingest_traces([tmp_path / "job"], db, threads=1).ok
     assert mine.table.equals(metric_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table)
 
 
@@ -393,7 +393,7 @@ def test_sql_runs_your_own_query_on_either_engine(tmp_path: Path, binary: Path, 
     monkeypatch.setenv(ENV_VAR, str(binary))
     path = lagging_trace().write(tmp_path / "job" / "rank0.json")
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0).ok
+    assert ingest_traces([path], db, threads=1).ok
     runner = CliRunner()
     mine = runner.invoke(app, ["sql", "--engine", "perfetto", str(path), "--format", "csv",
                                "select step, exposed_comm_ns from traceq_interval_breakdown where scope = 'step' order by step"])

@@ -199,7 +199,7 @@ def handmade(tmp_path_factory: pytest.TempPathFactory) -> Path:
     files += [cycle_trace(1, 0).write(root / "cycles" / "rank0.a.json"),
               cycle_trace(3, 1000 * US).write(root / "cycles" / "rank0.b.json")]
     db = root / "w.duckdb"
-    summary = ingest_traces(files, db, workers=0)
+    summary = ingest_traces(files, db, threads=1)
     assert summary.ok, [f.message for f in summary.files]
     return db
 
@@ -325,7 +325,7 @@ def test_profiling_cycles_with_clocks_of_their_own_are_paired_in_wall_clock_orde
     cycle(1, 1 * MS + 300 * US, 1, 3).write(job / "rank1.a.json", baseTimeNanoseconds=base)
     cycle(1, 5 * MS + 300 * US, 11, 4).write(job / "rank1.b.json", baseTimeNanoseconds=base + 5 * MS)
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([job], db, workers=0).ok
+    assert ingest_traces([job], db, threads=1).ok
     with connect(db, read_only=True) as con:
         skew = relation(con, "clock_skew").select("rank, skew_ns, n_matched").fetchall()
         waits = relation(con, "comm_instances").order("rank, ordinal").select("rank, wait_ns").fetchall()
@@ -349,7 +349,7 @@ def test_gloo_collectives_give_cpu_only_ranks_their_clock_offset(tmp_path: Path)
                              "ts": (lo + (100 + 50 * (1 - rank)) * US) / US, "dur": (200 - 50 * (1 - rank)) * 1.0})
         t.write(tmp_path / "gloo" / f"rank{rank}.json")
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([tmp_path / "gloo"], db, workers=0).ok
+    assert ingest_traces([tmp_path / "gloo"], db, threads=1).ok
     with connect(db, read_only=True) as con:
         assert relation(con, "clock_skew").select("rank, skew_ns, n_matched").fetchall() == [(1, 500 * US, 3)]
     summary = export_perfetto(db, tmp_path / "gloo.pftrace")

@@ -71,7 +71,7 @@ def test_constant_300_w_and_energy_counter_give_hand_computed_step_power(tmp_pat
              power(150, 300, 2), power(250, 300, 2), energy(300, 1_090_000, 3),
              {"kind": "end", "wall_ns": BASE + 320 * MS, "step": 3, "samples": 4, "errors": 0}]
     db = tmp_path / "w.duckdb"
-    summary = ingest_traces([write_rank(tmp_path / "job", 0, lines, META)], db, workers=0)
+    summary = ingest_traces([write_rank(tmp_path / "job", 0, lines, META)], db, threads=1)
     assert summary.ok, summary.files
     s1, s2 = step_rows(db)
     assert (s1["power_w"], s2["power_w"]) == (pytest.approx(300.0), pytest.approx(300.0))
@@ -92,7 +92,7 @@ def test_power_is_time_weighted_between_samples_and_integrated_without_a_counter
     lines = [header(), power(-10, 200, 0), power(50, 400, 1), power(100, 250, 2), power(200, 350, 2),
              {"kind": "end", "wall_ns": BASE + 300 * MS, "step": 3, "samples": 4, "errors": 0}]
     db = tmp_path / "w.duckdb"
-    ingest_traces([write_rank(tmp_path / "job", 0, lines, META)], db, workers=0)
+    ingest_traces([write_rank(tmp_path / "job", 0, lines, META)], db, threads=1)
     s1, s2 = step_rows(db)
     assert (s1["power_w"], s2["power_w"]) == (pytest.approx(300.0), pytest.approx(300.0))
     assert (s1["energy_j"], s2["energy_j"]) == (pytest.approx(30.0), pytest.approx(60.0))
@@ -105,7 +105,7 @@ def test_two_gpus_in_one_log_add_up_and_share_the_tokens(tmp_path: Path) -> None
              power(90, 200, 1, gpu=1), power(190, 100, 2, gpu=0), power(190, 200, 2, gpu=1),
              power(290, 100, 2, gpu=0), power(290, 200, 2, gpu=1)]
     db = tmp_path / "w.duckdb"
-    ingest_traces([write_rank(tmp_path / "job", 0, lines, META)], db, workers=0)
+    ingest_traces([write_rank(tmp_path / "job", 0, lines, META)], db, threads=1)
     s1, _ = step_rows(db)
     assert s1["power_w"] == pytest.approx(300.0) and s1["power_gpu_count"] == 2
     assert s1["tokens_per_j"] == pytest.approx(6000 / 30.0)
@@ -117,7 +117,7 @@ def test_a_gap_longer_than_a_second_is_not_bridged(tmp_path: Path) -> None:
     lines = [header(), power(-10, 300, 0), power(90, 300, 1), power(110, 300, 2), power(1390, 300, 2),
              {"kind": "end", "wall_ns": BASE + 1400 * MS, "step": 3, "samples": 4, "errors": 0}]
     db = tmp_path / "w.duckdb"
-    ingest_traces([write_rank(tmp_path / "job", 0, lines, META, steps=((0, 100), (100, 1400)))], db, workers=0)
+    ingest_traces([write_rank(tmp_path / "job", 0, lines, META, steps=((0, 100), (100, 1400)))], db, threads=1)
     s1, s2 = step_rows(db)
     assert s1["power_w"] == pytest.approx(300.0)
     assert s2["power_w"] is None and s2["energy_j"] is None and s2["tokens_per_j"] is None
@@ -127,7 +127,7 @@ def test_unavailable_power_log_gives_empty_metrics_and_the_report_says_unavailab
     # even if numbers followed an "unavailable" header, they would not be used
     lines = [header("unavailable", gpus=0), power(0, 999, 1)]
     db = tmp_path / "w.duckdb"
-    ingest_traces([write_rank(tmp_path / "job", 0, lines, META)], db, workers=0)
+    ingest_traces([write_rank(tmp_path / "job", 0, lines, META)], db, threads=1)
     rows = step_rows(db)
     assert all(r["power_w"] is None and r["energy_j"] is None and r["tokens_per_j"] is None for r in rows)
     assert {r["power_source"] for r in rows} == {"unavailable"}
@@ -140,7 +140,7 @@ def test_unavailable_power_log_gives_empty_metrics_and_the_report_says_unavailab
 
 def test_no_power_log_says_so(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    ingest_traces([write_rank(tmp_path / "job", 0, None, META)], db, workers=0)
+    ingest_traces([write_rank(tmp_path / "job", 0, None, META)], db, threads=1)
     assert all(r["power_source"] is None and r["power_w"] is None for r in step_rows(db))
     result = CliRunner().invoke(app, ["report", "--metric", "energy_j", "--db", str(db)])
     assert "power unavailable: no power log" in result.stderr
@@ -152,13 +152,13 @@ def test_a_power_log_cut_by_a_crash_loads_and_a_corrupt_one_fails_the_trace(tmp_
     log = tmp_path / "cut" / "rank0.power.jsonl"
     log.write_text(log.read_text() + '{"kind": "power", "wall_')  # the crash cut the last line
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([trace], db, workers=0).ok
+    assert ingest_traces([trace], db, threads=1).ok
     assert step_rows(db)[0]["power_w"] == pytest.approx(300.0)
 
     bad = write_rank(tmp_path / "bad", 1, lines, META, steps=((0, 50),))
     bad_log = tmp_path / "bad" / "rank1.power.jsonl"
     bad_log.write_text("garbage\n" + bad_log.read_text())
-    result = ingest_traces([bad], db, workers=0)
+    result = ingest_traces([bad], db, threads=1)
     assert result.files[0].status == "failed" and "rank1.power.jsonl" in result.files[0].message
     with connect(db, read_only=True) as con:  # nothing of the failed trace is left behind
         assert con.sql("select count(*) from traces where run = 'bad'").fetchall() == [(0,)]
@@ -169,7 +169,7 @@ def test_run_json_fills_run_metadata_and_user_settings_win(tmp_path: Path) -> No
     db = tmp_path / "w.duckdb"
     run_dir = tmp_path / "llama"
     meta = {**META, "tp": 2, "pp": 1, "model": "llama-7b", "host": "node7", "clock": {"offset_ns": BASE}}
-    ingest_traces([write_rank(run_dir, 0, None, meta)], db, workers=0)
+    ingest_traces([write_rank(run_dir, 0, None, meta)], db, threads=1)
     runner = CliRunner()
     listed = runner.invoke(app, ["runs", "--format", "json", "--db", str(db)])
     row = json.loads(listed.stdout)[0]
@@ -183,20 +183,20 @@ def test_run_json_fills_run_metadata_and_user_settings_win(tmp_path: Path) -> No
     result = runner.invoke(app, ["runs", "set", "llama", "--tokens-per-step", "8000", "--gpu-model", "H100 SXM", "--db", str(db)])
     assert result.exit_code == 0, result.output
     # a later rank's run.json does not undo what the user set
-    ingest_traces([write_rank(run_dir, 1, None, meta)], db, workers=0)
-    row = json.loads(runner.invoke(app, ["runs", "llama", "--format", "json", "--db", str(db)]).stdout)[0]
+    ingest_traces([write_rank(run_dir, 1, None, meta)], db, threads=1)
+    row = json.loads(runner.invoke(app, ["runs", "--run", "llama", "--format", "json", "--db", str(db)]).stdout)[0]
     assert row["tokens_per_step"] == 8000 and row["gpu_model"] == "H100 SXM"
     assert row["peak_tflops"] == 989.0 and row["peak_tflops_source"] == "table"
     assert row["set_by_user"] == "gpu_model,tokens_per_step"  # the peak comes from the table when reported
     runner.invoke(app, ["runs", "set", "llama", "--peak-tflops", "900", "--db", str(db)])
     runner.invoke(app, ["runs", "set", "llama", "--gpu-model", "A100", "--db", str(db)])  # a hand-set peak stays
-    row = json.loads(runner.invoke(app, ["runs", "llama", "--format", "json", "--db", str(db)]).stdout)[0]
+    row = json.loads(runner.invoke(app, ["runs", "--run", "llama", "--format", "json", "--db", str(db)]).stdout)[0]
     assert (row["peak_tflops"], row["peak_tflops_source"], row["gpu_model"]) == (900.0, "user", "A100")
 
 
 def test_runs_set_errors_are_one_line_with_the_fix(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    ingest_traces([write_rank(tmp_path / "job", 0, None, None)], db, workers=0)
+    ingest_traces([write_rank(tmp_path / "job", 0, None, None)], db, threads=1)
     runner = CliRunner()
     for args, text in [
         (["runs", "set", "nope", "--tp", "2"], "no run 'nope'"),
@@ -219,7 +219,7 @@ def test_trace_without_base_time_uses_run_json_offset(tmp_path: Path) -> None:
     offset = BASE - 5 * MS
     meta = {**META, "trace_file": "rank0.trace.json", "trace_files": [{"file": "rank0.trace.json", "cycle": 0, "offset_ns": offset}]}
     db = tmp_path / "w.duckdb"
-    ingest_traces([write_rank(tmp_path / "job", 0, None, meta, base=None)], db, workers=0)
+    ingest_traces([write_rank(tmp_path / "job", 0, None, meta, base=None)], db, threads=1)
     with connect(db, read_only=True) as con:
         got = con.sql("select start_wall_ns, offset_source from step_wall_times where step = 1").fetchall()
     assert got == [(offset, "run.json")]
@@ -264,7 +264,7 @@ def test_collector_trace_maps_into_wall_clock_and_joins_its_power_log(tmp_path: 
             tc.step()
     run_dir = tmp_path / "real"
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([run_dir / "rank0.trace.json.gz"], db, workers=0).ok
+    assert ingest_traces([run_dir / "rank0.trace.json.gz"], db, threads=1).ok
     meta = json.loads((run_dir / "rank0.run.json").read_text())
     with connect(db, read_only=True) as con:
         windows = con.sql("select step, start_wall_ns, end_wall_ns, offset_source from step_wall_times order by step").fetchall()

@@ -144,7 +144,7 @@ def test_ctrl_c_while_the_writer_waits_for_the_read_ahead_is_an_interrupt_and_le
 
     monkeypatch.setattr(ingest, "parse_batches", interrupted_parse)
     with pytest.raises(KeyboardInterrupt):
-        ingest_traces(paths, tmp_path / "w.duckdb", workers=0)
+        ingest_traces(paths, tmp_path / "w.duckdb", threads=1)
     assert [n for n in os.listdir(native.scratch_base()) if n.startswith(f"traceq-{os.getpid()}-")] == []
 
 
@@ -166,7 +166,7 @@ def test_ctrl_c_at_any_moment_of_an_ingest_is_an_interrupt_and_leaves_the_wareho
     job.mkdir()
     paths = [_gpu_trace(rank, 40).write(job / f"rank{rank}.json") for rank in range(3)]
     started = time.perf_counter()
-    ingest_traces(paths, tmp_path / "whole.duckdb", workers=0)
+    ingest_traces(paths, tmp_path / "whole.duckdb", threads=1)
     whole_s = time.perf_counter() - started
     rng = random.Random(7)
     outcomes = []
@@ -183,7 +183,7 @@ def test_ctrl_c_at_any_moment_of_an_ingest_is_an_interrupt_and_leaves_the_wareho
         thread = threading.Thread(target=fire)
         try:
             thread.start()
-            ingest_traces(paths, db, workers=0)
+            ingest_traces(paths, db, threads=1)
             ended = time.perf_counter()
             thread.join()
             time.sleep(0.05)  # the signal, if it comes after the ingest, is handled here
@@ -225,7 +225,7 @@ def test_ctrl_c_while_the_reader_thread_starts_stops_it(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
-        ingest_traces(paths, tmp_path / "w.duckdb", workers=0)
+        ingest_traces(paths, tmp_path / "w.duckdb", threads=1)
     monkeypatch.undo()
     deadline = time.monotonic() + 5
     while any(t.name == "traceq-reader" for t in threading.enumerate()) and time.monotonic() < deadline:

@@ -44,8 +44,8 @@ def rows_by_run(db: Path) -> dict[str, dict[str, int]]:
 @pytest.fixture
 def two_runs(tmp_path: Path) -> Path:
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([corpus_path(PAIR)], db, run="a", workers=0).ok
-    assert ingest_traces([corpus_path(ONE)], db, run="b", workers=0).ok
+    assert ingest_traces([corpus_path(PAIR)], db, name="a", threads=1).ok
+    assert ingest_traces([corpus_path(ONE)], db, name="b", threads=1).ok
     set_run_metadata(db, "a", {"tokens_per_step": 4096, "tp": 2})
     return db
 
@@ -91,7 +91,15 @@ def test_refused_changes_change_nothing(two_runs: Path) -> None:
     done = runner.invoke(app, ["runs", "rename", "a", "b", "--db", str(two_runs)])
     assert done.exit_code == 1 and done.stderr.startswith("error: a run named 'b' exists already")
     done = runner.invoke(app, ["runs", "rm", "--db", str(two_runs)])
-    assert done.exit_code == 1 and "usage: traceq runs rm RUN" in done.stderr
+    assert done.exit_code == 2 and "Missing argument 'RUN'" in done.stderr
+    # `runs` is a group of commands: a run's name where a command goes is said with the command that shows it
+    done = runner.invoke(app, ["runs", "a", "--db", str(two_runs)])
+    assert done.exit_code == 1 and done.stderr == ("error: traceq runs has no command 'a' (set, rm, rename); "
+                                                   "to show one run: traceq runs --run a\n")
+    done = runner.invoke(app, ["runs", "--run", "a", "--db", str(two_runs), "--format", "csv"])
+    assert done.exit_code == 0 and [line.split(",")[0] for line in done.stdout.splitlines()[1:]] == ["a"]
+    done = runner.invoke(app, ["runs", "--run", "c", "--db", str(two_runs)])
+    assert done.exit_code == 1 and "no run 'c' in" in done.stderr and "it holds a, b" in done.stderr
     assert rows_by_run(two_runs) == before
 
 
@@ -108,8 +116,8 @@ def test_cli_rm_and_rename(two_runs: Path) -> None:
 
 def test_ingest_force_moves_a_trace_to_another_run(two_runs: Path) -> None:
     before = rows_by_run(two_runs)
-    assert ingest_traces([corpus_path(PAIR)], two_runs, run="c", workers=0).by_status("skipped")
-    summary = ingest_traces([corpus_path(PAIR)], two_runs, run="c", force=True)
+    assert ingest_traces([corpus_path(PAIR)], two_runs, name="c", threads=1).by_status("skipped")
+    summary = ingest_traces([corpus_path(PAIR)], two_runs, name="c", force=True)
     assert [f.status for f in summary.files] == ["ingested", "ingested"]
     assert all("its earlier trace in run a is replaced" in f.notes[0] for f in summary.files)
     assert "run a had no other trace and is removed" in summary.files[-1].notes[0]
@@ -126,10 +134,10 @@ def test_ingest_force_moves_a_trace_to_another_run(two_runs: Path) -> None:
 def test_ingest_force_into_the_same_run_keeps_its_metadata(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     trace = corpus_path(ONE)
-    assert ingest_traces([trace], db, run="b", workers=0).ok
+    assert ingest_traces([trace], db, name="b", threads=1).ok
     set_run_metadata(db, "b", {"tokens_per_step": 4096, "warmup_steps": 1})
     before = compute_metric(db, "tokens_per_s", by="run")
-    result = ingest_traces([trace], db, run="b", force=True, workers=0).files[0]
+    result = ingest_traces([trace], db, name="b", force=True, threads=1).files[0]
     assert result.status == "ingested" and "removed" not in result.notes[0]
     after = compute_metric(db, "tokens_per_s", by="run")
     assert after.equals(before) and after["tokens_per_s"][0] > 0
@@ -141,11 +149,11 @@ def test_a_forced_ingest_that_fails_keeps_the_earlier_trace(tmp_path: Path) -> N
     other = small_trace(rank=0)
     other.kernel("another_kernel", 60_000, 70_000, launch_ns=55_000)
     holder = other.write(tmp_path / "y" / "rank0.json")
-    assert ingest_traces([trace], db, run="a", workers=0).ok
-    assert ingest_traces([holder], db, run="b", workers=0).ok
+    assert ingest_traces([trace], db, name="a", threads=1).ok
+    assert ingest_traces([holder], db, name="b", threads=1).ok
     before = rows_by_run(db)
     # moved into run b, the file would give rank 0 of b a second trace of step 1: refused, rolled back
-    result = ingest_traces([trace], db, run="b", force=True, workers=0).files[0]
+    result = ingest_traces([trace], db, name="b", force=True, threads=1).files[0]
     assert result.status == "failed" and "rank 0" in result.message
     assert rows_by_run(db) == before
 
@@ -162,7 +170,7 @@ def test_force_on_a_copy_of_the_warehouse_file_is_atomic_under_kill(two_runs: Pa
     for delay in (0.3, 0.5, 0.7, 0.9):
         copy = tmp_path / f"k{delay}.duckdb"
         shutil.copy(two_runs, copy)
-        proc = subprocess.Popen([str(traceq), "ingest", str(corpus_path(PAIR)), "--run", "c", "--force", "--db", str(copy)],
+        proc = subprocess.Popen([str(traceq), "ingest", str(corpus_path(PAIR)), "--name", "c", "--force", "--db", str(copy)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)

@@ -64,13 +64,13 @@ def _content(db: Path) -> dict[str, list[tuple]]:
 
 def test_many_files_ingest_in_parallel_with_no_lost_rows(rank_files: list[Path], tmp_path: Path) -> None:
     serial, parallel = tmp_path / "serial.duckdb", tmp_path / "parallel.duckdb"
-    assert ingest_traces(rank_files, serial, workers=0).ok
-    summary = ingest_traces(rank_files, parallel, workers=2)
+    assert ingest_traces(rank_files, serial, threads=1).ok
+    summary = ingest_traces(rank_files, parallel, threads=2)
     assert [f.status for f in summary.files] == ["ingested"] * 8
     assert [f.ranks for f in summary.files] == [[r] for r in range(8)]  # input order, ranks renumbered
     assert _content(serial) == _content(parallel)
     one = tmp_path / "one.duckdb"
-    assert ingest_traces(rank_files[:1], one, workers=0).ok
+    assert ingest_traces(rank_files[:1], one, threads=1).ok
     with duckdb.connect(str(parallel), read_only=True) as con, duckdb.connect(str(one), read_only=True) as ref:
         for table in ("gpu_events", "host_events", "steps"):
             n = ref.execute(f"select count(*) from {table}").fetchall()[0][0]
@@ -79,7 +79,7 @@ def test_many_files_ingest_in_parallel_with_no_lost_rows(rank_files: list[Path],
 
 def test_many_rank_run_reports_every_rank(rank_files: list[Path], tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(rank_files, db, workers=2).ok
+    assert ingest_traces(rank_files, db, threads=2).ok
     frame = compute_metric(db, "exposed_comm", by=("run",))
     assert frame["ranks"].to_list() == [8]
     by_rank = compute_metric(db, "exposed_comm", by=("run", "rank"))
@@ -89,17 +89,17 @@ def test_many_rank_run_reports_every_rank(rank_files: list[Path], tmp_path: Path
 
 def test_whole_file_and_chunked_paths_store_the_same_rows(rank_files: list[Path], tmp_path: Path) -> None:
     whole, chunked = tmp_path / "whole.duckdb", tmp_path / "chunked.duckdb"
-    assert ingest_traces(rank_files[:3], whole, workers=2).ok  # several files: one worker per file
+    assert ingest_traces(rank_files[:3], whole, threads=2).ok  # several files: one worker per file
     for f in rank_files[:3]:  # one file at a time, cut into many 64 KB chunks
-        assert ingest_traces([f], chunked, workers=2, chunk_bytes=64 << 10).ok
+        assert ingest_traces([f], chunked, threads=2, chunk_bytes=64 << 10).ok
     assert _content(whole) == _content(chunked)
 
 
 def test_reingesting_many_files_skips_them_all(rank_files: list[Path], tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(rank_files, db, workers=2).ok
+    assert ingest_traces(rank_files, db, threads=2).ok
     before = _content(db)
-    again = ingest_traces(rank_files, db, workers=2)
+    again = ingest_traces(rank_files, db, threads=2)
     assert [f.status for f in again.files] == ["skipped"] * 8
     assert _content(db) == before
 
@@ -108,7 +108,7 @@ def test_same_content_twice_in_one_parallel_call_is_ingested_once(rank_files: li
     copy = tmp_path / "copy" / "rank0_again.trace.json.gz"
     copy.parent.mkdir()
     copy.write_bytes(rank_files[0].read_bytes())
-    summary = ingest_traces([rank_files[0], rank_files[1], copy], tmp_path / "w.duckdb", workers=2)
+    summary = ingest_traces([rank_files[0], rank_files[1], copy], tmp_path / "w.duckdb", threads=2)
     assert [f.status for f in summary.files] == ["ingested", "ingested", "skipped"]
 
 
@@ -117,7 +117,7 @@ def test_bad_file_among_many_fails_alone_and_leaves_nothing(rank_files: list[Pat
     bad.parent.mkdir()
     bad.write_bytes(gzip.compress(gzip.decompress(rank_files[0].read_bytes())[:-5000]))  # JSON cut short
     db = tmp_path / "w.duckdb"
-    summary = ingest_traces([rank_files[0], bad, rank_files[1]], db, workers=2)
+    summary = ingest_traces([rank_files[0], bad, rank_files[1]], db, threads=2)
     assert [f.status for f in summary.files] == ["ingested", "failed", "ingested"]
     assert str(bad) in summary.files[1].message
     with duckdb.connect(str(db), read_only=True) as con:
@@ -133,7 +133,7 @@ def test_distributed_info_rank_fills_events_without_one_in_both_paths(tmp_path: 
     path = t.write(tmp_path / "job" / "trace.json")
     for chunk_bytes in (64, 4 << 20):
         db = tmp_path / f"w{chunk_bytes}.duckdb"
-        summary = ingest_traces([path], db, workers=2, chunk_bytes=chunk_bytes)
+        summary = ingest_traces([path], db, threads=2, chunk_bytes=chunk_bytes)
         assert summary.files[0].ranks == [3, 5]
         with duckdb.connect(str(db), read_only=True) as con:
             assert con.execute("select rank_source, file_rank from traces").fetchall() == [("distributedInfo", 5)]
@@ -190,7 +190,7 @@ def test_large_trace_ingests_chunk_by_chunk_in_bounded_steps(tmp_path: Path) -> 
     path.write_bytes(raw)
     db = tmp_path / "w.duckdb"
     ref = tmp_path / "ref.duckdb"
-    assert ingest_traces([path], ref, workers=0, chunk_bytes=64 << 20).ok
-    summary = ingest_traces([path], db, workers=2, chunk_bytes=32 << 10)  # ~50 chunks
+    assert ingest_traces([path], ref, threads=1, chunk_bytes=64 << 20).ok
+    summary = ingest_traces([path], db, threads=2, chunk_bytes=32 << 10)  # ~50 chunks
     assert summary.ok
     assert _content(db) == _content(ref)

@@ -49,7 +49,7 @@ def scaling_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
              + make_run(root, "a4", 4, 4000, 160, "A", 200.0) + make_run(root, "b2", 2, 4000, 200, "B", None)
              + make_run(root, "b4", 4, 4000, 125, "B", None))
     db = root / "w.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     return db
 
 

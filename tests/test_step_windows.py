@@ -71,7 +71,7 @@ EXPECTED = {  # step -> metrics in us, worked out above
 @pytest.fixture()
 def lagging_db(tmp_path: Path) -> Path:
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([lagging_trace().write(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([lagging_trace().write(tmp_path / "job" / "rank0.json")], db, threads=1).ok
     return db
 
 
@@ -106,7 +106,7 @@ def test_a_trace_without_steps_is_one_window_in_every_default_report(tmp_path: P
     t.events = [e for e in t.events if not e["name"].startswith("ProfilerStep#")]
     path = t.write(tmp_path / "nosteps" / "rank0.json")
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0).ok
+    assert ingest_traces([path], db, threads=1).ok
     result = CliRunner().invoke(app, ["report", "--metric", "comm", "--db", str(db), "--format", "csv"])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[1].startswith("nosteps,0,1,140.0,")  # C1 + C3 over 5..400 us
@@ -130,7 +130,7 @@ def decode_trace() -> TraceBuilder:
 def test_step_marker_names_steps_that_are_not_profiler_steps(tmp_path: Path) -> None:
     path = decode_trace().write(tmp_path / "decode" / "rank0.json")
     plain, marked = tmp_path / "plain.duckdb", tmp_path / "marked.duckdb"
-    assert ingest_traces([path], plain, workers=0).ok
+    assert ingest_traces([path], plain, threads=1).ok
     assert compute_metric(plain, "compute", by=["run", "rank", "step"])["step"].to_list() == [-1]
     result = CliRunner().invoke(app, ["ingest", str(path), "--db", str(marked), "--step-marker", r"^step\[DECODE", "-q"])
     assert result.exit_code == 0, result.output
@@ -149,7 +149,7 @@ def test_a_step_marker_with_a_number_group_numbers_the_steps(tmp_path: Path) -> 
     for i, e in enumerate(e for e in t.events if e["cat"] == "user_annotation"):
         e["name"] = f"train_step_{40 + i}"
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([t.write(tmp_path / "j" / "rank0.json")], db, workers=0, step_marker=r"^train_step_(\d+)$").ok
+    assert ingest_traces([t.write(tmp_path / "j" / "rank0.json")], db, threads=1, step_marker=r"^train_step_(\d+)$").ok
     assert compute_metric(db, "compute", by=["run", "rank", "step"], selection=EVERY_STEP)["step"].to_list() == [40, 41, 42]
 
 

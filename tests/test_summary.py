@@ -40,7 +40,7 @@ def two_steps(path: Path) -> Path:
 
 def test_summary_by_hand(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, threads=1).ok
     table = summary(db, selection=StepSelection(skip_steps=0, include_last=True)).table
     row = table.row(0, named=True)
     window = 140  # us, over both steps
@@ -62,7 +62,7 @@ def test_summary_step_by_step_by_hand(tmp_path: Path) -> None:
     """Each step its own row, its shares of its own window: step 1 (window 100 us) compute 30, overlapped
     10, exposed comm 20, idle 50; step 2 (window 40 us) compute 40. By step alone: the same rows (one rank)."""
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, threads=1).ok
     selection = StepSelection(skip_steps=0, include_last=True)
     table = summary(db, by="run,rank,step", selection=selection).table
     got = table.select("step", "steps", "compute_ms", "compute_pct", "overlapped_comm_pct", "exposed_comm_pct",
@@ -75,7 +75,7 @@ def test_summary_step_by_step_by_hand(tmp_path: Path) -> None:
 def test_summary_straight_from_trace_files(tmp_path: Path) -> None:
     trace = two_steps(tmp_path / "job" / "rank0.json")
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([trace], db, workers=0).ok
+    assert ingest_traces([trace], db, threads=1).ok
     runner = CliRunner()
     from_db = runner.invoke(app, ["summary", "--db", str(db), "--skip-steps", "0", "--include-last", "--format", "csv"])
     from_files = runner.invoke(app, ["summary", str(trace), "--skip-steps", "0", "--include-last", "--format", "csv",
@@ -87,7 +87,7 @@ def test_summary_straight_from_trace_files(tmp_path: Path) -> None:
 
 def test_summary_says_what_it_cannot_group_by(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, threads=1).ok
     with pytest.raises(ConfigError, match=r"did you mean rank\?"):
         summary(db, by="run,rnak")
 
@@ -107,7 +107,7 @@ def test_several_metrics_side_by_side(tmp_path: Path) -> None:
     from traceq.report.metrics import compute_metric
 
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, threads=1).ok
     both = compute_metric(db, "compute,idle", by="run,rank,step", selection=StepSelection(skip_steps=0, include_last=True))
     assert both.select("step", "compute_us", "idle_us").rows() == [(1, 30.0, 50.0), (2, 40.0, 0.0)]  # by hand
     by_run = compute_metric(db, ["exposed_comm", "idle_us", "step_time"], by="run", selection=StepSelection(skip_steps=0, include_last=True))
@@ -201,7 +201,7 @@ def test_summary_html_renders_offline_in_headless_chromium(tmp_path: Path) -> No
     if CHROMIUM is None:
         pytest.skip("headless Chromium is not installed (apt-get install -y chromium; CI installs it)")
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([two_steps(tmp_path / "job" / "rank0.json")], db, threads=1).ok
     page = tmp_path / "summary.html"
     result = CliRunner().invoke(app, ["summary", "--db", str(db), "--by", "run,rank,step", "--skip-steps", "0",
                                       "--include-last", "--html", str(page)])

@@ -49,7 +49,7 @@ def two_runs(tmp_path: Path) -> Path:
     files = [write_rank(tmp_path / "job", 0, [100, 200], meta), write_rank(tmp_path / "job", 1, [100, 400], meta),
              write_rank(tmp_path / "job2", 0, [100, 100], meta)]
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     return db
 
 
@@ -131,7 +131,7 @@ def test_report_by_metadata_from_the_cli_and_bad_columns(two_runs: Path) -> None
 
 def test_missing_tokens_per_step_is_said_not_guessed(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    ingest_traces([write_rank(tmp_path / "bare", 0, [100], None)], db, workers=0)
+    ingest_traces([write_rank(tmp_path / "bare", 0, [100], None)], db, threads=1)
     report = metric_report(db, "tokens_per_s", by=["run"])
     frame, notes = report.table, report.notes
     assert frame["tokens_per_s"].to_list() == [None]
@@ -170,7 +170,7 @@ def collective_trace() -> TraceBuilder:
 
 def test_exposed_comm_by_collective_and_process_group_by_hand(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    ingest_traces([collective_trace().write(tmp_path / "job" / "rank0.json")], db, workers=0)
+    ingest_traces([collective_trace().write(tmp_path / "job" / "rank0.json")], db, threads=1)
     total = compute_metric(db, "exposed_comm", by=["run", "rank", "step"], selection=EVERY)
     assert total["exposed_comm_us"].to_list() == [45.0, 10.0]
     by_type = compute_metric(db, "exposed_comm_by_collective", by=["run", "rank", "step"], selection=EVERY)
@@ -192,7 +192,7 @@ def test_steps_without_gpu_activity_still_get_throughput(tmp_path: Path) -> None
     path = t.write(tmp_path / "cpu" / "rank0.json")
     (tmp_path / "cpu" / "rank0.run.json").write_text(json.dumps({"rank": 0, "world_size": 1, "tokens_per_step": 100}))
     db = tmp_path / "w.duckdb"
-    ingest_traces([path], db, workers=0)
+    ingest_traces([path], db, threads=1)
     with connect(db, read_only=True) as con:
         from traceq.report.metrics import step_metrics
 
@@ -210,7 +210,7 @@ def test_a_run_json_of_traceq_0_1_still_ingests(tmp_path: Path) -> None:
             "gpu_model": "NVIDIA H100 80GB HBM3", "peak_tflops": 989.0, "peak_tflops_source": "table", **MODEL}
     path = write_rank(tmp_path / "old", 0, [100, 100], meta)
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0).ok
+    assert ingest_traces([path], db, threads=1).ok
     from traceq.report.runs import list_runs
 
     run = list_runs(db).row(0, named=True)
@@ -225,7 +225,7 @@ def test_flops_per_step_alone_gives_tflops_and_mfu_and_a_missing_input_is_named(
     from traceq.report.scaling import scaling_report
 
     db = tmp_path / "w.duckdb"
-    ingest_traces([write_rank(tmp_path / "resnet", 0, [100, 300, 100], None)], db, workers=0)
+    ingest_traces([write_rank(tmp_path / "resnet", 0, [100, 300, 100], None)], db, threads=1)
     set_run_metadata(db, "resnet", {"flops_per_step": 4e11})
     report = metric_report(db, "tflops,mfu", by="run")
     table, notes = report.table, report.notes

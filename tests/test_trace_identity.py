@@ -44,13 +44,13 @@ def test_files_without_a_rank_or_a_job_are_runs_of_their_own_with_a_note(tmp_pat
     notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
     assert len(notes) == 2 and notes[1].endswith(
         "worker1.pt.trace.json names no rank (no distributedInfo, event args or rank<N> in its name): a run of its own, "
-        "resnet50/worker1, as rank -1; join it to others with --run NAME, name its rank with --rank N")
+        "resnet50/worker1, as rank -1; join it to others with --name NAME, name its rank with --rank N")
     frame = compute_metric(db, "comm", by=("run", "rank"))
     assert frame.select("run", "rank", "steps").rows() == [
         ("resnet50/worker0", -1, 2), ("resnet50/worker1", -1, 2)]  # apart, each its own 3 steps less the open last one
     # said to be one job with --run: ranks of their own in it, -1 and -2
     joined = tmp_path / "j.duckdb"
-    assert ingest_traces(paths, joined, run="resnet50", workers=0).ok
+    assert ingest_traces(paths, joined, name="resnet50", threads=1).ok
     assert compute_metric(joined, "comm", by=("run", "rank")).select("run", "rank").rows() == [
         ("resnet50", -2), ("resnet50", -1)]
 
@@ -60,7 +60,7 @@ def test_a_distributed_rank_out_of_range_is_no_rank_in_the_rows_as_in_the_notes(
     t.rank = -5  # distributedInfo.rank -5: a job (distributedInfo), no rank
     path = t.write(tmp_path / "job" / "trace.json")
     db = tmp_path / "w.duckdb"
-    summary = ingest_traces([path], db, workers=0)
+    summary = ingest_traces([path], db, threads=1)
     assert summary.ok
     notes = summary.files[0].notes
     assert any("distributedInfo.rank -5 is not a rank" in n for n in notes)
@@ -77,9 +77,9 @@ def test_the_same_rank_given_to_two_files_is_refused_in_one_line(tmp_path: Path)
     assert result.exit_code == 1
     failed = [line for line in result.stderr.splitlines() if line.startswith("failed")]
     assert len(failed) == 1 and f"failed {paths[1]}: run job already holds steps 1..3 of rank 0 from" in failed[0]
-    assert "--run NAME" in failed[0] and "--rank N" in failed[0]
+    assert "--name NAME" in failed[0] and "--rank N" in failed[0]
     # under another run it is welcome
-    again = CliRunner().invoke(app, ["ingest", str(paths[1]), "--rank", "0", "--run", "job-b",
+    again = CliRunner().invoke(app, ["ingest", str(paths[1]), "--rank", "0", "--name", "job-b",
                                      "--db", str(tmp_path / "w.duckdb"), "-q"])
     assert again.exit_code == 0, again.output
 
@@ -92,7 +92,7 @@ def test_files_of_one_rank_with_other_steps_are_one_rank(tmp_path: Path) -> None
             e["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + 10}"
     paths = [lagging_trace().write(tmp_path / "job" / "rank0.json"), later.write(tmp_path / "job" / "rank0.cycle1.json")]
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(paths, db, workers=0).ok
+    assert ingest_traces(paths, db, threads=1).ok
     # one rank with 6 steps; each cycle's last step (3, 13) has an open window, left out by default
     assert compute_metric(db, "comm", by=("run", "rank")).select("rank", "steps").rows() == [(0, 4)]
     every = StepSelection(include_last=True)
@@ -102,7 +102,7 @@ def test_files_of_one_rank_with_other_steps_are_one_rank(tmp_path: Path) -> None
 def test_every_report_row_traces_back_to_its_file(tmp_path: Path) -> None:
     paths = [_anonymous(tag).write(tmp_path / "job" / f"worker{i}.json") for i, tag in enumerate("ab")]
     db = tmp_path / "w.duckdb"
-    assert ingest_traces(paths, db, run="job", workers=0).ok
+    assert ingest_traces(paths, db, name="job", threads=1).ok
     result = CliRunner().invoke(app, ["runs", "--traces", "--db", str(db), "--format", "json"])
     assert result.exit_code == 0, result.output
     listed = {row["ranks"]: row for row in json.loads(result.stdout)}
@@ -116,7 +116,7 @@ def test_every_report_row_traces_back_to_its_file(tmp_path: Path) -> None:
 def test_mtia_device_activity_is_counted_and_waits_are_not_work(tmp_path: Path) -> None:
     path = corpus_path("hta/mtia_inference_trace/mtia_inference_rank_0.json.gz")
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0, step_marker="^Stage::PyTorchMRSGIFTask::run$").ok
+    assert ingest_traces([path], db, threads=1, step_marker="^Stage::PyTorchMRSGIFTask::run$").ok
     with connect(db, read_only=True) as con:
         classes = dict(relation(con, "gpu_activity").aggregate("class, count(*)").fetchall())
         steps = step_metrics(con, selection=StepSelection(include_last=True))
@@ -141,7 +141,7 @@ def test_hccl_collectives_of_other_accelerators_are_communication(tmp_path: Path
     t.kernel("hccl:all_reduce", 30 * US, 60 * US, cat="mtia_ccp_events", launch_ns=2 * US)
     t.kernel("event_wait", 0, 90 * US, cat="mtia_ccp_events", launch_ns=3 * US)  # not work: no busy time
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([t.write(tmp_path / "mtia" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([t.write(tmp_path / "mtia" / "rank0.json")], db, threads=1).ok
     row = step_metrics(db_con := connect(db, read_only=True)).row(0, named=True)
     with db_con:
         assert relation(db_con, "gpu_activity").filter("class = 'comm'").aggregate("collective_type").fetchall() == [
@@ -173,7 +173,7 @@ def test_an_unknown_gpu_leaves_mfu_empty_and_says_how_to_set_the_peak(tmp_path: 
     (tmp_path / "job" / "rank0.run.json").write_text(json.dumps({"world_size": 1, "tokens_per_step": 1000,
                                                                  "model_flops_per_token": 6e9}))
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0).ok
+    assert ingest_traces([path], db, threads=1).ok
     report = metric_report(db, "mfu")
     frame, notes = report.table, report.notes
     assert frame["mfu"].to_list() == [None]
@@ -220,8 +220,8 @@ def test_a_warehouse_of_the_schema_before_is_refused_by_reports_and_migrated_by_
     nosteps.events = [e for e in nosteps.events if not e["name"].startswith("ProfilerStep#")]
     paths = [lagging_trace().write(tmp_path / "job" / "rank0.json"), nosteps.write(tmp_path / "other" / "rank0.json")]
     fresh, old = tmp_path / "fresh.duckdb", tmp_path / "old.duckdb"
-    assert ingest_traces(paths, fresh, workers=0).ok
-    assert ingest_traces(paths, old, workers=0).ok
+    assert ingest_traces(paths, fresh, threads=1).ok
+    assert ingest_traces(paths, old, threads=1).ok
     with duckdb.connect(str(old)) as con:
         con.execute("drop table warehouse_info")
         con.execute("delete from steps where source = 'whole_trace'")

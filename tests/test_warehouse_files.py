@@ -56,7 +56,7 @@ def foreign(tmp_path: Path) -> Path:
 def newer(tmp_path: Path) -> Path:
     """A warehouse stamped by a traceq of a later schema."""
     path = tmp_path / "newer.duckdb"
-    assert ingest_traces([one_step_trace().write(tmp_path / "job" / "rank0.json")], path, workers=0).ok
+    assert ingest_traces([one_step_trace().write(tmp_path / "job" / "rank0.json")], path, threads=1).ok
     with duckdb.connect(str(path)) as con:
         con.execute("update warehouse_info set value = '99' where key = 'schema_version'")
     return path
@@ -125,7 +125,7 @@ def test_a_damaged_schema_version_is_one_line(tmp_path: Path, newer: Path) -> No
 @pytest.fixture
 def warehouse(tmp_path: Path) -> Path:
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([one_step_trace().write(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([one_step_trace().write(tmp_path / "job" / "rank0.json")], db, threads=1).ok
     return db
 
 
@@ -196,7 +196,7 @@ def test_control_characters_in_names_are_shown_not_obeyed(tmp_path: Path) -> Non
     t.kernel(f"gemm{HOSTILE}\nerror: forged line", 0, 50_000, launch_ns=0)
     t.kernel("gemm_plain", 100_000, 150_000, launch_ns=100_000)
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([t.write(tmp_path / "job" / "rank0.json")], db, workers=0).ok
+    assert ingest_traces([t.write(tmp_path / "job" / "rank0.json")], db, threads=1).ok
     shown = "gemm\\x1b]0;PWNED\\x07\\x1b[2J\\x9b31m\\nerror: forged line"
     for fmt in ("table", "csv", "json"):
         done = runner.invoke(app, ["kernels", "--db", str(db), "--format", fmt, "--include-last"])
@@ -211,11 +211,11 @@ def test_control_characters_in_names_are_shown_not_obeyed(tmp_path: Path) -> Non
 def test_run_names_with_control_characters_are_refused(tmp_path: Path, name: str) -> None:
     trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
     db = tmp_path / "w.duckdb"
-    done = runner.invoke(app, ["ingest", str(trace), "--db", str(db), "--run", name])
+    done = runner.invoke(app, ["ingest", str(trace), "--db", str(db), "--name", name])
     assert done.exit_code == 1
     assert "a run name cannot hold control characters" in done.stderr and done.stderr.count("\n") == 1
     assert "\x1b" not in done.stderr and "\nerror: forged" not in done.stderr
-    assert runner.invoke(app, ["ingest", str(trace), "--db", str(db), "--run", "job"]).exit_code == 0
+    assert runner.invoke(app, ["ingest", str(trace), "--db", str(db), "--name", "job"]).exit_code == 0
     done = runner.invoke(app, ["runs", "rename", "job", name, "--db", str(db)])
     assert done.exit_code == 1 and "control characters" in done.stderr
 
@@ -223,19 +223,20 @@ def test_run_names_with_control_characters_are_refused(tmp_path: Path, name: str
 # ------------------------------------------------------------------------------------- bounded work
 
 
-@pytest.mark.parametrize(("command", "workers", "lowest"), [
-    ("ingest", "100000", 0), ("ingest", "-1", 0), ("ingest-cluster", "0", 1), ("ingest-cluster", "500", 1),
+@pytest.mark.parametrize(("command", "option", "count"), [
+    ("ingest", "--threads", "100000"), ("ingest", "--threads", "0"), ("ingest-cluster", "--processes", "0"),
+    ("ingest-cluster", "--processes", "500"),
 ])
-def test_workers_beyond_a_few_per_core_are_refused_before_any_work(tmp_path: Path, command: str, workers: str,
-                                                                   lowest: int) -> None:
+def test_threads_or_processes_beyond_a_few_per_core_are_refused_before_any_work(tmp_path: Path, command: str,
+                                                                                option: str, count: str) -> None:
     import os
 
     trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
     out = tmp_path / ("w.duckdb" if command == "ingest" else "pq")
-    args = [command, str(trace), "--workers", workers] + (["--db", str(out)] if command == "ingest" else ["--parquet", str(out)])
+    args = [command, str(trace), option, count] + (["--db", str(out)] if command == "ingest" else ["--parquet", str(out)])
     done = runner.invoke(app, args)
     most = 4 * (os.cpu_count() or 1)
-    assert done.exit_code == 1 and f"--workers {workers}: give {lowest} to {most}" in done.stderr
+    assert done.exit_code == 1 and f"{option} {count}: give 1 to {most}" in done.stderr
     assert not out.exists()
 
 
@@ -249,7 +250,7 @@ def export(tmp_path: Path) -> Path:
 
     db = tmp_path / "src.duckdb"
     files = write_run(tmp_path / "job", late_rank_run())
-    assert ingest_traces(files, db, workers=0).ok
+    assert ingest_traces(files, db, threads=1).ok
     folder = tmp_path / "pq"
     assert runner.invoke(app, ["export", "--parquet", str(folder), "--db", str(db)]).exit_code == 0
     return folder
@@ -361,7 +362,7 @@ def test_a_file_rewritten_while_it_is_read_fails_alone_and_nothing_of_it_is_stor
             rewritten.append(True)
 
     db = tmp_path / "w.duckdb"
-    summary = ingest_traces(paths, db, workers=0, progress=progress)
+    summary = ingest_traces(paths, db, threads=1, progress=progress)
     assert rewritten, "the progress callback never saw the file being read"
     assert [f.status for f in summary.files] == ["ingested"] * (files - 1) + ["failed"]
     assert summary.files[-1].message == (f"{target}: the file changed while traceq read it (written, replaced or "
@@ -369,7 +370,7 @@ def test_a_file_rewritten_while_it_is_read_fails_alone_and_nothing_of_it_is_stor
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("select count(*) from traces").fetchone() == (files - 1,)
         assert con.execute("select count(*) from traces where path like ?", [f"%{target.name}"]).fetchone() == (0,)
-    again = ingest_traces([target], db, workers=0)  # complete now: it goes in
+    again = ingest_traces([target], db, threads=1)  # complete now: it goes in
     assert [f.status for f in again.files] == ["ingested"]
 
 
@@ -380,7 +381,7 @@ def test_force_replaces_the_earlier_trace_of_a_file_whose_content_changed(tmp_pa
 
     [path] = write_run(tmp_path / "job", {0: late_rank_run()[0]}, world_size=3)
     db = tmp_path / "w.duckdb"
-    assert ingest_traces([path], db, workers=0).ok
+    assert ingest_traces([path], db, threads=1).ok
     path.write_text(path.read_text().replace('"rank": ', '"rank":  '))  # other bytes, the same steps of rank 0
     done = runner.invoke(app, ["ingest", str(path), "--db", str(db), "--force"])
     assert done.exit_code == 0 and "1 ingested" in done.stdout, done.output
@@ -413,7 +414,7 @@ def test_a_file_of_empty_events_is_not_read_to_its_end(tmp_path: Path, native: b
     with gzip.open(path, "wb") as f:
         f.write(b'{"traceEvents": [' + b", ".join([b"{}"] * 1_500_000) + b"]}")
     db = tmp_path / "w.duckdb"
-    summary = ingest_traces([path], db, workers=0, native=native)
+    summary = ingest_traces([path], db, threads=1, native=native)
     [result] = summary.files
     assert result.status == "failed", result
     assert "events hold nothing a trace event holds (no phase, name, time or category): not a profiler trace" in result.message
@@ -451,13 +452,13 @@ def test_a_second_writing_connection_in_one_process_still_opens(tmp_path: Path) 
     db = tmp_path / "w.duckdb"
     trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
     with connect(db):
-        assert ingest_traces([trace], db, workers=0).ok
+        assert ingest_traces([trace], db, threads=1).ok
 
 
 def test_table_cells_show_rich_markup_as_typed(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     trace = one_step_trace().write(tmp_path / "job" / "rank0.json")
-    assert runner.invoke(app, ["ingest", str(trace), "--db", str(db), "--run", "exp[lr=1e-3]"]).exit_code == 0
+    assert runner.invoke(app, ["ingest", str(trace), "--db", str(db), "--name", "exp[lr=1e-3]"]).exit_code == 0
     done = runner.invoke(app, ["runs", "--db", str(db)])
     assert done.exit_code == 0 and "exp[lr=1e-3]" in done.stdout, done.output
     done = runner.invoke(app, ["sql", "select 'x[/]y' as a, '[bold]B' as b", "--db", str(db)])
@@ -520,7 +521,7 @@ def test_a_warehouse_in_a_directory_the_user_cannot_write_is_refused_for_writing
         folder = top / "warehouse"
         warehouse = folder / "w.duckdb"
         folder.mkdir()
-        assert ingest_traces([one_step_trace().write(top / "job" / "rank0.json")], warehouse, workers=0).ok
+        assert ingest_traces([one_step_trace().write(top / "job" / "rank0.json")], warehouse, threads=1).ok
         trace = one_step_trace().write(top / "more" / "rank1.json")
         for path in (top / "job", top / "more", folder):
             path.chmod(0o755)

@@ -23,8 +23,12 @@ from traceq.terminal import CONTROL, visible
 
 # The step marker of PyTorch's profiler: ProfilerStep#N, numbered by N.
 DEFAULT_STEP_MARKER = r"^ProfilerStep#(\d+)$"
-# Step number of the one window of a rank whose trace has no step marker: its whole timeline.
+# Step number of the one window of a rank whose trace has no step marker: its whole timeline (the one
+# meaning of step -1; the SQL files write it as -1 too).
 WHOLE_TRACE_STEP = -1
+# Device of CPU-side activity, in a trace without GPU activity (gloo communication, CPU operators): the one
+# meaning of device -1. A negative rank is a file that named none (-1, -2, ... within its run).
+NO_DEVICE = -1
 ROLES = ("kernel", "memcpy", "memset", "runtime", "operator", "device_annotation")
 
 
@@ -351,35 +355,36 @@ RUN_KEY_NAMES = tuple(k.key for k in RUN_KEYS)
 _MAX_RUN_FOLDER = 255
 
 
-# workers beyond a few per core only cost memory (ingest-cluster --workers 500 reached 10 GB) and threads
-MAX_WORKERS_PER_CORE = 4
+# threads (ingest --threads) or processes (ingest-cluster --processes) beyond a few per core only cost
+# memory (ingest-cluster with 500 processes reached 10 GB)
+MAX_PER_CORE = 4
 
 
-def check_workers(workers: int | None, *, lowest: int = 0) -> None:
-    """ConfigError unless ``workers`` is None (the default: every core) or from ``lowest`` to
-    :data:`MAX_WORKERS_PER_CORE` per core of this machine."""
-    if workers is None:
+def check_parallelism(count: int | None, param: str) -> None:
+    """ConfigError unless ``count`` (of threads, or of processes: ``param`` names which) is None (the
+    default: one per core) or from 1 to :data:`MAX_PER_CORE` per core of this machine."""
+    if count is None:
         return
     cores = os.cpu_count() or 1
-    most = MAX_WORKERS_PER_CORE * cores
-    if not lowest <= workers <= most:
-        raise ConfigError(f"give {lowest} to {most} ({MAX_WORKERS_PER_CORE} per core of this machine's {cores}); "
-                          "without it every core is used", param="workers", value=workers)
+    most = MAX_PER_CORE * cores
+    if not 1 <= count <= most:
+        raise ConfigError(f"give 1 to {most} ({MAX_PER_CORE} per core of this machine's {cores}); "
+                          "without it, one per core", param=param, value=count)
 
 
-def check_run_name(run: str) -> str:
+def check_run_name(run: str, param: str = "run") -> str:
     """``run`` when it can name a run (non-empty, and its export folder fits in 255 bytes); else ConfigError."""
     if not run.strip():
-        raise ConfigError("a run needs a name that is not empty", param="run", value=run)
+        raise ConfigError("a run needs a name that is not empty", param=param, value=run)
     if CONTROL.search(run):
         raise ConfigError("a run name cannot hold control characters (ESC, newline, ...): they would act on the "
-                          "terminal of whoever lists it; give a name of printable characters", param="run",
+                          "terminal of whoever lists it; give a name of printable characters", param=param,
                           value=visible(run))
     folder = len("run=") + len(quote(run, safe=""))
     if folder > _MAX_RUN_FOLDER:
         raise ConfigError(
             f"too long: its Parquet folder would be {folder} bytes, over {_MAX_RUN_FOLDER} "
             f"({len(run.encode())} bytes of UTF-8, percent-encoded); give a shorter name",
-            param="run", value=run if len(run) <= 40 else run[:40] + "...",
+            param=param, value=run if len(run) <= 40 else run[:40] + "...",
         )
     return run

@@ -69,6 +69,7 @@ SkipStepsOption = Annotated[Optional[int], typer.Option("--skip-steps", help="Le
 DropLastOption = Annotated[bool, typer.Option("--drop-last/--no-drop-last", help="Drop each rank's last step always, even a rank's only step (what HTA does).")]
 IncludeLastOption = Annotated[bool, typer.Option("--include-last", help="Keep each rank's last step. By default it is left out: its device window is open (it ends with the GPU's drain, so it holds the backlog of earlier steps); a rank whose only step is the last keeps it.")]
 RunOption = Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")]
+NameOption = Annotated[Optional[str], typer.Option("--name", metavar="RUN", help="The run the traces go to (default: each file's directory's name).")]
 FormatOption = Annotated[Format, typer.Option("--format", help="Output format.")]
 WholeTraceOption = Annotated[bool, typer.Option("--whole-trace", help="Every collective of the trace, not only the selected steps'.")]
 

@@ -8,40 +8,57 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from traceq.cli.base import DbOption, app, echo
+from traceq.cli.base import DbOption, NameOption, app, echo
 from traceq.errors import ConfigError
 from traceq.store.warehouse import DEFAULT_DB
+
+# the names these options had (until 0.1): --run selects runs in every other command, and --workers
+# meant threads here and processes in ingest-cluster
+FormerRunOption = Annotated[Optional[str], typer.Option("--run", hidden=True)]
+FormerWorkersOption = Annotated[Optional[int], typer.Option("--workers", hidden=True)]
+
+
+def _renamed(run: str | None, workers: int | None, count: str) -> None:
+    """A ConfigError that names the option's new name, where a former one is given."""
+    if run is not None:
+        raise ConfigError(f"selects runs in the reports; name the run these traces go to with --name {run}",
+                          param="run", value=run)
+    if workers is not None:
+        raise ConfigError(f"renamed: {count} {workers}", param="workers", value=workers)
 
 
 @app.command()
 def ingest(
     inputs: Annotated[list[str], typer.Argument(help="Trace files (.json, .json.gz), globs or directories.")],
     db: DbOption = Path(DEFAULT_DB),
-    run: Annotated[Optional[str], typer.Option(help="Run name for every file (default: the parent directory's name).")] = None,
+    name: NameOption = None,
     rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none (no distributedInfo, no per-event rank, none in the file name); without it each such file gets a rank of its own: -1, -2, ...")] = None,
     step_marker: Annotated[Optional[str], typer.Option(help="Regular expression naming the steps, for traces whose steps are not ProfilerStep#N, e.g. '^step\\[DECODE' or 'Optimizer.step#'. A group that captures an integer numbers the steps; else they are numbered 1, 2, ... in time order.")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Cores to parse on (default: all; 0 or 1 = one).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Ingest files that are in the warehouse already: each one's earlier trace is replaced in the same transaction (e.g. to move it under another --run).")] = False,
+    threads: Annotated[Optional[int], typer.Option(help="DuckDB threads that parse (default: one per CPU; 1 to 4 per CPU).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Ingest files that are in the warehouse already: each one's earlier trace is replaced in the same transaction (e.g. to move it under another --name).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    run: FormerRunOption = None,
+    workers: FormerWorkersOption = None,
 ) -> None:
     """Load Kineto traces into the warehouse (each file all or nothing; re-ingesting is a no-op unless --force).
 
     Steps are the ProfilerStep#N spans unless --step-marker names others; a trace with no step is
     reported over its whole timeline as one window. Each file's ranks belong to it alone: a file whose
     run already holds a step of one of its ranks is refused (the same trace twice, or two jobs in one
-    run: use --run).
+    run: use --name).
 
     Examples:
 
-      traceq ingest runs/llama-8n/*.json.gz --db runs.duckdb --run llama-8n
+      traceq ingest runs/llama-8n/*.json.gz --db runs.duckdb --name llama-8n
 
       traceq ingest vllm_decode.json.gz --step-marker '^step\\[DECODE'
     """
     from traceq.ingest import ingest_traces
 
+    _renamed(run, workers, "--threads")
     summary = _with_progress(
         lambda progress: ingest_traces(
-            inputs, db, run=run, rank=rank, workers=workers, progress=progress, step_marker=step_marker,
+            inputs, db, name=name, rank=rank, threads=threads, progress=progress, step_marker=step_marker,
             force=force,
         ),
         enabled=not quiet and sys.stderr.isatty(),
@@ -100,9 +117,11 @@ def ingest_cluster(
     inputs: Annotated[list[str], typer.Argument(help="Trace files, globs or directories, at paths every worker can read.")],
     parquet: Annotated[Path, typer.Option("--parquet", help="Output directory (same layout as `traceq export`), on storage every worker can write.")],
     scheduler: Annotated[Optional[str], typer.Option(help="Dask scheduler address, e.g. tcp://10.0.0.5:8786 (default: a local cluster).")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Worker processes of the local cluster (default: one per CPU); ignored with --scheduler.")] = None,
-    run: Annotated[Optional[str], typer.Option(help="Run name for every file (default: the parent directory's name).")] = None,
+    processes: Annotated[Optional[int], typer.Option(help="Worker processes of the local cluster (default: one per CPU; 1 to 4 per CPU); ignored with --scheduler.")] = None,
+    name: NameOption = None,
     rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none.")] = None,
+    run: FormerRunOption = None,
+    workers: FormerWorkersOption = None,
 ) -> None:
     """Ingest traces on a Dask cluster, one task per file, into a Parquet directory.
 
@@ -118,7 +137,8 @@ def ingest_cluster(
     """
     from traceq.ingest.cluster import ingest_with_dask
 
-    summary = ingest_with_dask(inputs, parquet, scheduler=scheduler, local_workers=workers, run=run, rank=rank)
+    _renamed(run, workers, "--processes")
+    summary = ingest_with_dask(inputs, parquet, scheduler=scheduler, processes=processes, name=name, rank=rank)
     for note in summary.notes:
         echo(f"note: {note}", err=True)
     for f in summary.files:

@@ -43,6 +43,7 @@ def report(
     traces: Annotated[Optional[list[str]], typer.Argument(help="With --engine perfetto: trace files, globs or directories, read directly (no warehouse).", show_default=False)] = None,
     engine: EngineOption = Engine.duckdb,
     trace_processor: TraceProcessorOption = None,
+    name: Annotated[Optional[str], typer.Option("--name", metavar="RUN", help="With --engine perfetto: the run the trace files belong to (default: each file's directory's name, as traceq ingest --name).")] = None,
     rank: Annotated[Optional[int], typer.Option(help="With --engine perfetto: the rank of traces that name none.")] = None,
     step_marker: Annotated[Optional[str], typer.Option(help="With --engine perfetto: a regular expression on the names of the step spans (as traceq ingest --step-marker).")] = None,
     selection: Any = None,
@@ -71,15 +72,18 @@ def report(
     --engine perfetto computes the interval metrics (comm, compute, overlapped, exposed, idle, ...)
     with Perfetto's trace processor from the trace files themselves, independently of the DuckDB
     engine; it finds the binary from --trace-processor, then $TRACEQ_TRACE_PROCESSOR, then the
-    perfetto package's download. There --run NAME names the files' run (default: each file's
+    perfetto package's download. There --name RUN names the files' run (default: each file's
     directory) and --rank N the rank of files that name none.
     """
     from traceq.catalog import BREAKDOWNS
     from traceq.report.metrics import metric_names, metric_report
 
     if engine is Engine.perfetto or traces:
-        result = _perfetto_report(traces, engine, metric, by, whole_trace, selection, run, rank, html, trace_processor,
-                                  step_marker)
+        result = _perfetto_report(traces, engine, metric, by, whole_trace, selection, run, name, rank, html,
+                                  trace_processor, step_marker)
+    elif name is not None:
+        raise ConfigError("names the run of trace files read with --engine perfetto; the warehouse's runs are "
+                          "selected with --run", param="name", value=name)
     elif step_marker is not None:
         raise ConfigError("the warehouse keeps the marker each file was ingested with; ingest again with "
                           "--step-marker, or read the traces with --engine perfetto", param="step_marker", value=step_marker)
@@ -98,7 +102,7 @@ def report(
 
 
 def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: str, whole_trace: bool,
-                     selection: Any, run: list[str] | None, rank: int | None, html: Path | None,
+                     selection: Any, run: list[str] | None, name: str | None, rank: int | None, html: Path | None,
                      trace_processor: Path | None, step_marker: str | None) -> Any:
     """``report --engine perfetto``: the checks of its options, then the report."""
     from traceq.perfetto.engine import perfetto_report
@@ -111,10 +115,11 @@ def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: 
         raise ConfigError("give the trace files to read (the Perfetto engine reads no warehouse)", param="engine", value="perfetto")
     if html is not None:
         raise ConfigError("the HTML report reads the warehouse: use --engine duckdb", param="html", value=str(html))
-    if run and len(run) > 1:
-        raise ConfigError("with --engine perfetto, --run names the traces' run (once)", param="run", value=",".join(run))
+    if run:
+        raise ConfigError("the Perfetto engine reports the trace files given; --name RUN names their run",
+                          param="run", value=",".join(run))
     return perfetto_report(traces, metric, by=by, whole_trace=whole_trace, selection=selection,
-                           run=run[0] if run else None, rank=rank, binary=trace_processor_binary(trace_processor),
+                           name=name, rank=rank, binary=trace_processor_binary(trace_processor),
                            step_marker=step_marker)
 
 

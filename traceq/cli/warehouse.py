@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from traceq.catalog import RUN_KEYS
 from traceq.cli.base import (
@@ -30,81 +31,6 @@ from traceq.errors import ConfigError
 from traceq.store.warehouse import DEFAULT_DB
 
 
-def runs(
-    target: Annotated[Optional[list[str]], typer.Argument(metavar="[set|rm|rename] [RUN] [NEW]", help="A run to show; `set RUN` with the options below to set its metadata; `rm RUN` to remove it and all of its data; `rename RUN NEW`.")] = None,
-    db: DbOption = Path(DEFAULT_DB),
-    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
-    traces: Annotated[bool, typer.Option("--traces", help="List the trace files instead: their run, ranks, steps, GPU and path.")] = False,
-    **metadata: Any,
-) -> None:
-    """List the runs in the warehouse with their metadata, set metadata of one run, remove or rename one.
-
-    Metadata comes from the collectors' rank<r>.run.json files; for traces recorded without them,
-    set it here (values set here win over the collector's and survive later ingests). The peak of
-    --gpu-model comes from traceq's table; a GPU the table does not know needs --peak-tflops with it.
-    Removing and renaming are one transaction each; a name another run has is refused.
-
-    Examples:
-
-      traceq runs --db runs.duckdb
-
-      traceq runs --traces --db runs.duckdb
-
-      traceq runs set llama-8n --world-size 8 --tp 2 --tokens-per-step 4194304 --gpu-model 'H100 SXM' --db runs.duckdb
-
-      traceq runs rename trace_filter recsys-128r --db runs.duckdb
-
-      traceq runs rm old-attempt --db runs.duckdb
-    """
-    from traceq.report.runs import list_runs, list_traces
-    from traceq.store.run_metadata import set_run_metadata
-
-    words = list(target or [])
-    action = words[0] if words and words[0] in ("set", "rm", "rename") else None
-    if action is not None:
-        words = words[1:]
-    setting = action == "set"
-    if action in ("rm", "rename"):
-        _manage_run(action, words, db, bool({k: v for k, v in metadata.items() if v is not None}))
-        words = []
-    if len(words) > 1:
-        raise ConfigError(f"traceq runs takes one run name, got {' '.join(words)}; e.g. traceq runs set RUN --tp 2")
-    given = {k: v for k, v in metadata.items() if v is not None}
-    if given or setting:
-        if not words:
-            raise ConfigError("traceq runs set needs a run name: traceq runs set RUN --tokens-per-step N")
-        if not given:
-            raise ConfigError(f"nothing to set for run {words[0]}; pass e.g. --tokens-per-step N (see traceq runs --help)")
-        set_run_metadata(db, words[0], given)
-        echo(f"set {', '.join(sorted(given))} of run {words[0]}", err=True)
-    frame = list_traces(db) if traces else list_runs(db)
-    if words:
-        import polars as pl
-
-        frame = frame.filter(pl.col("run") == words[0])
-        if frame.height == 0:
-            raise ConfigError(f"no run {words[0]!r} in {db}; `traceq runs` lists them")
-    # the path is what --traces is for: it stays, and the figures and labels beside it go first
-    emit(frame, fmt, drop_first=("step_marker", "device_events", "events", "first_step", "last_step", "rank_source",
-                                  "gpu_model", "steps") if traces else ())
-
-
-def _manage_run(action: str, words: list[str], db: Path, with_options: bool) -> None:
-    """`traceq runs rm RUN` and `traceq runs rename RUN NEW` (then the runs are listed)."""
-    from traceq.store.manage import remove_run, rename_run
-
-    wanted = {"rm": ["RUN"], "rename": ["RUN", "NEW"]}[action]
-    if len(words) != len(wanted) or with_options:
-        raise ConfigError(f"usage: traceq runs {action} {' '.join(wanted)} (and no metadata options)")
-    if action == "rm":
-        removed = remove_run(db, words[0])
-        rows = sum(n for table, n in removed.items() if table != "traces")
-        echo(f"removed run {words[0]}: {removed.get('traces', 0)} trace(s), {rows:,} rows", err=True)
-    else:
-        moved = rename_run(db, words[0], words[1])
-        echo(f"renamed run {words[0]} to {words[1]} ({moved} trace(s))", err=True)
-
-
 def _with_run_key_options(command: Any) -> Any:
     """``command`` with one option per settable run metadata key of the catalogue (--world-size, --tp,
     --gpu-model, ...): their names, types and help come from :data:`traceq.catalog.RUN_KEYS` alone."""
@@ -120,6 +46,112 @@ def _with_run_key_options(command: Any) -> Any:
     command.__signature__ = signature.replace(parameters=[*fixed, *generated])
     command.__annotations__ = {**{p.name: p.annotation for p in fixed}, **{p.name: p.annotation for p in generated}}
     return command
+
+
+class RunCommands(TyperGroup):
+    """``traceq runs``' subcommands (set, rm, rename); a word that names none of them is said in one line
+    with the command that shows one run."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            raise ConfigError(f"traceq runs has no command {args[0]!r} (set, rm, rename); "
+                              f"to show one run: traceq runs --run {args[0]}")
+        return super().resolve_command(ctx, args)
+
+
+runs_app = typer.Typer(cls=RunCommands, add_completion=False, rich_markup_mode=None)
+app.add_typer(runs_app, name="runs")
+
+
+@runs_app.callback(invoke_without_command=True)
+def runs(
+    ctx: typer.Context,
+    db: DbOption = Path(DEFAULT_DB),
+    run: RunOption = None,
+    traces: Annotated[bool, typer.Option("--traces", help="List the trace files instead: their run, ranks, steps, GPU and path.")] = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """List the runs in the warehouse with their metadata; set metadata of one run, remove or rename one.
+
+    Metadata comes from the collectors' rank<r>.run.json files; for traces recorded without them,
+    set it here (values set here win over the collector's and survive later ingests). The peak of
+    --gpu-model comes from traceq's table; a GPU the table does not know needs --peak-tflops with it.
+    Removing and renaming are one transaction each; a name another run has is refused.
+
+    Examples:
+
+      traceq runs --db runs.duckdb
+
+      traceq runs --traces --run llama-8n --db runs.duckdb
+
+      traceq runs set llama-8n --world-size 8 --tp 2 --tokens-per-step 4194304 --gpu-model 'H100 SXM' --db runs.duckdb
+
+      traceq runs rename trace_filter recsys-128r --db runs.duckdb
+
+      traceq runs rm old-attempt --db runs.duckdb
+    """
+    from traceq.report.runs import runs_report
+
+    if ctx.invoked_subcommand is None:
+        show(runs_report(db, traces=traces, runs=run), fmt)
+
+
+RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run's name (traceq runs lists them).", show_default=False)]
+
+
+@runs_app.command("set")
+@_with_run_key_options
+def set_metadata(run: RunArgument, db: DbOption = Path(DEFAULT_DB), fmt: FormatOption = Format.table,
+                 **metadata: Any) -> None:
+    """Set metadata of one run (the options below); then show the run.
+
+    Example:
+
+      traceq runs set llama-8n --world-size 8 --tp 2 --tokens-per-step 4194304 --gpu-model 'H100 SXM'
+    """
+    from traceq.report.runs import runs_report
+    from traceq.store.run_metadata import set_run_metadata
+
+    given = {k: v for k, v in metadata.items() if v is not None}
+    if not given:
+        raise ConfigError(f"nothing to set for run {run}; pass e.g. --tokens-per-step N (traceq runs set --help)")
+    set_run_metadata(db, run, given)
+    echo(f"set {', '.join(sorted(given))} of run {run}", err=True)
+    show(runs_report(db, runs=[run]), fmt)
+
+
+@runs_app.command("rm")
+def remove(run: RunArgument, db: DbOption = Path(DEFAULT_DB), fmt: FormatOption = Format.table) -> None:
+    """Remove a run and all of its data, in one transaction; then list the runs left.
+
+    Example:
+
+      traceq runs rm old-attempt
+    """
+    from traceq.report.runs import runs_report
+    from traceq.store.manage import remove_run
+
+    removed = remove_run(db, run)
+    rows = sum(n for table, n in removed.items() if table != "traces")
+    echo(f"removed run {run}: {removed.get('traces', 0)} trace(s), {rows:,} rows", err=True)
+    show(runs_report(db), fmt)
+
+
+@runs_app.command("rename")
+def rename(run: RunArgument, new: Annotated[str, typer.Argument(metavar="NEW", help="Its new name (one no other run has).", show_default=False)],
+           db: DbOption = Path(DEFAULT_DB), fmt: FormatOption = Format.table) -> None:
+    """Rename a run, in one transaction; then list the runs.
+
+    Example:
+
+      traceq runs rename trace_filter recsys-128r
+    """
+    from traceq.report.runs import runs_report
+    from traceq.store.manage import rename_run
+
+    moved = rename_run(db, run, new)
+    echo(f"renamed run {run} to {new} ({moved} trace(s))", err=True)
+    show(runs_report(db), fmt)
 
 
 @app.command()
@@ -298,4 +330,3 @@ def export(
                "open it in https://ui.perfetto.dev")
 
 
-app.command()(_with_run_key_options(runs))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from traceq.errors import ConfigError, TraceFormatError
-from traceq.catalog import check_workers
+from traceq.catalog import check_parallelism
 from traceq.ingest.inputs import check_run_name, expand_inputs
 from traceq.ingest.identity import check_rank
 from traceq.ingest.loader import INGEST_CHUNK_BYTES, FileResult, IngestSummary, ingest_in_process, not_utf8
@@ -99,8 +99,8 @@ def ingest_with_dask(
     *,
     client: Any = None,
     scheduler: str | None = None,
-    local_workers: int | None = None,
-    run: str | None = None,
+    processes: int | None = None,
+    name: str | None = None,
     rank: int | None = None,
     chunk_bytes: int = INGEST_CHUNK_BYTES,
 ) -> IngestSummary:
@@ -111,18 +111,17 @@ def ingest_with_dask(
             every worker can read.
         out_dir: the Parquet directory (created; files already in it are skipped by content).
         client: a ``distributed.Client``; else one is made for ``scheduler``; else a local cluster of
-            ``local_workers`` processes (default: one per CPU) is started for this call.
+            ``processes`` worker processes (default: one per CPU) is started for this call.
         scheduler: address of a running scheduler, e.g. ``tcp://10.0.0.5:8786``.
-        run, rank: as for ``ingest_traces``.
+        name, rank: as for ``ingest_traces``.
         chunk_bytes: decode chunk size (bytes of JSON).
 
     Returns one result per file, in input order.
     """
     check_rank(rank)
     if client is None and scheduler is None:
-        check_workers(local_workers, lowest=1)
-    if run is not None:
-        check_run_name(run)
+        check_parallelism(processes, "processes")
+    run = name if name is None else check_run_name(name, "name")
     try:
         from distributed import Client, LocalCluster
     except ImportError:
@@ -137,7 +136,7 @@ def ingest_with_dask(
                               "running scheduler's address, e.g. tcp://head:8786", param="scheduler", value=scheduler) from None
         with own:
             return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
-    with LocalCluster(n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+    with LocalCluster(n_workers=processes, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         with Client(cluster) as own:
             return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
 
@@ -196,7 +195,7 @@ def _refuse_rank_collisions(root: Path, results: list[FileResult]) -> list[FileR
                 result = FileResult(
                     result.path, "failed",
                     f"{result.path}: run {run} already holds steps {min(steps)}..{max(steps)} of rank {rank}; the "
-                    "same trace twice, or traces of two jobs in one run? Ingest it under another run (--run NAME)",
+                    "same trace twice, or traces of two jobs in one run? Ingest it under another run (--name NAME)",
                 )
             else:
                 taken.update({(run, rank, step): result.trace_id for rank, step in claims})

@@ -3,7 +3,7 @@ it belongs to.
 
 - Rank: ``distributedInfo.rank``, else the events' ``args.rank`` (a file merging ranks), else the
   user's ``--rank``, else ``rank<N>`` in the file name, else unknown.
-- Run: ``--run`` where given; else a file that says it belongs to a job (a ``distributedInfo``, a
+- Run: ``--name`` where given; else a file that says it belongs to a job (a ``distributedInfo``, a
   collector's ``rank<N>.run.json`` beside it, a rank it names or its events name) is in the run named
   after its directory; a file that names no rank and no job is a run of its own, named after its
   directory and file (two unrelated traces in one folder are never averaged as two ranks of one job).
@@ -82,6 +82,6 @@ def no_rank_note(path: Path, run: str, rank: int, *, alone: bool, verb: str = "s
     """The note on a file that names no rank: a run of its own (``alone``), or rank ``rank`` of ``run``."""
     head = f"{path} names no rank (no distributedInfo, event args or rank<N> in its name): "
     if alone:
-        return head + (f"a run of its own, {run}, as rank {rank}; join it to others with --run NAME, "
+        return head + (f"a run of its own, {run}, as rank {rank}; join it to others with --name NAME, "
                        "name its rank with --rank N")
     return head + f"{verb} as rank {rank} of run {run}; set one with --rank N"

@@ -35,7 +35,7 @@ import duckdb
 import msgspec
 
 from traceq import scratch
-from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, check_workers, event_categories
+from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, check_parallelism, event_categories
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.ingest.inputs import check_run_name, expand_inputs, file_size, json_size, run_name_of
 from traceq.ingest.native import (
@@ -135,9 +135,9 @@ def ingest_traces(
     inputs: Iterable[str | Path],
     db: str | Path = DEFAULT_DB,
     *,
-    run: str | None = None,
+    name: str | None = None,
     rank: int | None = None,
-    workers: int | None = None,
+    threads: int | None = None,
     chunk_bytes: int = INGEST_CHUNK_BYTES,
     progress: Progress | None = None,
     native: bool = True,
@@ -149,10 +149,10 @@ def ingest_traces(
     Args:
         inputs: files, globs or directories.
         db: DuckDB warehouse path (created if missing).
-        run: run name for every file (default: each file's parent directory name; a file that names no rank
-            and no job is a run of its own, <directory>/<file>: traceq.ingest.identity).
+        name: the name of the run every file goes to (default: each file's parent directory name; a file that
+            names no rank and no job is a run of its own, <directory>/<file>: traceq.ingest.identity).
         rank: rank for files that name none (no distributedInfo.rank, no per-event rank).
-        workers: cores DuckDB parses on (default: the number of CPUs; 0 or 1: one).
+        threads: DuckDB threads that parse (default: one per CPU; 1 to 4 per CPU).
         chunk_bytes: size of the event chunks the file is cut into (bytes of JSON).
         progress: called as ``progress(event, info)`` for "start", "bytes", "file_read" and "done".
         native: parse with DuckDB where it reads a file the same (:mod:`traceq.ingest.native`); False
@@ -170,9 +170,8 @@ def ingest_traces(
     """
     marker = StepMarker.parse(step_marker)
     check_rank(rank)
-    check_workers(workers)
-    if run is not None:
-        check_run_name(run)
+    check_parallelism(threads, "threads")
+    run = name if name is None else check_run_name(name, "name")
     summary = IngestSummary()
     paths = expand_inputs(inputs, summary.notes)
     unnamed = [not_utf8(path) for path in paths]
@@ -186,7 +185,7 @@ def ingest_traces(
             # row order within a table means nothing to traceq; keeping it would make DuckDB parse the
             # JSON on one thread within this memory limit
             con.execute("set preserve_insertion_order = false")
-            con.execute(f"set threads = {max(1, (os.cpu_count() or 1) if workers is None else workers)}")
+            con.execute(f"set threads = {(os.cpu_count() or 1) if threads is None else threads}")
             check_marker(con, marker)
             loader = _Loader(con, run, rank, chunk_bytes, notify, native, marker, force=force)
         except BaseException:
@@ -509,7 +508,7 @@ def _refuse_rank_collisions(con: Any, stored: list[_Stored]) -> None:
     mine = next(s for s in stored if s.trace_id == trace_id)
     held = "the whole timeline (no steps)" if lo == hi == WHOLE_TRACE_STEP else (
         f"step {lo}" if n == 1 else f"steps {lo}..{hi}" if hi - lo + 1 == n else f"{n} steps in {lo}..{hi}")
-    fix = "ingest it under another run (--run NAME)"
+    fix = "ingest it under another run (--name NAME)"
     if mine.rank_source in ("option", "file name"):
         fix += " or give it another rank (--rank N)"
     raise ConfigError(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from traceq import catalog
-from traceq.catalog import StepMarker
+from traceq.catalog import StepMarker, check_run_name
 from traceq.errors import ConfigError, EmptySelection
 from traceq.perfetto.processor import PerfettoTrace, open_trace
 
@@ -150,11 +150,12 @@ def named_identity(path: Path, rank: int | None = None) -> tuple[int | None, boo
 
 
 def analyse_files(
-    inputs: Sequence[str | Path], *, run: str | None = None, rank: int | None = None,
-    binary: Path | None = None, marker: StepMarker = StepMarker(), workers: int | None = None,
+    inputs: Sequence[str | Path], *, name: str | None = None, rank: int | None = None,
+    binary: Path | None = None, marker: StepMarker = StepMarker(), processors: int | None = None,
 ) -> list[TraceResult]:
-    """Every trace of ``inputs`` (files, globs, directories) through the Perfetto engine, several at
-    once (one trace processor each). Ranks as the DuckDB engine gives them: distributedInfo, else
+    """Every trace of ``inputs`` (files, globs, directories) through the Perfetto engine, ``processors``
+    at once (one trace processor each; default: one per CPU). ``name``: the run of every file, as
+    :func:`traceq.ingest.ingest_traces` takes it. Ranks as the DuckDB engine gives them: distributedInfo, else
     the events' args.rank, else ``rank``, else the file name, else -1, -2, ... within the run; runs as
     ingest gives them (:mod:`traceq.ingest.identity`): a file that names no rank and no job is a run of its
     own, unless its events name ranks."""
@@ -162,6 +163,7 @@ def analyse_files(
     from traceq.ingest.inputs import expand_inputs
 
     check_rank(rank)
+    run = name if name is None else check_run_name(name, "name")
     paths = expand_inputs(inputs)
     if not paths:
         raise ConfigError("no trace files found", param="inputs", value=" ".join(map(str, inputs)))
@@ -175,8 +177,8 @@ def analyse_files(
         if not named:
             unknown[run_name] = file_rank = unknown.get(run_name, 0) - 1
         jobs.append((path, run_name, file_rank, named, run_of(path, run, names_rank=True, job=job), run is None and not job))
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=workers) as pool:  # the work runs in the trace processors
+    processors = processors or min(len(jobs), os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=processors) as pool:  # the work runs in the trace processors
         results = list(pool.map(lambda job: analyse_trace(*job[:3], binary=binary, marker=marker), jobs))
     for (path, run_name, file_rank, named, job_run, alone), result in zip(jobs, results):
         if named:
@@ -198,7 +200,7 @@ def _refuse_shared_steps(results: Sequence[TraceResult]) -> None:
         for rank, step in result.steps.select("rank", "step").iter_rows():
             other = held.setdefault((result.run, rank, step), result.path)
             if other != result.path:
-                what = "the whole timeline (no steps)" if step == -1 else f"step {step}"
+                what = "the whole timeline (no steps)" if step == catalog.WHOLE_TRACE_STEP else f"step {step}"
                 raise ConfigError(f"{result.path}: {other} holds {what} of rank {rank} of run {result.run} too; the same "
                                   "trace twice, or traces of two jobs in one run? Give each run its own --run "
                                   "(or a file its rank with --rank N)")
@@ -279,14 +281,15 @@ def _steps_held(results: Sequence[TraceResult]) -> str:
 def perfetto_report(
     inputs: Sequence[str | Path], metric: str | Sequence[str] = "exposed_comm_us", *,
     by: str | Sequence[str] = ("run", "rank"), whole_trace: bool = False, selection: StepSelection | None = None,
-    run: str | None = None, rank: int | None = None, binary: Path | None = None, step_marker: str | None = None,
+    name: str | None = None, rank: int | None = None, binary: Path | None = None, step_marker: str | None = None,
 ) -> Report:
     """:func:`traceq.report.metrics.metric_report` computed by the Perfetto engine from trace files.
 
     Only the interval metrics (``METRICS``, overlap_ratio, step_time_ms) and the grain run, rank,
     device, step: throughput, power and the cross-rank split need the warehouse (``--engine duckdb``).
     ``step_marker``: a regular expression on the step spans' names, as ``traceq ingest --step-marker``
-    (None: ProfilerStep#N); ConfigError when it is not one.
+    (None: ProfilerStep#N); ConfigError when it is not one. ``name`` and ``rank``: the run of the files and
+    the rank of those that name none, as :func:`traceq.ingest.ingest_traces` takes them.
     """
     import polars as pl
 
@@ -305,7 +308,7 @@ def perfetto_report(
         if whole_trace and name == "step_time_ms":
             raise ConfigError("measured per step: it has no whole-trace value", param="metric", value=name)
     grain = columns(by, GRAIN)
-    results = analyse_files(inputs, run=run, rank=rank, binary=binary, marker=StepMarker.parse(step_marker))
+    results = analyse_files(inputs, name=name, rank=rank, binary=binary, marker=StepMarker.parse(step_marker))
     rows = step_rows(results, whole_trace=whole_trace, selection=selection)
     notes = [n for r in results for n in r.notes]
     cpu_only = [str(r.path) for r in results if not sum(r.slice_counts.values())]

@@ -55,9 +55,10 @@ def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = D
         db: DuckDB warehouse path (opened read-only).
         skew_threshold_us: report a rank's clock skew only beyond this many microseconds.
 
-    Returns a :class:`~traceq.report.result.Report` whose table has the columns run, path (null for run-level findings), rank (null where it does
-    not apply, -1 unknown), check, severity (warning | info), count (of the things found) and detail,
-    warnings first. An empty table means every check passed.
+    Returns a :class:`~traceq.report.result.Report` whose table has the columns run, path (null for
+    run-level findings), rank (the trace's rank, as in every report; null where a finding is not about one
+    rank), check, severity (warning | info), count (of the things found) and detail, warnings first. An
+    empty table means every check passed.
     """
     params = {"threshold_ns": skew_threshold_us * 1000, **query_params()}
     con = connect(db, read_only=True)

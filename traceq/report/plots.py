@@ -10,6 +10,8 @@ from typing import Any
 
 import polars as pl
 
+from traceq.catalog import NO_DEVICE
+
 # The stack of one step: the five parts add up to the device window.
 STACK = (
     ("compute", "compute_only_us", "#4C78A8"),
@@ -58,7 +60,7 @@ def step_breakdown_figure(rows: pl.DataFrame, max_ranks: int = 16) -> Any:
                         vertical_spacing=min(0.12, 0.3 / len(runs)))
     for at, run in enumerate(runs, start=1):
         part = rows.filter(pl.col("run") == run)
-        labels = [f"rank {k}" + (f" d{d}" if d not in (None, -1, 0) else "") for k, d in part.select("rank", "device").iter_rows()]
+        labels = [f"rank {k}" + (f" d{d}" if d not in (None, NO_DEVICE, 0) else "") for k, d in part.select("rank", "device").iter_rows()]
         x = [labels, [str(s) for s in part["step"].to_list()]]
         for name, column, color in STACK:
             fig.add_trace(go.Bar(
