@@ -490,7 +490,7 @@ def test_export_of_a_run_whose_name_no_folder_can_hold(db: Path, tmp_path: Path)
 def test_a_run_name_that_no_export_could_hold(tmp_path: Path, trace: Path) -> None:
     db = tmp_path / "w.duckdb"
     one_line_error(traceq("ingest", trace, "--db", db, "--name", "r" * 300), "--name", "too long")
-    one_line_error(traceq("ingest", trace, "--db", db, "--name", ""), "--run ''", "not empty")
+    one_line_error(traceq("ingest", trace, "--db", db, "--name", ""), "--name ''", "not empty")
     folder = tmp_path / ("a b" * 60)  # 180 bytes, 300 percent-encoded
     folder.mkdir()
     shutil.copy(trace, folder / "rank0.json")

@@ -18,22 +18,6 @@ from traceq.catalog import StepMarker
 from traceq.ingest import ingest_traces
 
 
-@pytest.fixture
-def python_sigint():
-    """SIGINT as a fresh Python process at a terminal has it (Python's handler, not blocked): these
-    tests are about traceq's handling of KeyboardInterrupt. A suite started in the background
-    (``nohup ... &``) has SIGINT ignored from its start: there a Ctrl-C sent here raised nothing."""
-    import signal
-
-    handler = signal.getsignal(signal.SIGINT)
-    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, handler if handler is not None else signal.SIG_DFL)
-    if signal.SIGINT in blocked:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-
-
 def _gpu_trace(rank: int, kernels: int) -> TraceBuilder:
     b = TraceBuilder(rank=rank)
     for n in range(3):

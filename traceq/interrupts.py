@@ -10,23 +10,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-# what DuckDB's RuntimeError says when SIGINT stopped a statement
-DUCKDB_INTERRUPTED = "Query interrupted"
-
-
 # set by the SIGINT handler of noting_interrupts() while an ingest runs on the main thread
 INTERRUPTED = threading.Event()
 
 
 def is_interrupt(exc: BaseException) -> bool:
-    """Whether ``exc`` comes of Ctrl-C: any error once SIGINT came during an ingest
-    (:func:`noting_interrupts`), or DuckDB's own for a statement it stopped: a bare RuntimeError
-    (``duckdb.InterruptException`` is for ``interrupt()``), whose wording is read, and
-    tests/test_reader_wording.py fails the day it changes."""
+    """Whether ``exc`` comes of Ctrl-C: any error once SIGINT came while :func:`noting_interrupts` ran
+    (the ingest and every command do: DuckDB ends a statement that SIGINT stopped with a plain
+    RuntimeError, which says so only in its words), or DuckDB's InterruptException (``interrupt()``)."""
     import duckdb
 
-    return (INTERRUPTED.is_set() or isinstance(exc, duckdb.InterruptException)
-            or (type(exc) is RuntimeError and str(exc) == DUCKDB_INTERRUPTED))
+    return INTERRUPTED.is_set() or isinstance(exc, duckdb.InterruptException)
 
 
 @contextmanager
@@ -46,11 +40,28 @@ def noting_interrupts(knock_s: float | None = None, knocks: int = 5,
     stream interface, which it had started before the signal was handled, heeds no signal and ran on
     for hours, 7 times in 40). For a process's own command line only: a library sends no signals to
     the program that imports it.
-    Only on the main thread, where Python's own handler is in force (a program's handler stays)."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    Only on the main thread, where a Python handler is in force. A program's own handler stays: SIGINT is
+    noted only where it raises (it stops the program's work, as Python's own does); SIGINT ignored, or its
+    default action, is left alone."""
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(handler):
         yield
+        return
+    if handler is not signal.default_int_handler:  # a program's own: called, and noted where it raises
+        def noted(signum: int, frame: Any) -> None:
+            try:
+                handler(signum, frame)
+            except BaseException:
+                INTERRUPTED.set()
+                raise
+
+        INTERRUPTED.clear()
+        signal.signal(signal.SIGINT, noted)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, handler)
+            INTERRUPTED.clear()
         return
     ended = threading.Event()
 
@@ -86,7 +97,7 @@ def interruptible() -> Iterator[None]:
         try:
             yield
         except BaseException as exc:
-            if is_interrupt(exc) and not isinstance(exc, KeyboardInterrupt):
+            if is_interrupt(exc) and isinstance(exc, Exception):
                 raise KeyboardInterrupt from None
             raise
         if INTERRUPTED.is_set():

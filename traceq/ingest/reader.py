@@ -28,18 +28,16 @@ from typing import Any, BinaryIO
 import msgspec
 
 from traceq.errors import TraceFormatError
+from traceq.ingest.jsonfault import fault_of
 
 CHUNK_BYTES = 8 << 20
 _READ_BYTES = 1 << 20
 _UNVERIFIED_WINDOW = 64 << 10  # where the last boundary is looked for first
 _SPLIT = re.compile(rb"\}\s*,\s*(?=\{)")
-# msgspec's DecodeError carries no position: the byte of a syntax error (for the error message, and to
-# tell a syntax error from a cut inside a string) is read from its message, which the pin in
-# pyproject.toml (msgspec<0.23) and tests/test_reader_wording.py hold to the wording matched here.
-# Only errors are read so: the end of the event array is found by decoding alone (_array_end).
-MSGSPEC_SYNTAX_ERROR = re.compile(r"JSON is malformed: (?!trailing characters).*\(byte (\d+)\)")
-MSGSPEC_TRAILING = re.compile(r"JSON is malformed: trailing characters \(byte (\d+)\)")
-MSGSPEC_TRUNCATED = "Input data was truncated"
+# msgspec's DecodeError says where and why only in its words: where a document it refused goes wrong
+# (the byte of a syntax error, a cut inside a string, the end of a value followed by more) comes from
+# traceq.ingest.jsonfault instead, on error paths only; the end of the event array is found by
+# decoding alone (_array_end).
 # ']' looked at from the end, and full decodes tried, before _array_end leaves a tail to
 # _array_end_reported: Kineto writes a few scalar fields after the event array.
 _TAIL_BRACKETS = 64
@@ -234,22 +232,12 @@ def _cut(buf: bytes, path: Path, offset: int, verify: bool = True, search_from: 
     if not verify:
         return candidates[-1] if candidates else 0
     for end in reversed(candidates):
-        try:
-            _RAW.decode(b"[" + buf[:end] + b"]")
+        if _decodes(b"[" + buf[:end] + b"]"):
             return end
-        except msgspec.DecodeError as exc:
-            at = syntax_error_at(exc)
-            if at is not None and at - 1 < end:  # not the ']' appended above
-                raise _malformed(path, buf, at - 1, offset) from None
-            continue
+        fault = fault_of(b"[" + buf[:end] + b"]")
+        if fault.kind == "malformed" and fault.at - 1 < end:  # not the ']' appended above
+            raise _malformed(path, buf, fault.at - 1, offset)
     return 0
-
-
-def syntax_error_at(exc: msgspec.DecodeError) -> int | None:
-    """The index of the byte where msgspec found a syntax error (other than trailing characters);
-    None when the input only ended early (truncated)."""
-    m = MSGSPEC_SYNTAX_ERROR.search(str(exc))
-    return None if m is None else int(m.group(1))
 
 
 def _decodes(data: bytes) -> bool:
@@ -288,19 +276,15 @@ def _array_end(data: bytes) -> int | None:
 
 
 def _array_end_reported(data: bytes, path: Path, offset: int) -> int:
-    """The end of the array ``data`` opens as msgspec's error reports it (trailing characters after
-    it: garbage after the trace, a long tail), else the TraceFormatError that says what is wrong."""
-    try:
-        _RAW.decode(data)
-        return len(data)
-    except msgspec.DecodeError as exc:
-        trailing = MSGSPEC_TRAILING.search(str(exc))
-        if trailing is not None:
-            return int(trailing.group(1)) - 1  # msgspec counts the bytes from 1
-        at = syntax_error_at(exc)
-        if at is not None:
-            raise _malformed(path, data[1:], at - 1, offset) from None
-        raise _truncated(path, f"the file ends inside the event array, after about {offset + len(data) - 1:,} bytes") from None
+    """The end of the array ``data`` opens, read by :func:`~traceq.ingest.jsonfault.fault_of` (a value
+    followed by more: garbage after the trace, a long tail), else the TraceFormatError that says what is
+    wrong."""
+    fault = fault_of(data)
+    if fault.kind in ("valid", "trailing"):
+        return fault.at
+    if fault.kind == "malformed":
+        raise _malformed(path, data[1:], fault.at - 1, offset)
+    raise _truncated(path, f"the file ends inside the event array, after about {offset + len(data) - 1:,} bytes")
 
 
 def _split_tail(rest: bytes, path: Path, offset: int) -> tuple[bytes, bytes]:
@@ -504,8 +488,8 @@ def _parse_header(prefix: bytes, tail: bytes, path: Path, bare: bool) -> dict[st
         except msgspec.ValidationError:  # a number beyond float64 (1e999): read it as inf
             fields = _LENIENT_FLOATS.decode(prefix + b"null" + tail)
     except msgspec.DecodeError as exc:
-        # completed by decoding where a few closing characters do; cut inside a nested value, by the message
-        if _ends_early(prefix + b"null" + tail) or str(exc) == MSGSPEC_TRUNCATED:
+        # completed by decoding where a few closing characters do; cut inside a nested value, as fault_of says
+        if _ends_early(prefix + b"null" + tail) or fault_of(prefix + b"null" + tail).kind == "truncated":
             raise _truncated(path, "the file ends after the event array, inside the top-level object") from None
         raise _not_json(path, f"the top-level object around the event array is malformed: {exc}") from None
     except UnicodeDecodeError:
