@@ -145,7 +145,7 @@ def test_a_file_without_device_properties_reads_little_with_every_cpu_operator(
     reader may have parsed the next two batches (one waits for the writer, one is being parsed), of
     two chunks and about four, with them: those are written as parsed, the rest is parsed without
     them, in full batches; every batch once."""
-    import traceq.ingest.loader as ingest
+    import traceq.ingest.pipeline as ingest
 
     b = _many_kernels(6000)
     for i in range(6000):

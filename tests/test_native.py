@@ -248,7 +248,7 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_written_as_parsed(
     as it was parsed (never parsed twice) and its CPU operators go with the first batch's: the rows
     equal the reference decoder's. Small chunks and one chunk per batch make several batches of a
     small file (which is otherwise parsed in one batch)."""
-    import traceq.ingest.loader as ingest
+    import traceq.ingest.pipeline as ingest
     import traceq.ingest.native as native
 
     b = TraceBuilder(rank=0)
@@ -289,7 +289,7 @@ def test_a_small_file_is_parsed_in_one_batch(tmp_path: Path, monkeypatch: pytest
     """A file of up to WHOLE_FILE_BATCH_BYTES of JSON is one batch (one parse, one set of writes),
     even without deviceProperties, where a large file starts with small batches; same rows as the
     reference decoder."""
-    import traceq.ingest.loader as ingest
+    import traceq.ingest.pipeline as ingest
     import traceq.ingest.native as native
 
     b = _many_kernels(20_000)

@@ -1,4 +1,4 @@
-"""Several files in one ingest are parsed ahead, across file boundaries (traceq.ingest._ReadAhead):
+"""Several files in one ingest are parsed ahead, across file boundaries (traceq.ingest.pipeline.ReadAhead):
 whatever happens to a file in the middle of the list, the warehouse ends up as if each file had been
 ingested on its own (one file per call reads without read-ahead)."""
 
@@ -12,6 +12,7 @@ import pytest
 
 import traceq.ingest.loader as ingest
 import traceq.ingest.native as native
+import traceq.ingest.pipeline as pipeline
 from tests.test_native import TABLES, _rows
 from tests.tracegen import TraceBuilder
 from traceq.catalog import StepMarker
@@ -74,9 +75,9 @@ def test_files_parsed_ahead_end_as_files_read_one_by_one(
         parsed.append(files.names[0])
         return native.parse_batch(con, files, all_ops, marker)
 
-    monkeypatch.setattr(ingest, "parse_batch", recording_parse)
+    monkeypatch.setattr(pipeline, "parse_batch", recording_parse)
     if one_chunk_per_batch:  # several batches per file: a file is given up with batches still to come
-        monkeypatch.setattr(ingest, "batch_files", lambda chunks, directory, **_: native.batch_files(chunks, directory, 1))
+        monkeypatch.setattr(pipeline, "batch_files", lambda chunks, directory, **_: native.batch_files(chunks, directory, 1))
     ahead, alone = tmp_path / "ahead.duckdb", tmp_path / "alone.duckdb"
     kwargs = {"chunk_bytes": 4 << 10} if one_chunk_per_batch else {}
     together = ingest_traces(paths, ahead, **kwargs)
@@ -116,7 +117,7 @@ def test_ctrl_c_while_the_writer_waits_for_the_read_ahead_is_an_interrupt_and_le
     job = tmp_path / "job"
     job.mkdir()
     paths = [_gpu_trace(rank, 40).write(job / f"rank{rank}.json") for rank in range(2)]
-    parse_batches = ingest.parse_batches  # small files are parsed together
+    parse_batches = pipeline.parse_batches  # small files are parsed together
     sent = []
 
     def interrupted_parse(cursor: object, *args: object) -> object:
@@ -126,7 +127,7 @@ def test_ctrl_c_while_the_writer_waits_for_the_read_ahead_is_an_interrupt_and_le
             time.sleep(0.5)
         return parse_batches(cursor, *args)
 
-    monkeypatch.setattr(ingest, "parse_batches", interrupted_parse)
+    monkeypatch.setattr(pipeline, "parse_batches", interrupted_parse)
     with pytest.raises(KeyboardInterrupt):
         ingest_traces(paths, tmp_path / "w.duckdb", threads=1)
     assert [n for n in os.listdir(native.scratch_base()) if n.startswith(f"traceq-{os.getpid()}-")] == []

@@ -18,7 +18,7 @@ from tests.conftest import ROOT, corpus_path
 from tests.tracegen import TraceBuilder
 from traceq.ingest import ingest_traces
 from traceq.ingest.inputs import json_size
-from traceq.ingest.loader import _insert
+from traceq.ingest.write import insert_rows as _insert
 from traceq.report.metrics import compute_metric
 from traceq.store.warehouse import connect
 

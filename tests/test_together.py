@@ -1,5 +1,5 @@
 """Small files are written several to a transaction, their steps derived in one statement for all of
-them (traceq.ingest.loader._Together): the warehouse must end up exactly as if each file had been
+them (traceq.ingest.groups.Together): the warehouse must end up exactly as if each file had been
 ingested on its own (one file per call is written alone), whatever happens inside a group."""
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+import traceq.ingest.groups as groups
 import traceq.ingest.loader as ingest
 import traceq.ingest.native as native
+import traceq.ingest.pipeline as pipeline
+import traceq.ingest.write as write
 from tests.test_native import TABLES, _rows
 from tests.tracegen import TraceBuilder
 from traceq.ingest import ingest_traces
@@ -72,13 +75,13 @@ def _same_warehouse(a: Path, b: Path) -> None:
 def derive_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of traces each derivation took."""
     sizes: list[int] = []
-    derive = ingest._derive
+    derive = ingest.derive
 
     def recording(con: object, stored: list, marker: object) -> None:
         sizes.append(len(stored))
         derive(con, stored, marker)
 
-    monkeypatch.setattr(ingest, "_derive", recording)
+    monkeypatch.setattr(ingest, "derive", recording)
     return sizes
 
 
@@ -99,7 +102,7 @@ def test_small_files_together_end_as_files_ingested_one_by_one(tmp_path: Path, d
     attributed = _rows(tmp_path / "together.duckdb", "select step_source, count(*) from gpu_events group by all")
     assert dict(attributed) == {"launch": sum(3 * (5 + r) for r in range(10)) * 2 + 3 * 4 + 3 * 5, None: 2 * 22}
     # several files to a derivation: 16 at most, and a rank-less file derives those before it first
-    assert max(grouped) == ingest._Together.FILES and sum(grouped) == len(paths), grouped
+    assert max(grouped) == groups.Together.FILES and sum(grouped) == len(paths), grouped
     assert len(grouped) < len(paths) // 2, grouped
 
 
@@ -134,16 +137,16 @@ def test_an_interrupt_inside_a_group_leaves_none_of_its_files(tmp_path: Path, mo
     one; none of them stays, and no scratch directory either."""
     job = tmp_path / "job" / "a"
     paths = [_rank_trace(r, r * 10_000, 4).write(job / f"rank{r}.json") for r in range(5)]
-    finish = ingest._Loader._finish_file
+    finish = ingest.Loader._finish_file
     calls = []
 
-    def interrupted(self: ingest._Loader, path: Path, *args: object) -> ingest.FileResult:
+    def interrupted(self: ingest.Loader, path: Path, *args: object) -> ingest.FileResult:
         calls.append(path)
         if len(calls) == 3:
             raise KeyboardInterrupt
         return finish(self, path, *args)
 
-    monkeypatch.setattr(ingest._Loader, "_finish_file", interrupted)
+    monkeypatch.setattr(ingest.Loader, "_finish_file", interrupted)
     base = native.scratch_base()
     before = {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")}  # other tests' business
     seen: list[str] = []
@@ -177,14 +180,14 @@ def test_a_file_that_fails_after_its_events_fails_alone(tmp_path: Path, monkeypa
 
     # an error that is not about a file (here: raised for the third file's side files) stops the
     # ingest, and the files before it are in, as when each is committed on its own
-    load_side_files = ingest.load_side_files
+    load_side_files = write.load_side_files
 
     def failing(con: object, trace_id: int, path: Path, *args: object) -> object:
         if path.name == "rank2.json":
             raise RuntimeError("disk on fire")
         return load_side_files(con, trace_id, path, *args)
 
-    monkeypatch.setattr(ingest, "load_side_files", failing)
+    monkeypatch.setattr(write, "load_side_files", failing)
     paths[2] = _rank_trace(2, 20_000, 4).write(job / "rank2.json")
     with pytest.raises(RuntimeError, match="disk on fire"):
         ingest_traces(paths, tmp_path / "stopped.duckdb")
@@ -213,7 +216,7 @@ def test_a_progress_callback_that_raises_stops_the_reading_thread_at_once(tmp_pa
     assert [t.name for t in threading.enumerate() if t.name.startswith("traceq-")] == []
     assert {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")} - before == set()
     # the first group is in; the rest ingest on the next call
-    assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(ingest._Together.FILES,)]
+    assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(groups.Together.FILES,)]
     assert ingest_traces(paths, tmp_path / "w.duckdb").ok
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(24,)]
 
@@ -222,13 +225,13 @@ def test_a_progress_callback_that_raises_stops_the_reading_thread_at_once(tmp_pa
 def alone(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The files ingested in a transaction of their own (read again), by name."""
     names: list[str] = []
-    load = ingest._Loader._load
+    load = ingest.Loader._load
 
-    def recording(self: ingest._Loader, path: Path, *args: object) -> ingest.FileResult:
+    def recording(self: ingest.Loader, path: Path, *args: object) -> ingest.FileResult:
         names.append(Path(path).name)
         return load(self, path, *args)
 
-    monkeypatch.setattr(ingest._Loader, "_load", recording)
+    monkeypatch.setattr(ingest.Loader, "_load", recording)
     return names
 
 
@@ -236,13 +239,13 @@ def alone(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[list[bool]]:
     """Each statement the reader thread parsed small files in: the all_ops of each batch in it."""
     calls: list[list[bool]] = []
-    parse_batches = ingest.parse_batches
+    parse_batches = pipeline.parse_batches
 
     def recording(con: object, batches: list, marker: object) -> object:
         calls.append([all_ops for _, all_ops in batches])
         return parse_batches(con, batches, marker)
 
-    monkeypatch.setattr(ingest, "parse_batches", recording)
+    monkeypatch.setattr(pipeline, "parse_batches", recording)
     return calls
 
 
@@ -325,7 +328,7 @@ def test_a_group_of_files_parsed_in_two_statements_is_written_as_one(tmp_path: P
         return rows_of(con, batches)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ingest, "rows_of", recording)
+        patch.setattr(groups, "rows_of", recording)
         together = ingest_traces(paths, tmp_path / "together.duckdb")
     assert relations == [1, 2, 1], relations  # rank0-2 | rank4-19 (two runs) | rank20-23
     assert alone == ["rank3.json"]
@@ -383,7 +386,7 @@ def test_ctrl_c_in_a_statement_of_a_group_write_stops_the_ingest(
     job = tmp_path / "job" / "a"
     paths = [_rank_trace(r, r * 10_000, 4).write(job / f"rank{r}.json") for r in range(4)]
 
-    write_parts = ingest.write_parts
+    write_parts = groups.write_parts
     calls = []
 
     def interrupted(*args: object) -> int:
@@ -396,7 +399,7 @@ def test_ctrl_c_in_a_statement_of_a_group_write_stops_the_ingest(
             pytest.fail("SIGINT raised nothing")
         return write_parts(*args)
 
-    monkeypatch.setattr(ingest, "write_parts", interrupted)
+    monkeypatch.setattr(groups, "write_parts", interrupted)
     base = native.scratch_base()
     before = {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")}
     with pytest.raises(KeyboardInterrupt):

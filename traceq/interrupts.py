@@ -20,13 +20,15 @@ def is_interrupt(exc: BaseException) -> bool:
     RuntimeError, which says so only in its words), or DuckDB's InterruptException (``interrupt()``)."""
     import duckdb
 
-    return INTERRUPTED.is_set() or isinstance(exc, duckdb.InterruptException)
+    return INTERRUPTED.is_set() or isinstance(exc, KeyboardInterrupt | duckdb.InterruptException)
 
 
 @contextmanager
 def noting_interrupts(knock_s: float | None = None, knocks: int = 5,
                       stuck: Callable[[], None] | None = None) -> Iterator[None]:
-    """Note SIGINT in :data:`INTERRUPTED` while the block runs, then raise KeyboardInterrupt as Python does.
+    """Note SIGINT in :data:`INTERRUPTED` while the block runs, then raise KeyboardInterrupt as Python does;
+    an error that ends the block once SIGINT came (DuckDB's for a statement it stopped) comes out of it
+    as KeyboardInterrupt too.
 
     KeyboardInterrupt is raised in whatever Python code the main thread runs when the signal is
     handled. Inside a DuckDB statement that may be DuckDB's own look-up of a Python variable
@@ -59,6 +61,10 @@ def noting_interrupts(knock_s: float | None = None, knocks: int = 5,
         signal.signal(signal.SIGINT, noted)
         try:
             yield
+        except Exception:
+            if INTERRUPTED.is_set():
+                raise KeyboardInterrupt from None
+            raise
         finally:
             signal.signal(signal.SIGINT, handler)
             INTERRUPTED.clear()
@@ -83,6 +89,10 @@ def noting_interrupts(knock_s: float | None = None, knocks: int = 5,
     signal.signal(signal.SIGINT, note)
     try:
         yield
+    except Exception:
+        if INTERRUPTED.is_set():
+            raise KeyboardInterrupt from None
+        raise
     finally:
         ended.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from traceq.errors import ConfigError, TraceFormatError
-from traceq.catalog import check_parallelism
+from traceq.catalog import StepMarker, check_parallelism
 from traceq.ingest.inputs import check_run_name, expand_inputs
 from traceq.ingest.identity import check_rank
-from traceq.ingest.loader import INGEST_CHUNK_BYTES, FileResult, IngestSummary, ingest_in_process, not_utf8
+from traceq.ingest.loader import INGEST_CHUNK_BYTES, Loader
+from traceq.ingest.results import FileResult, IngestSummary, not_utf8
+from traceq.ingest.write import check_marker
 from traceq.ingest.reader import digest_in
 from traceq.store.parquet import (
     TRACES,
@@ -36,6 +38,25 @@ from traceq.store.parquet import (
     write_partitions,
 )
 from traceq.store.warehouse import connect
+
+
+def ingest_in_process(
+    con: Any, path: Path, *, run: str | None = None, rank: int | None = None, chunk_bytes: int = INGEST_CHUNK_BYTES,
+    step_marker: str | None = None, rank_if_none: int | None = None,
+) -> FileResult:
+    """Ingest one file into the open warehouse ``con`` (one transaction).
+
+    The trace id comes from the warehouse's ``trace_ids`` sequence. ``rank_if_none``: the (negative)
+    rank the file gets if it names none, where ``con`` cannot tell which are free (a cluster task's
+    private warehouse); by default the first free one in its run.
+    """
+    marker = StepMarker.parse(step_marker)
+    check_marker(con, marker)
+    loader = Loader(con, run, rank, chunk_bytes, lambda event, info: None, marker=marker, rank_if_none=rank_if_none)
+    try:
+        return next(loader.load([path]))
+    finally:
+        loader.close()
 
 
 def ingest_file_to_parquet(

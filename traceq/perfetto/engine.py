@@ -202,7 +202,7 @@ def _refuse_shared_steps(results: Sequence[TraceResult]) -> None:
             if other != result.path:
                 what = "the whole timeline (no steps)" if step == catalog.WHOLE_TRACE_STEP else f"step {step}"
                 raise ConfigError(f"{result.path}: {other} holds {what} of rank {rank} of run {result.run} too; the same "
-                                  "trace twice, or traces of two jobs in one run? Give each run its own --run "
+                                  "trace twice, or traces of two jobs in one run? Give each run its own --name "
                                   "(or a file its rank with --rank N)")
 
 
@@ -300,13 +300,13 @@ def perfetto_report(
 
     selection = selection or StepSelection()
     names = metric_names(metric)
-    for name in names:
-        if name not in METRICS and name not in OTHER_METRICS:
+    for asked in names:
+        if asked not in METRICS and asked not in OTHER_METRICS:
             raise ConfigError(
                 f"the Perfetto engine computes {', '.join([*METRICS, *OTHER_METRICS])}; "
-                "for the others use --engine duckdb (the warehouse)", param="metric", value=name)
-        if whole_trace and name == "step_time_ms":
-            raise ConfigError("measured per step: it has no whole-trace value", param="metric", value=name)
+                "for the others use --engine duckdb (the warehouse)", param="metric", value=asked)
+        if whole_trace and asked == "step_time_ms":
+            raise ConfigError("measured per step: it has no whole-trace value", param="metric", value=asked)
     grain = columns(by, GRAIN)
     results = analyse_files(inputs, name=name, rank=rank, binary=binary, marker=StepMarker.parse(step_marker))
     rows = step_rows(results, whole_trace=whole_trace, selection=selection)

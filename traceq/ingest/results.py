@@ -1,0 +1,54 @@
+"""What an ingest says about each file (:class:`FileResult`) and about all of them (:class:`IngestSummary`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class FileResult:
+    """What happened to one input file."""
+
+    path: str
+    status: str  # ingested | skipped | failed
+    message: str = ""
+    trace_id: int | None = None
+    run: str | None = None
+    ranks: list[int] = field(default_factory=list)
+    events: int = 0
+    gpu_events: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what a user should know, e.g. a rank assigned
+
+
+@dataclass
+class IngestSummary:
+    """Per-file results of one :func:`ingest_traces` call."""
+
+    files: list[FileResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # about the inputs: entries of a directory passed over
+
+    def by_status(self, status: str) -> list[FileResult]:
+        return [f for f in self.files if f.status == status]
+
+    @property
+    def ok(self) -> bool:
+        return not self.by_status("failed")
+
+
+def not_utf8(path: Path) -> FileResult | None:
+    """The failed result of a file whose name is not UTF-8 text (DuckDB holds text as UTF-8: such a
+    name cannot be stored), shown with its odd bytes escaped; None for any other name."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        return FileResult(shown, "failed", f"{shown}: the file's name is not UTF-8 text; rename it")
+    return None

@@ -1,0 +1,416 @@
+"""What goes into the warehouse for one file, whichever parser read it: its names and rows (the decode
+path's), the counts of its events, the policy on CPU operators, its rank, its ``traces`` row, and its
+steps, step attribution and side files derived in SQL once its transaction holds it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import msgspec
+
+from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, event_categories
+from traceq.errors import ConfigError, TraceFormatError
+from traceq.ingest.native import BatchCounts
+from traceq.ingest.reader import TraceHeader
+from traceq.ingest.identity import MAX_RANK, distributed_rank, rank_of_file
+from traceq.ingest.sidecar import load_side_files, write_wall_times
+from traceq.kineto import to_int
+from traceq.query import params_of, sql_text
+from traceq.store.derive import check_step_marker, device_properties, gpu_model_of, write_steps
+from traceq.store.schema import execute_over, fetch_one
+
+from traceq.ingest.results import FileResult
+
+if TYPE_CHECKING:  # the decode path imports them when it runs: the fast path needs neither
+    import numpy as np
+    import pyarrow as pa
+
+    from traceq.ingest.decode import ChunkTables
+
+
+# DuckDB's buffer pool while ingesting: room for a batch's parse beside the one being written; row
+# groups go to the file as they fill. 1.5 GB traces, 96 MB batches: 225-310 MiB peak RSS at 160 MB,
+# 278-385 MiB at 384 MB, for 0-10 % more time (three trace shapes, BENCHMARKS.md, issue 23).
+INGEST_MEMORY_LIMIT_MB = 160
+INGEST_MEMORY_LIMIT = f"{INGEST_MEMORY_LIMIT_MB}MB"
+
+
+class Names:
+    """File-level interning of event names; maps each chunk's local ids to file ids."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def remap(self, chunk_names: list[str]) -> np.ndarray:
+        import numpy as np
+
+        ids = self.ids
+        return np.fromiter((ids.setdefault(n, len(ids)) for n in chunk_names), dtype=np.int32, count=len(chunk_names))
+
+    def table(self) -> pa.Table:
+        import pyarrow as pa
+
+        return pa.table({"name_id": pa.array(range(len(self.ids)), pa.int32()), "name": list(self.ids)})
+
+
+def remapped(table: pa.Table, remap: np.ndarray) -> pa.Table:
+    import pyarrow as pa
+
+    if table.num_rows == 0:
+        return table
+    ids = table.column("name_id").to_numpy()
+    return table.set_column(table.schema.get_field_index("name_id"), "name_id", pa.array(remap[ids]))
+
+
+# events read with nothing stored, after which a file is not read on (real traces store their first events)
+UNUSABLE_EVENTS = 1_000_000
+
+
+@dataclass
+class Counts:
+    """Running totals over a file's chunks."""
+
+    events: int = 0
+    gpu: int = 0
+    host: int = 0
+    dropped: int = 0
+    dropped_plain_ops: int = 0  # of dropped, CPU operators kept only because all_ops
+    rows_with_rank: int = 0  # events carrying their own args.rank
+    rows_without_rank: int = 0
+    skipped_ops: int = 0  # CPU operators left out while decoding (all_ops=False)
+    kept_ops: bool = False  # some chunk was written with all_ops=True
+
+    def require_usable(self, path: Path) -> None:
+        """TraceFormatError once :data:`UNUSABLE_EVENTS` events are read and not one of them is stored: a
+        file of events without content (``{}`` by the hundred million, a few KB of gzip) is not read to
+        its end."""
+        if self.events >= UNUSABLE_EVENTS and not (self.gpu or self.host):
+            raise TraceFormatError(f"{path}: its first {self.events:,} events hold nothing a trace event holds "
+                                   "(no phase, name, time or category): not a profiler trace; nothing was stored")
+
+    def add_batch(self, b: BatchCounts, all_ops: bool) -> None:
+        """Count a batch written with its CPU operators (``all_ops``) or without."""
+        self.events += b.events
+        self.gpu += b.gpu
+        self.host += b.host - (0 if all_ops else b.host_plain_ops)
+        self.dropped += b.dropped - (0 if all_ops else b.dropped_plain_ops)
+        self.dropped_plain_ops += b.dropped_plain_ops if all_ops else 0
+        self.skipped_ops += b.skipped_ops
+        self.kept_ops = self.kept_ops or all_ops
+        self.rows_without_rank += b.rows_without_rank
+        self.rows_with_rank += b.rows_with_rank
+
+    def add(self, ct: ChunkTables, all_ops: bool) -> None:
+        self.events += ct.counts.get("events", 0)
+        self.gpu += ct.counts.get("gpu", 0)
+        self.host += ct.counts.get("host", 0)
+        self.dropped += ct.counts.get("dropped", 0)
+        self.dropped_plain_ops += ct.counts.get("dropped_plain_ops", 0)
+        self.skipped_ops += ct.counts.get("skipped_ops", 0)
+        self.kept_ops = self.kept_ops or all_ops
+        for t in (ct.gpu, ct.host, ct.meta):
+            self.rows_without_rank += t.column("rank").null_count
+        for t in (ct.gpu, ct.host):
+            self.rows_with_rank += t.num_rows - t.column("rank").null_count
+
+
+class OpsPolicy:
+    """Whether the chunks of one file are decoded with every CPU operator (``all_ops``).
+
+    CPU operators are most of a trace's events, yet on a trace with GPU activity no metric reads
+    them (:func:`traceq.ingest.decode.events_to_tables`). A file starts without them when its header has
+    ``deviceProperties`` (Kineto writes it before the events on CUDA/ROCm machines) and switches to
+    without them once a chunk shows GPU activity. A batch parsed with them before is written without
+    them after the switch; ops written before it are deleted if the file has GPU activity
+    (:func:`drop_plain_ops`), and a file that was decoded
+    without them and shows no GPU activity after all is decoded again with them (:class:`NeedsOps`).
+
+    The writer switches it (:meth:`saw`) while the reader thread cuts and parses by it: both go
+    through a lock.
+    """
+
+    def __init__(self, leading: dict[str, Any], marker: StepMarker, all_ops: bool | None = None) -> None:
+        self._all_ops = not leading.get("deviceProperties") if all_ops is None else all_ops
+        self.fixed = all_ops is not None
+        self.marker = marker  # operators that are steps are always kept
+        self._lock = threading.Lock()
+
+    @property
+    def all_ops(self) -> bool:
+        with self._lock:
+            return self._all_ops
+
+    def saw(self, gpu_rows: int) -> None:
+        if gpu_rows and not self.fixed:
+            with self._lock:
+                self._all_ops = False
+
+    def undecided(self) -> bool:
+        """Whether the file may still switch to without CPU operators."""
+        with self._lock:
+            return self._all_ops and not self.fixed
+
+
+class NeedsOps(Exception):
+    """A file decoded without CPU operators turned out to have no GPU activity: decode it again."""
+
+
+def with_rank(table: pa.Table, rank: int | None) -> pa.Table:
+    """``table`` with a null rank (the event named none) set to ``rank``."""
+    if rank is None or table.column("rank").null_count == 0:
+        return table
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    filled = pc.fill_null(table.column("rank"), pa.scalar(rank, pa.int64()))
+    return table.set_column(table.schema.get_field_index("rank"), "rank", filled)
+
+
+def require_events(path: Path, counts: Counts) -> None:
+    if counts.events == 0:
+        raise TraceFormatError(f"{path}: the trace holds no events; was the profiler started (schedule active > 0)?")
+
+
+def rank_of(
+    path: Path, fields: dict[str, Any], option_rank: int | None, counts: Counts, notes: list[str]
+) -> tuple[int | None, str]:
+    """The file's rank and where it came from (:func:`rank_of_file`; 'event args' when its events name
+    ranks). A distributedInfo.rank that is no rank is passed over with a line in ``notes``, never silently."""
+    file_rank, source = rank_of_file(path, fields, option_rank)
+    if source == "distributedInfo":
+        return file_rank, source
+    source = "event args" if counts.rows_with_rank else source
+    dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
+    if dist.get("rank") is not None:
+        instead = {"option": "the rank given is used", "file name": "the rank in the file name is used",
+                   "event args": "the ranks in the event args are used"}.get(source, "the file gets a rank of its own")
+        notes.append(f"{path}: distributedInfo.rank {json.dumps(dist.get('rank'))[:40]} is not a rank "
+                     f"(0 to {MAX_RANK}): passed over, {instead}")
+    return file_rank, source
+
+
+def decode_into(con: Any, path: Path, trace_id: int, chunks: Iterator[bytes], header: TraceHeader,
+                policy: OpsPolicy) -> Counts:
+    """Decode ``path``'s ``chunks`` with :mod:`traceq.ingest.decode` in this process into the tables of
+    ``trace_id``, under ``policy``; the counts of its events."""
+    import pyarrow as pa
+
+    from traceq.ingest.decode import decode_chunk
+
+    fill = leading_rank(header)
+    names = Names()
+    counts = Counts()
+    meta: list[pa.Table] = []
+    for c in chunks:
+        used = policy.all_ops
+        ct = decode_chunk(c, used, policy.marker)
+        policy.saw(ct.counts.get("gpu", 0))
+        counts.add(ct, used)
+        counts.require_usable(path)
+        remap = names.remap(ct.names)
+        insert_rows(con, "gpu_events", with_rank(remapped(ct.gpu, remap), fill), trace_id)
+        insert_rows(con, "host_events", with_rank(remapped(ct.host, remap), fill), trace_id)
+        meta.append(with_rank(ct.meta, fill))
+    insert_rows(con, "names", names.table(), trace_id)
+    if meta:
+        insert_rows(con, "trace_threads", pa.concat_tables(meta), trace_id)
+    return counts
+
+
+def check_marker(con: Any, marker: StepMarker) -> None:
+    """ConfigError when DuckDB's regular expressions (RE2) cannot read ``marker``."""
+    try:
+        con.execute("select regexp_matches('', ?)", [marker.pattern])
+    except duckdb.Error as exc:
+        raise ConfigError(f"not a regular expression DuckDB reads (RE2): {str(exc).splitlines()[0]}",
+                          param="step_marker", value=marker.pattern) from None
+
+
+@dataclass
+class Stored:
+    """A trace whose rows are in the open transaction, its steps not derived yet (:func:`derive`)."""
+
+    trace_id: int
+    path: Path
+    run: str
+    rank_source: str
+    file_rank: int | None
+    base_ns: int | None  # baseTimeNanoseconds
+    result: FileResult
+
+
+def finish_trace(
+    con: Any,
+    path: Path,
+    trace_id: int,
+    run_name: str,
+    digest: str,
+    size: int,
+    fields: dict[str, Any],
+    counts: Counts,
+    file_rank: int | None,
+    rank_source: str,
+    parse_seconds: float,
+    marker: StepMarker,
+    new_run: bool,
+) -> Stored:
+    """After the events are in: the traces row. Its steps and side files come with :func:`derive`.
+    ``new_run``: the run may not be in the warehouse yet."""
+    if counts.gpu and counts.kept_ops:
+        # the CPU operators read before the policy switched go, and so do their drops: which
+        # batches kept them depends on when the switch happened (the reader parses ahead)
+        params = {"trace_id": trace_id, **event_categories().sql_params(), **marker.sql_params()}
+        counts.host -= drop_plain_ops(con, params)
+        counts.dropped -= counts.dropped_plain_ops
+    dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
+    devices = device_properties(fields.get("deviceProperties"))
+    header = msgspec.json.encode(_header_summary(fields)).decode()
+    devices_json = msgspec.json.encode(devices).decode() if devices else None
+    _room_for(con, len(header) + len(devices_json or ""))
+    if new_run:
+        con.execute("insert into runs (run) values (?) on conflict do nothing", [run_name])
+    base_ns = to_int(fields.get("baseTimeNanoseconds"))
+    con.execute(
+        """
+        insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, file_rank, world_size,
+            backend, schema_version, base_time_ns, display_time_unit, trace_name, header, step_marker, devices,
+            gpu_model, n_events, n_gpu_events, n_host_events, n_dropped, parse_seconds)
+        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        """,
+        [
+            trace_id, run_name, str(path.resolve()), digest, size, rank_source, file_rank,
+            to_int(dist.get("world_size")), _text(dist.get("backend")), to_int(fields.get("schemaVersion")),
+            base_ns, _text(fields.get("displayTimeUnit")),
+            _text(fields.get("traceName")), header, marker.pattern, devices_json, gpu_model_of(con, trace_id, devices),
+            counts.events, counts.gpu, counts.host, counts.dropped, parse_seconds,
+        ],
+    )
+    result = FileResult(str(path), "ingested", trace_id=trace_id, run=run_name, events=counts.events, gpu_events=counts.gpu)
+    return Stored(trace_id, path, run_name, rank_source, file_rank, base_ns, result)
+
+
+def derive(con: Any, stored: list[Stored], marker: StepMarker) -> None:
+    """The steps of the traces ``stored`` (consecutive ids), their device events' steps, their side
+    files, their steps' wall-clock windows and their results' ranks: one statement each, whatever the
+    number of traces (but the side files). ConfigError when a run would hold a step twice
+    (:func:`_refuse_rank_collisions`); TraceFormatError for a side file or a clock offset that is
+    not one."""
+    ids = [s.trace_id for s in stored]
+    write_steps(con, ids, {**event_categories().sql_params(), **marker.sql_params()})
+    if marker != StepMarker():
+        notes = check_step_marker(con, {s.trace_id: s.path for s in stored}, marker.pattern)
+        for s in stored:
+            s.result.notes.extend(notes.get(s.trace_id, []))
+    _refuse_rank_collisions(con, stored)
+    clocks = {s.trace_id: load_side_files(con, s.trace_id, s.path, s.run, s.file_rank, s.base_ns) for s in stored}
+    try:
+        write_wall_times(con, clocks)
+    except duckdb.OutOfRangeException:
+        far = [str(s.path) for s in stored if abs(clocks[s.trace_id][0]) >= 1 << 61]
+        raise TraceFormatError(
+            f"{', '.join(far) or ', '.join(str(s.path) for s in stored)}: its clock offset (baseTimeNanoseconds, or "
+            "run.json's offset_ns) puts its steps beyond 64-bit nanoseconds; fix or remove it, then ingest again"
+        ) from None
+    ranks = dict(con.execute(
+        """
+        select trace_id, list(distinct rank order by rank)
+        from (
+            select trace_id, rank from gpu_events where trace_id between $first and $last
+            union all
+            select trace_id, rank from host_events where trace_id between $first and $last
+        )
+        group by trace_id
+        """,
+        {"first": ids[0], "last": ids[-1]},
+    ).fetchall())
+    for s in stored:
+        s.result.ranks = ranks.get(s.trace_id, [])
+
+
+def _room_for(con: Any, text_bytes: int) -> None:
+    """Raise the ingest's buffer pool (until another file's header needs another) where a trace's
+    header text is large: storing and compressing 80 MB of it takes buffers of 128 MB, beyond
+    :data:`INGEST_MEMORY_LIMIT` (a deviceProperties name of 40 MB, tests/test_hostile.py)."""
+    if text_bytes >= 1 << 20:
+        con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT_MB + 4 * ((text_bytes >> 20) + 1)}MB'")
+
+
+def _refuse_rank_collisions(con: Any, stored: list[Stored]) -> None:
+    """ConfigError when the run of a trace ``stored`` already holds a step of one of its ranks from
+    another trace: (run, rank, step) comes from one file, so that no step is counted twice (the same
+    trace as .json and .json.gz, or two jobs in one run). Files of one rank with other steps (the
+    collectors' profiling cycles) are fine."""
+    clash = fetch_one(
+        con,
+        """
+        select mine.trace_id, s.rank, any_value(t.path), count(*), min(s.step), max(s.step)
+        from steps as mine
+        inner join traces as m on m.trace_id = mine.trace_id
+        inner join steps as s on s.rank = mine.rank and s.step = mine.step and s.trace_id <> mine.trace_id
+        inner join traces as t on t.trace_id = s.trace_id and t.run = m.run
+        where mine.trace_id between $first and $last
+        group by mine.trace_id, s.rank
+        order by mine.trace_id, s.rank
+        limit 1
+        """,
+        {"first": stored[0].trace_id, "last": stored[-1].trace_id},
+    )
+    if clash is None:
+        return
+    trace_id, rank, other, n, lo, hi = clash
+    mine = next(s for s in stored if s.trace_id == trace_id)
+    held = "the whole timeline (no steps)" if lo == hi == WHOLE_TRACE_STEP else (
+        f"step {lo}" if n == 1 else f"steps {lo}..{hi}" if hi - lo + 1 == n else f"{n} steps in {lo}..{hi}")
+    fix = "ingest it under another run (--name NAME)"
+    if mine.rank_source in ("option", "file name"):
+        fix += " or give it another rank (--rank N)"
+    raise ConfigError(
+        f"{mine.path}: run {mine.run} already holds {held} of rank {rank} from {other}; "
+        f"the same trace twice, or traces of two jobs in one run? {fix[0].upper()}{fix[1:]}"
+    )
+
+
+def free_rank(con: Any, run: str) -> int:
+    """The rank for a file that names none: -1, -2, ... the first negative rank not held in ``run``."""
+    return fetch_one(
+        con,
+        "select least(coalesce(min(s.rank), 0), 0) - 1 from steps as s inner join traces as t using (trace_id) "
+        "where t.run = ? and s.rank < 0",
+        [run],
+    )[0]
+
+
+def drop_plain_ops(con: Any, params: dict[str, Any]) -> int:
+    """Delete the CPU operators read before :class:`OpsPolicy` switched (``sql/plain_ops.sql``);
+    returns how many."""
+    statement = f"delete from host_events where rowid in (select rid from ({sql_text('plain_ops.sql')}))"
+    return con.execute(statement, params_of(statement, params)).fetchall()[0][0]
+
+
+def leading_rank(header: TraceHeader) -> int | None:
+    """Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in (an
+    UPDATE of every row afterwards would hold a copy of the column in memory). A value that is no rank
+    fills nothing: the rows get the rank the notes report (:func:`traceq.ingest.identity.distributed_rank`)."""
+    return distributed_rank(header.leading)
+
+
+def insert_rows(con: Any, table: str, rows: pa.Table | None, trace_id: int) -> None:
+    if rows is None or rows.num_rows == 0:
+        return
+    columns = ", ".join(rows.column_names)
+    execute_over(con, f"insert into {table} (trace_id, {columns}) select ?, {columns} from _rows", [trace_id], rows)
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _header_summary(fields: dict[str, Any]) -> dict[str, Any]:
+    """Top-level fields worth keeping (drops bulky log lists such as INFO/ERROR)."""
+    return {k: v for k, v in fields.items() if k not in ("INFO", "ERROR", "WARNING")}
