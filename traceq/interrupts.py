@@ -49,26 +49,6 @@ def noting_interrupts(knock_s: float | None = None, knocks: int = 5,
     if threading.current_thread() is not threading.main_thread() or not callable(handler):
         yield
         return
-    if handler is not signal.default_int_handler:  # a program's own: called, and noted where it raises
-        def noted(signum: int, frame: Any) -> None:
-            try:
-                handler(signum, frame)
-            except BaseException:
-                INTERRUPTED.set()
-                raise
-
-        INTERRUPTED.clear()
-        signal.signal(signal.SIGINT, noted)
-        try:
-            yield
-        except Exception:
-            if INTERRUPTED.is_set():
-                raise KeyboardInterrupt from None
-            raise
-        finally:
-            signal.signal(signal.SIGINT, handler)
-            INTERRUPTED.clear()
-        return
     ended = threading.Event()
 
     def knock() -> None:
@@ -85,8 +65,15 @@ def noting_interrupts(knock_s: float | None = None, knocks: int = 5,
         INTERRUPTED.set()
         signal.default_int_handler(signum, frame)
 
+    def noted(signum: int, frame: Any) -> None:  # a program's own handler: called, and noted where it raises
+        try:
+            handler(signum, frame)
+        except BaseException:
+            INTERRUPTED.set()
+            raise
+
     INTERRUPTED.clear()
-    signal.signal(signal.SIGINT, note)
+    signal.signal(signal.SIGINT, note if handler is signal.default_int_handler else noted)
     try:
         yield
     except Exception:
@@ -95,7 +82,7 @@ def noting_interrupts(knock_s: float | None = None, knocks: int = 5,
         raise
     finally:
         ended.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, handler)
         INTERRUPTED.clear()
 
 
