@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from proc_measure import measure  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-CHILD = "import sys\nfrom traceq.ingest import ingest_traces\nassert ingest_traces([sys.argv[1]], sys.argv[2]).ok\n"
+CHILD = ("import sys, traceq\nassert traceq.__file__.startswith(sys.argv[3]), traceq.__file__\n"
+         "from traceq.ingest import ingest_traces\nassert ingest_traces([sys.argv[1]], sys.argv[2]).ok\n")
 
 
 def json_mb(path: Path) -> float:
@@ -38,8 +39,10 @@ def json_mb(path: Path) -> float:
 def ingest(tree: Path, path: Path, sample_s: float | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-versions-") as tmp:
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        result = measure([sys.executable, "-c", CHILD, str(path), str(Path(tmp) / "w.duckdb")], env=env,
-                         sample_s=sample_s)
+        # run from the scratch folder: `python -c` puts its working directory before PYTHONPATH, and the
+        # repository's would shadow the tree asked for
+        result = measure([sys.executable, "-c", CHILD, str(path.resolve()), str(Path(tmp) / "w.duckdb"), str(tree)], env=env,
+                         cwd=Path(tmp), sample_s=sample_s)
     if result["rc"] != 0:
         raise RuntimeError(f"{tree}: {path}: {result['stderr_tail']}")
     return result
