@@ -43,11 +43,6 @@ class Report:
             rows = rows.head(max_rows)
         return cls(rows, notes)
 
-    def with_notes(self, notes: Sequence[str]) -> Report:
-        """This report with ``notes`` after its own (those it has already left out)."""
-        added = tuple(n for n in notes if n not in self.notes)
-        return Report(self.table, (*self.notes, *added), self.title, self.rows, self.narrow)
-
     def html(self) -> str:
         """The table and its notes as an HTML fragment (what the pages put in a section)."""
         return html_table(self.table) + html_notes(self.notes)
