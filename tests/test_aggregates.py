@@ -82,7 +82,7 @@ def test_a_run_an_option_empties_is_named_and_everything_empty_is_an_error(db: P
     runner = CliRunner()
     done = runner.invoke(app, ["summary", "--db", str(db), "--skip-steps", "1"])
     assert done.exit_code == 0, done.output
-    assert "run single: no step left by the selection (skipping the first 1 step(s)" in done.stderr
+    assert "run single: no step left by the selection (warm-up steps skipped: 1" in done.stderr
     assert "it has steps 1..1: it is not in this report" in done.stderr
     dropped = runner.invoke(app, ["report", "--db", str(db), "--drop-last"])
     assert dropped.exit_code == 0 and "run single: no step left by the selection" in dropped.stderr

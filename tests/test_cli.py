@@ -219,6 +219,9 @@ def test_run_selects_and_name_names_in_every_command(tmp_path: Path, good_trace:
     assert done.exit_code == 0, done.output
     listed = runner.invoke(app, ["runs", "--run", "job1", "--db", str(db), "--format", "json"])
     assert [r["run"] for r in json.loads(listed.stdout)] == ["job1"]
+    again = runner.invoke(app, ["ingest", str(good_trace), "--db", str(db), "--name", "other", "--threads", "1"])
+    assert f"skipped {good_trace}: already ingested (as {good_trace.resolve()}, run job1); --force reads it again " \
+           "into run other" in again.stdout  # the name given did not go unsaid
     done = runner.invoke(app, ["report", "--name", "job1", "--db", str(db)])
     assert done.exit_code == 1 and "--name job1: names the run of trace files read with --engine perfetto" in done.stderr
     done = runner.invoke(app, ["report", "--engine", "perfetto", "--run", "job1", str(good_trace)])

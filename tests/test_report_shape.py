@@ -62,6 +62,8 @@ def test_a_report_renders_as_text_and_html_with_what_it_holds_escaped() -> None:
     html = report._repr_html_()
     assert "<script>" not in html and "&lt;script&gt;x&lt;/script&gt;" in html
     assert "<b>t &amp; u</b>" in html and "<li>a &lt; b</li>" in html
+    wide = str(traceq.Report(pl.DataFrame({f"column_{i}": [f"kernel_{i}_" * 8] * 40 for i in range(30)})))
+    assert "column_29" in wide and "kernel_29_" * 8 in wide and "…" not in wide  # every column, row and name whole
     cut = traceq.Report.of_query(pl.DataFrame({"i": range(5)}), ["n"], max_rows=3)
     assert cut.table["i"].to_list() == [0, 1, 2]
     assert cut.notes == ("n", "the query gives more than 3 rows: the first 3 are shown (--max-rows)")

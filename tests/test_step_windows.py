@@ -156,7 +156,7 @@ def test_a_step_marker_with_a_number_group_numbers_the_steps(tmp_path: Path) -> 
 def test_empty_selections_are_errors_that_say_what_exists(lagging_db: Path, tmp_path: Path) -> None:
     for selection, runs, text in [
         (StepSelection.parse("900:1000"), None, "no step is selected (steps 900..1000"),
-        (StepSelection(skip_steps=100), None, "no step is selected (skipping the first 100 step(s)"),
+        (StepSelection(skip_steps=100), None, "no step is selected (warm-up steps skipped: 100"),
         (StepSelection(), ["nosuchrun"], "no run 'nosuchrun' in the warehouse; it holds job"),
     ]:
         with pytest.raises(EmptySelection) as err:

@@ -223,7 +223,9 @@ def _as_pair(pair: Any, name: str) -> tuple[Any, Any]:
     try:
         starts, ends = pair
     except (TypeError, ValueError) as exc:
-        raise IntervalError(f"{name}: expected a (starts, ends) pair; got {type(pair).__name__}") from exc
+        raise IntervalError(f"{name}: expected a (starts, ends) pair of arrays; got {type(pair).__name__}"
+                            + (f" of {len(pair)}" if hasattr(pair, "__len__") else "")
+                            + ": a list of (start, end) pairs is zip(*pairs) away") from exc
     return starts, ends
 
 

@@ -49,6 +49,7 @@ def ingest(
 
     Examples:
 
+    \b
       traceq ingest runs/llama-8n/*.json.gz --db runs.duckdb --name llama-8n
 
       traceq ingest vllm_decode.json.gz --step-marker '^step\\[DECODE'
@@ -131,6 +132,7 @@ def ingest_cluster(
 
     Example:
 
+    \b
       traceq ingest-cluster /shared/runs/job1 --parquet /shared/tq/job1 --scheduler tcp://head:8786
 
       traceq report --metric exposed_comm --db /shared/tq/job1

@@ -63,10 +63,13 @@ def report(
 
       traceq report --metric exposed_comm,idle,step_time --by run
 
+    \b
       traceq report --metric overlap_ratio --by run --whole-trace --format json
 
+    \b
       traceq report --metric tokens_per_s --by world_size,tp --html report.html
 
+    \b
       traceq report --engine perfetto --metric exposed_comm --by run,rank,step runs/rank*.json.gz
 
     --engine perfetto computes the interval metrics (comm, compute, overlapped, exposed, idle, ...)
@@ -146,6 +149,7 @@ def summary(
 
       traceq summary --by run --steps 11:60 --format csv
 
+    \b
       traceq summary --by run,rank,step --run llama-8n --html steps.html   # step by step
     """
     from traceq.ingest import temporary_warehouse
@@ -190,6 +194,7 @@ def kernels(
 
       traceq kernels --level category --by run,rank
 
+    \b
       traceq kernels --unclassified --format csv      # then write rules for them: traceq rules --add
     """
     from traceq.report.kernels import kernel_report
@@ -369,6 +374,7 @@ def scaling(
 
       traceq scaling --metric busbw_gbps
 
+    \b
       traceq scaling --metric transfer_us --by model      # collective latency against nodes
     """
     from traceq.report.scaling import scaling_report

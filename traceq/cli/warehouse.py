@@ -84,6 +84,7 @@ def runs(
 
       traceq runs --traces --run llama-8n --db runs.duckdb
 
+    \b
       traceq runs set llama-8n --world-size 8 --tp 2 --tokens-per-step 4194304 --gpu-model 'H100 SXM' --db runs.duckdb
 
       traceq runs rename trace_filter recsys-128r --db runs.duckdb
@@ -107,6 +108,7 @@ def set_metadata(run: RunArgument, db: DbOption = Path(DEFAULT_DB), fmt: FormatO
 
     Example:
 
+    \b
       traceq runs set llama-8n --world-size 8 --tp 2 --tokens-per-step 4194304 --gpu-model 'H100 SXM'
     """
     from traceq.report.runs import runs_report
@@ -243,8 +245,10 @@ def sql(
 
     Examples:
 
+    \b
       traceq sql "select class, count(*), sum(dur_ns) from gpu_activity group by class"
 
+    \b
       traceq sql --engine perfetto runs/rank0.json.gz "select scope, step, exposed_comm_ns from traceq_interval_breakdown"
     """
     from traceq.perfetto.engine import trace_sql
@@ -298,6 +302,7 @@ def export(
 
       traceq report --metric exposed_comm --db runs_parquet
 
+    \b
       traceq export --perfetto run.pftrace --run job1 --steps 11:14 --ranks 0-7
 
       traceq export --perfetto run.pftrace --run job1 --critical-path

@@ -271,8 +271,10 @@ class Loader:
         if not known:
             return None
         self.notify("bytes", {"bytes": file_size(path), "path": str(path)})
-        return FileResult(str(path), "skipped", f"{path}: already ingested (as {known[0][0]}, run {known[0][1]}); "
-                          "--force reads it again", run=known[0][1])
+        (held, run), = known[:1]
+        into = f" into run {self.run}" if self.run is not None and self.run != run else ""  # --name went unused
+        return FileResult(str(path), "skipped", f"{path}: already ingested (as {held}, run {run}); "
+                          f"--force reads it again{into}", run=run)
 
     def _replace(self, path: Path, digest: str, size: int) -> list[str]:
         """Remove the trace(s) of this file's content, or of this file (its path: written again since,

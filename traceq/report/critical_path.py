@@ -72,7 +72,8 @@ class CriticalPath:
         else:
             table = self.ranks() if view == "ranks" else self.kernels(top)
         run = self.steps["run"][0] if self.steps.height else ""
-        return Report(table, notes, f"critical path of run {run}, {view} ({self.selection})",
+        shown = "" if view == "steps" else f", {view}"
+        return Report(table, notes, f"critical path of run {run}{shown} ({self.selection})",
                       narrow=("path_start_ns", "category", "process_group", "top_kernel_ms", "copy_ms", "wait_ms",
                               "compute_ms", "waited_for", "steps"))
 

@@ -50,9 +50,12 @@ class Report:
     def _repr_html_(self) -> str:  # a notebook shows the report as the pages do
         return (f"<p><b>{escape(self.title)}</b></p>" if self.title else "") + self.html()
 
-    def __str__(self) -> str:
-        lines = [self.title] if self.title else []
-        return "\n".join([*lines, str(self.table), *(f"note: {n}" for n in self.notes)])
+    def __str__(self) -> str:  # every row and column, names whole: what the command line prints, as text
+        import polars as pl
+
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=10_000, tbl_width_chars=60_000):
+            table = str(self.table)
+        return "\n".join([*([self.title] if self.title else []), table, *(f"note: {n}" for n in self.notes)])
 
 
 def html_table(frame: pl.DataFrame) -> str:

@@ -40,13 +40,14 @@ class StepSelection:
             raise ConfigError("include_last keeps each rank's last step and drop_last drops it: give one of them")
 
     def describe(self, metadata: bool = True) -> str:
-        """The selection in words, e.g. 'steps 900..1000, warm-up: the run's warmup_steps'. ``metadata``:
+        """The selection in words, e.g. 'steps 900..1000, warm-up steps skipped: 10, ...'. ``metadata``:
         the steps are of runs with metadata (a warehouse's); trace files read directly have no warmup_steps."""
         parts = []
         if self.step_min is not None or self.step_max is not None:
             parts.append(f"steps {'' if self.step_min is None else self.step_min}..{'' if self.step_max is None else self.step_max}")
-        parts.append(("warm-up: the run's warmup_steps, 0 if unset" if metadata else "no warm-up skipped")
-                     if self.skip_steps is None else f"skipping the first {self.skip_steps} step(s)")
+        skipped = ("the run's warmup_steps, 0 if unset" if metadata else "none unless --skip-steps") \
+            if self.skip_steps is None else str(self.skip_steps)
+        parts.append(f"warm-up steps skipped: {skipped}")
         parts.append("dropping every last step" if self.drop_last
                      else ("keeping the last step (open window)" + (" unless cut" if self.drop_incomplete else ""))
                      if self.include_last else "leaving out the open last step (--include-last keeps it)")
