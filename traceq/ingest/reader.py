@@ -471,18 +471,6 @@ def _chunks(
         header.fields = _parse_header(prefix, tail, path, header.bare_array)
 
 
-# what completes a top-level object cut short after its event array: after a value, inside a string,
-# after a key, after a colon, after a comma
-_COMPLETIONS = (b"}", b'"}', b":null}", b'":null}', b"null}", b'"":null}')
-
-
-def _ends_early(document: bytes) -> bool:
-    """Whether the top-level ``document`` that does not decode is only cut short (decodes once
-    completed), rather than malformed."""
-    document = document.rstrip()
-    return any(_decodes(document + end) for end in _COMPLETIONS)
-
-
 def _parse_header(prefix: bytes, tail: bytes, path: Path, bare: bool) -> dict[str, Any]:
     if bare:
         if tail.strip():
@@ -494,8 +482,7 @@ def _parse_header(prefix: bytes, tail: bytes, path: Path, bare: bool) -> dict[st
         except msgspec.ValidationError:  # a number beyond float64 (1e999): read it as inf
             fields = _LENIENT_FLOATS.decode(prefix + b"null" + tail)
     except msgspec.DecodeError as exc:
-        # completed by decoding where a few closing characters do; cut inside a nested value, as fault_of says
-        if _ends_early(prefix + b"null" + tail) or fault_of(prefix + b"null" + tail).kind == "truncated":
+        if fault_of(prefix + b"null" + tail).kind == "truncated":  # cut short, wherever inside it
             raise _truncated(path, "the file ends after the event array, inside the top-level object") from None
         raise _not_json(path, f"the top-level object around the event array is malformed: {exc}") from None
     except UnicodeDecodeError:
