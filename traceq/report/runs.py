@@ -27,7 +27,7 @@ def runs_report(db: Warehouse = DEFAULT_DB, *, traces: bool = False, runs: Seque
     files (:func:`list_traces`); ``runs``: only these (EmptySelection naming the runs held when one is
     not there)."""
     table = list_traces(db) if traces else list_runs(db)
-    held = set(list_runs(db)["run"].to_list()) if traces else set(table["run"].to_list())
+    held = set(table["run"].to_list())  # a run is there while a trace of it is: both listings hold every run
     missing = [r for r in runs or () if r not in held]
     if missing:
         raise EmptySelection(f"no run {', '.join(map(repr, missing))} in {db}; it holds "
