@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from traceq.catalog import StepMarker, event_categories  # noqa: E402
-from traceq.ingest import loader  # noqa: E402
+from traceq.ingest import groups, loader, pipeline  # noqa: E402
 from traceq.ingest.native import BATCH_BYTES, batch_files  # noqa: E402
 from traceq.ingest.reader import read_trace_ranges  # noqa: E402
 from traceq.query import params_of, sql_text  # noqa: E402
@@ -101,18 +101,25 @@ def phases(path: Path, db: Path) -> tuple[float, dict[str, float]]:
                 spent[name] += cpu_s() - before
         return run
 
-    saved = {name: getattr(loader, name) for name in ("prefetch", "_parsed", "count_batches", "write_parts", "_derive")}
-    loader.prefetch = lambda items, ahead=1, discard=None: iter(items)  # type: ignore[assignment]
-    for name, label in (("_parsed", "parse (with the batch files and the digest beside it)"), ("count_batches", "count"),
-                        ("write_parts", "writes"), ("_derive", "steps and attribution")):
-        setattr(loader, name, timed(label, saved[name]))
+    patched = [  # (module, name, phase); every module that calls it under that name
+        (pipeline, "parse_batch", "parse (with the batch files and the digest beside it)"),
+        (pipeline, "parse_batches", "parse (with the batch files and the digest beside it)"),
+        (loader, "count_batches", "count"), (groups, "count_batches", "count"),
+        (loader, "write_parts", "writes"), (groups, "write_parts", "writes"),
+        (loader, "derive", "steps and attribution"),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patched]
+    saved.append((pipeline, "prefetch", pipeline.prefetch))
+    pipeline.prefetch = lambda items, stop, discard=None: iter(items)  # the read-ahead, in this thread
+    for (module, name, label), (_, _, f) in zip(patched, saved):
+        setattr(module, name, timed(label, f))
     try:
         before = cpu_s()
         summary = loader.ingest_traces([path], db)
         total = cpu_s() - before
     finally:
-        for name, f in saved.items():
-            setattr(loader, name, f)
+        for module, name, f in saved:
+            setattr(module, name, f)
     if not summary.ok:
         raise SystemExit(f"{path}: {summary.files[0].message}")
     return total, dict(spent)

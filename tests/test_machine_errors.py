@@ -1,6 +1,7 @@
-"""What the machine gets wrong while a file is written (out of memory, a full disk) fails that file,
-in one line that names it and what to do, and leaves nothing of it: an out-of-memory error on a write
-was stored by the slower decoder instead and reported "ingested"."""
+"""What the machine gets wrong while a file is written (out of memory, a full disk), or any error of
+DuckDB's but its JSON reader refusing the file's JSON, fails that file, in one line that names it and
+what to do, and leaves nothing of it: an out-of-memory error on a write was stored by the slower
+decoder instead and reported "ingested"."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ ERRORS = {
     "full disk": (duckdb.IOException("IO Error: Could not write file: No space left on device"),
                   "IO Error: Could not write file: No space left on device; the file system said no: free space, or "
                   "use a writable place for --db and outputs"),
+    # not the JSON reader refusing the file's JSON: never a reason to read it a second way (the decoder)
+    "a write that failed": (duckdb.ConversionException("Conversion Error: Could not convert string 'x' to INT64"),
+                            "Conversion Error: Could not convert string 'x' to INT64"),
 }
 
 

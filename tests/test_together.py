@@ -14,7 +14,6 @@ import pytest
 import traceq.ingest.groups as groups
 import traceq.ingest.loader as ingest
 import traceq.ingest.native as native
-import traceq.ingest.pipeline as pipeline
 import traceq.ingest.write as write
 from tests.test_native import TABLES, _rows
 from tests.tracegen import TraceBuilder
@@ -71,24 +70,9 @@ def _same_warehouse(a: Path, b: Path) -> None:
         assert _rows(a, query) == _rows(b, query), table
 
 
-@pytest.fixture
-def derive_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of traces each derivation took."""
-    sizes: list[int] = []
-    derive = ingest.derive
-
-    def recording(con: object, stored: list, marker: object) -> None:
-        sizes.append(len(stored))
-        derive(con, stored, marker)
-
-    monkeypatch.setattr(ingest, "derive", recording)
-    return sizes
-
-
-def test_small_files_together_end_as_files_ingested_one_by_one(tmp_path: Path, derive_sizes: list[int]) -> None:
+def test_small_files_together_end_as_files_ingested_one_by_one(tmp_path: Path) -> None:
     paths = _corpus(tmp_path / "job")
     together = ingest_traces(paths, tmp_path / "together.duckdb")
-    grouped = list(derive_sizes)
     alone = _one_by_one(paths, tmp_path / "alone.duckdb")
 
     assert all(f.status == "ingested" for f in together.files), [f.message for f in together.files]
@@ -101,12 +85,9 @@ def test_small_files_together_end_as_files_ingested_one_by_one(tmp_path: Path, d
     assert {tuple(numbers) for _, numbers in steps} == {(10, 11, 12), (20, 21, 22), (1, 2, 3)}
     attributed = _rows(tmp_path / "together.duckdb", "select step_source, count(*) from gpu_events group by all")
     assert dict(attributed) == {"launch": sum(3 * (5 + r) for r in range(10)) * 2 + 3 * 4 + 3 * 5, None: 2 * 22}
-    # several files to a derivation: 16 at most, and a rank-less file derives those before it first
-    assert max(grouped) == groups.Together.FILES and sum(grouped) == len(paths), grouped
-    assert len(grouped) < len(paths) // 2, grouped
 
 
-def test_steps_that_clash_inside_a_group_fail_the_later_file_alone(tmp_path: Path, derive_sizes: list[int]) -> None:
+def test_steps_that_clash_inside_a_group_fail_the_later_file_alone(tmp_path: Path) -> None:
     """A second file of rank 3 in the same run, in the same group as the first: the group is rolled
     back and its files are ingested one by one, so the later file fails with the message it gets
     alone and every other file is in."""
@@ -128,7 +109,6 @@ def test_steps_that_clash_inside_a_group_fail_the_later_file_alone(tmp_path: Pat
     assert "run a already holds steps 10..12 of rank 3 from" in failed[0].message
     assert str(job / "rank3.json") in failed[0].message
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
-    assert derive_sizes[0] == len(paths), derive_sizes  # the group was tried whole first
 
 
 def test_an_interrupt_inside_a_group_leaves_none_of_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,34 +201,6 @@ def test_a_progress_callback_that_raises_stops_the_reading_thread_at_once(tmp_pa
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(24,)]
 
 
-@pytest.fixture
-def alone(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The files ingested in a transaction of their own (read again), by name."""
-    names: list[str] = []
-    load = ingest.Loader._load
-
-    def recording(self: ingest.Loader, path: Path, *args: object) -> ingest.FileResult:
-        names.append(Path(path).name)
-        return load(self, path, *args)
-
-    monkeypatch.setattr(ingest.Loader, "_load", recording)
-    return names
-
-
-@pytest.fixture
-def parses(monkeypatch: pytest.MonkeyPatch) -> list[list[bool]]:
-    """Each statement the reader thread parsed small files in: the all_ops of each batch in it."""
-    calls: list[list[bool]] = []
-    parse_batches = pipeline.parse_batches
-
-    def recording(con: object, batches: list, marker: object) -> object:
-        calls.append([all_ops for _, all_ops in batches])
-        return parse_batches(con, batches, marker)
-
-    monkeypatch.setattr(pipeline, "parse_batches", recording)
-    return calls
-
-
 def _with_ops(rank: int, device_properties: bool, gpu: bool) -> dict:
     """A trace with two CPU operators; with ``device_properties``, Kineto's header before the events
     (the file is read without CPU operators from its start); ``gpu``: kernels too."""
@@ -261,9 +213,7 @@ def _with_ops(rank: int, device_properties: bool, gpu: bool) -> dict:
     return {"deviceProperties": [{"id": 0, "name": "H100"}], **b.document()} if device_properties else b.document()
 
 
-def test_small_files_parsed_in_one_statement_keep_their_own_cpu_operators(
-    tmp_path: Path, parses: list[list[bool]], derive_sizes: list[int]
-) -> None:
+def test_small_files_parsed_in_one_statement_keep_their_own_cpu_operators(tmp_path: Path) -> None:
     """Files with and without deviceProperties, with and without kernels, parsed in one statement:
     each keeps the CPU operators it keeps alone (a CPU-only file all of them, a GPU file none that
     no metric reads, whether it started without them or switched), and nothing else changes."""
@@ -275,8 +225,6 @@ def test_small_files_parsed_in_one_statement_keep_their_own_cpu_operators(
         paths.append(job / f"rank{rank}.json")
         paths[-1].write_text(json.dumps(_with_ops(rank, props, gpu)))
     together = ingest_traces(paths, tmp_path / "together.duckdb")
-    assert parses == [[not props for props, _ in shapes]]  # one statement, each file with its own policy
-    assert derive_sizes == [len(paths)]  # one group: no file had to be read again (with every CPU operator)
     alone = _one_by_one(paths, tmp_path / "alone.duckdb")
     assert _outcome(together.files) == _outcome(alone)
     assert all(f.status == "ingested" for f in together.files)
@@ -286,9 +234,7 @@ def test_small_files_parsed_in_one_statement_keep_their_own_cpu_operators(
     assert ops == [(2, 2)]  # the CPU-only file's, and only its
 
 
-def test_a_file_duckdb_cannot_parse_among_small_files_is_parsed_alone(
-    tmp_path: Path, parses: list[list[bool]], derive_sizes: list[int], alone: list[str]
-) -> None:
+def test_a_file_duckdb_cannot_parse_among_small_files_is_parsed_alone(tmp_path: Path) -> None:
     """An element that is no object makes DuckDB's reader fail the statement that parses the run of
     small files it is in: the run's files are parsed one by one then, the files before the odd one
     are committed as a group, the odd one is read by traceq.ingest.decode, the files after it make
@@ -303,8 +249,6 @@ def test_a_file_duckdb_cannot_parse_among_small_files_is_parsed_alone(
         paths.append(job / f"rank{rank}.json")
         paths[-1].write_text(json.dumps(doc))
     together = ingest_traces(paths, tmp_path / "together.duckdb")
-    assert parses == [[True] * 5], parses  # tried together first (no deviceProperties: every CPU operator)
-    assert derive_sizes == [2, 1, 2] and alone == ["rank2.json"], (derive_sizes, alone)
     alone = _one_by_one(paths, tmp_path / "alone.duckdb")
     assert [f.status for f in together.files] == ["ingested"] * 5
     assert together.files[2].message.startswith("read by traceq.ingest.decode: Invalid Input Error: JSON transform error")
@@ -313,34 +257,21 @@ def test_a_file_duckdb_cannot_parse_among_small_files_is_parsed_alone(
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
 
 
-def test_a_group_of_files_parsed_in_two_statements_is_written_as_one(tmp_path: Path, alone: list[str]) -> None:
+def test_a_group_of_files_parsed_in_two_statements_is_written_as_one(tmp_path: Path) -> None:
     """A file without events ends a group (it fails alone), so the next group takes the rest of the
     first run of small files and the start of the second: its rows come from two parse statements,
-    copied into one relation (native.rows_of) with the rows of its files only."""
+    copied into one relation with the rows of its files only."""
     job = tmp_path / "job" / "a"
     paths = [_rank_trace(r, r * 10_000, 2 + r % 5).write(job / f"rank{r}.json") for r in range(24)]
     paths[3].write_text(json.dumps({"traceEvents": []}))
-    relations: list[int] = []
-    rows_of = native.rows_of
-
-    def recording(con: object, batches: list) -> object:
-        relations.append(len({id(events) for events, _ in batches}))
-        return rows_of(con, batches)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(groups, "rows_of", recording)
-        together = ingest_traces(paths, tmp_path / "together.duckdb")
-    assert relations == [1, 2, 1], relations  # rank0-2 | rank4-19 (two runs) | rank20-23
-    assert alone == ["rank3.json"]
+    together = ingest_traces(paths, tmp_path / "together.duckdb")
     assert [f.status for f in together.files] == ["ingested"] * 3 + ["failed"] + ["ingested"] * 20
     assert _outcome(together.files) == _outcome(_one_by_one(paths, tmp_path / "alone.duckdb"))
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
 
 
 @pytest.mark.parametrize("size_stored", [True, False], ids=["digests-before-reading", "digests-beside"])
-def test_a_copy_inside_a_group_is_skipped_as_alone(
-    tmp_path: Path, alone: list[str], derive_sizes: list[int], size_stored: bool
-) -> None:
+def test_a_copy_inside_a_group_is_skipped_as_alone(tmp_path: Path, size_stored: bool) -> None:
     """Two copies of a file in one group: the second is skipped as a copy of the first, as alone,
     without rolling the group back. Their digests are taken before they are read where a file of
     their size is in the warehouse (``size_stored``: the copy is found only once the first is in),
@@ -357,11 +288,9 @@ def test_a_copy_inside_a_group_is_skipped_as_alone(
     paths = [tmp_path / "job" / "a" / "rank0.json", tmp_path / "job" / "b" / "rank0.json", tmp_path / "job" / "b" / "rank1.json"]
     for db in ("together.duckdb", "alone.duckdb"):
         assert ingest_traces([tmp_path / "stored" / "rank0.json"], tmp_path / db).ok
-    del alone[:], derive_sizes[:]
     together = ingest_traces(paths, tmp_path / "together.duckdb")
     assert [f.status for f in together.files] == ["ingested", "skipped", "ingested"], [f.message for f in together.files]
     assert together.files[1].message == f"{paths[1]}: already ingested (as {paths[0]}, run a); --force reads it again"
-    assert alone == [] and derive_sizes == [2], (alone, derive_sizes)  # one group, the copy not written
     assert _outcome(together.files) == _outcome(_one_by_one(paths, tmp_path / "alone.duckdb"))
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
 
@@ -407,3 +336,25 @@ def test_ctrl_c_in_a_statement_of_a_group_write_stops_the_ingest(
     assert len(calls) == 1
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(0,)]
     assert {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")} - before == set()
+
+
+def test_a_file_of_empty_events_among_small_files_fails_as_alone(tmp_path: Path) -> None:
+    """A file of a million ``{}`` (4 MB of JSON: a small file, written with a group) holds nothing a trace
+    event holds: refused, as it is alone, and the files beside it are in. (Written with a group, it was
+    stored as a trace without rows.)"""
+    import gzip
+
+    job = tmp_path / "job"
+    _rank_trace(0, 0, 4).write(job / "rank0.json")
+    with gzip.open(job / "rank1.json.gz", "wb") as f:
+        f.write(b'{"traceEvents": [' + b", ".join([b"{}"] * write.UNUSABLE_EVENTS) + b"]}")
+    _rank_trace(2, 0, 4).write(job / "rank2.json")
+    paths = sorted(job.iterdir())
+    done = ingest_traces(paths, tmp_path / "w.duckdb")
+    alone = [ingest_traces([p], tmp_path / "alone.duckdb").files[0] for p in paths]
+    assert [f.status for f in done.files] == [f.status for f in alone] == ["ingested", "failed", "ingested"]
+    assert done.files[1].message == alone[1].message == (
+        f"{paths[1]}: its first 1,000,000 events hold nothing a trace event holds (no phase, name, time or "
+        "category): not a profiler trace; nothing was stored")
+    for table, query in ALL_TABLES.items():
+        assert _rows(tmp_path / "w.duckdb", query) == _rows(tmp_path / "alone.duckdb", query), table

@@ -16,7 +16,7 @@ from traceq.ingest.reader import too_deep_is_not_json
 from traceq.interrupts import is_interrupt
 
 from traceq.ingest.digests import Digest
-from traceq.ingest.pipeline import GROUP_BYTES, GROUP_FILES, WHOLE_FILE_BATCH_BYTES, Batch, FileParse
+from traceq.ingest.pipeline import GROUP_BYTES, GROUP_FILES, Batch, FileParse
 from traceq.ingest.results import FileResult
 from traceq.ingest.write import Counts, NeedsOps, leading_rank
 
@@ -62,11 +62,6 @@ class Together:
         self.entries: list[_Held | FileResult] = []  # in input order; a result: a file not to be read
         self.bytes = 0
         self.open = False
-
-    def takes(self, json_bytes: int) -> bool:
-        """Whether a file of ``json_bytes`` of JSON is written with others: a small file (one batch),
-        where no earlier trace of it is to be replaced (``force``)."""
-        return not self.loader.force and json_bytes <= WHOLE_FILE_BATCH_BYTES
 
     def add(self, path: Path, parse: FileParse, digest: str | None) -> Iterator[FileResult]:
         """Hold ``path``'s parsed batch for the group (``parse`` is this group's to close); yields
@@ -204,9 +199,8 @@ class Together:
 
 
 def _single_batch(parse: FileParse) -> Batch:
-    """The one batch of a small file (:data:`WHOLE_FILE_BATCH_BYTES`); :class:`Regroup` where it has
-    none (no events: it fails alone) or, against expectation, more (their files go with ``parse``'s
-    scratch directory)."""
+    """The one batch of a small file (``parse.small``); :class:`Regroup` where it has none (no events:
+    it fails alone) or, against expectation, more (their files go with ``parse``'s scratch directory)."""
     batches = list(parse.batches)
     if len(batches) != 1:
         raise Regroup

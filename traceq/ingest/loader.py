@@ -1,18 +1,24 @@
 """Load Kineto trace files into the warehouse: each file all or nothing, idempotent by content hash.
 
-A file is cut into chunks of whole events by :mod:`traceq.ingest.reader` (in a thread, one batch ahead)
-and parsed by DuckDB's JSON reader on every core, straight into the warehouse (:mod:`traceq.ingest.native`).
-Where DuckDB would read a file differently from :mod:`traceq.ingest.decode` (the typed msgspec reference),
-the transaction is rolled back and the file is decoded by :mod:`traceq.ingest.decode` in this process; the
-file's result says so in its message. Files are written one at a time, in the order given; with
-several, the reading thread goes on to the next file's batches while this one's are written, its
-steps attributed and its transaction committed (:class:`ReadAhead`). A large file is one
-transaction; small files are written several to a transaction, their steps derived together
-(:class:`Together`), and a file that fails among them has the others ingested one by one: a failed
-file leaves nothing behind either way.
+The walk from ``traceq ingest`` to the stored rows, by stage:
+
+1. plan (:mod:`traceq.ingest.inputs`): the files, in order; each file's run (:mod:`traceq.ingest.identity`);
+2. read ahead (:mod:`traceq.ingest.pipeline`, one thread): each file cut into chunks of whole events
+   (:mod:`traceq.ingest.reader`), written as batch files and parsed by DuckDB's JSON reader on every
+   core (:mod:`traceq.ingest.native`), a batch ahead of the writer and across file boundaries;
+3. write (here, and :mod:`traceq.ingest.write`): a large file's batches in one transaction of its
+   own; small files, parsed in one statement, written several to a transaction
+   (:class:`~traceq.ingest.groups.Together`); then each file's traces row, steps and step attribution.
+
+Where DuckDB's reader refuses a file's JSON or would read it differently from
+:mod:`traceq.ingest.decode` (the typed msgspec reference), the transaction is rolled back and the file
+is decoded by :mod:`traceq.ingest.decode` in this process; the file's result says so in its message.
+Any other error fails the file and leaves nothing of it. A group that fails is rolled back and its
+files ingested one by one; a file read again (alone, or with every CPU operator) gets a read-ahead of
+its own.
 
 What keeps memory flat whatever the trace size (benchmarks/bench_scale.py measures it):
-one batch of chunks in flight (plus the one being read); DuckDB's buffer pool is capped
+a few batches in flight; DuckDB's buffer pool is capped
 (:data:`INGEST_MEMORY_LIMIT`: appended row groups go to the file as they fill); ranks from
 ``distributedInfo`` are filled in as rows go in, not by an UPDATE afterwards. Nothing process-wide
 is changed (no GC thresholds, no glibc settings: measured, neither pays any more, BENCHMARKS.md).
@@ -33,18 +39,11 @@ from typing import Any
 from traceq import scratch
 from traceq.catalog import StepMarker, check_parallelism
 from traceq.errors import TraceqError
-from traceq.ingest.inputs import check_run_name, expand_inputs, file_size, json_size, run_name_of
-from traceq.ingest.native import (
-    NOT_THE_FILE,
-    NotNative,
-    Part,
-    count_batches,
-    parser,
-    prefetch,
-    scratch_dir,
-    write_parts,
-)
-from traceq.ingest.reader import TraceHeader, file_digest, read_trace, read_trace_ranges, too_deep_is_not_json
+from traceq.ingest.inputs import check_run_name, expand_inputs, file_size, run_name_of
+import duckdb
+
+from traceq.ingest.native import NotNative, Part, count_batches, scratch_dir, write_parts
+from traceq.ingest.reader import TraceHeader, file_digest, read_trace, too_deep_is_not_json
 from traceq.ingest.identity import check_rank, names_job, no_rank_note, run_of
 from traceq.interrupts import interruptible
 from traceq.store.manage import forget_run, remove_traces
@@ -53,16 +52,7 @@ from traceq.store.warehouse import DEFAULT_DB, connect, environment_error
 
 from traceq.ingest.digests import Digest, KnownDigests, file_identity, stored_digest
 from traceq.ingest.groups import Together
-from traceq.ingest.pipeline import (
-    Batch,
-    FileParse,
-    ReadAhead,
-    counting,
-    cut_batches,
-    once_per_file,
-    parse_batch_files,
-    remove_batch,
-)
+from traceq.ingest.pipeline import FileParse, ReadAhead, counting, once_per_file
 from traceq.ingest.results import FileResult, IngestSummary, Progress, not_utf8
 from traceq.ingest.write import (
     INGEST_MEMORY_LIMIT,
@@ -190,7 +180,6 @@ class Loader:
         self.runs = {r for (r,) in con.execute("select run from runs").fetchall()}  # as of the last commit
         self.pending: list[Stored] = []  # stored in the open transaction, steps not derived yet
         self.uncommitted: list[tuple[int, str]] = []  # (size, digest) of the files the open transaction holds
-        self._cursor: Any = None
         self._scratch: list[scratch.ScratchDir] = []  # every scratch directory made, removed by close()
         self._scratch_lock = threading.Lock()  # the reader thread makes them too
         self.listed: dict[str, tuple[int, ...] | None] = {}  # each file as it was before any was read
@@ -204,13 +193,11 @@ class Loader:
                 "was stored; ingest it again once it is complete")
 
     def close(self) -> None:
-        """Stop the hashing thread, close the parse cursor and remove every scratch directory this
-        loader made: each is removed as soon as its file is done, and here again whatever happened
-        in between (an interrupt between two statements hands a directory to no one). The reader
-        threads have ended by now (their consumers join them before they return)."""
+        """Stop the hashing thread and remove every scratch directory this loader made: each is
+        removed as soon as its file is done, and here again whatever happened in between (an interrupt
+        between two statements hands a directory to no one). The reading threads have ended by now
+        (:meth:`ReadAhead.close` joins its thread)."""
         self.hasher.shutdown(cancel_futures=True)
-        if self._cursor is not None:
-            self._cursor.close()
         with self._scratch_lock:
             made, self._scratch = self._scratch, []
         for directory in made:
@@ -224,23 +211,18 @@ class Loader:
             self._scratch.append(directory)
         return directory
 
-    def _parse_cursor(self) -> Any:
-        """The cursor batches are parsed on (:func:`traceq.ingest.native.parser`), made once: every file's
-        reader thread has finished before the next file's starts."""
-        if self._cursor is None:
-            self._cursor = parser(self.con)
-        return self._cursor
-
     def load(self, paths: list[Path]) -> Iterator[FileResult]:
         """Ingest ``paths``, yielding each file's result in input order.
 
-        With several files, a thread parses ahead across file boundaries (:class:`ReadAhead`): the
+        One thread parses ahead (:class:`ReadAhead`), within a file and across file boundaries: the
         next file's first batch is parsed while this one's rows are written, its steps attributed and
         its transaction committed. Small files are written several to a transaction (:class:`Together`):
-        many small rank files are otherwise bound by the statements each file's steps take.
+        many small rank files are otherwise bound by the statements each file's steps take. A file
+        read again (with every CPU operator, or alone after its group failed) gets a read-ahead of its
+        own (:meth:`read_alone`).
         """
         self.listed.update((str(p), file_identity(p)) for p in paths)
-        if not self.native or len(paths) < 2:
+        if not self.native:
             for path in paths:
                 yield self._load(path)
             return
@@ -253,7 +235,7 @@ class Loader:
                     yield FileResult(str(path), "failed", str(exc))
                     continue
                 try:
-                    if parse is not None and together.takes(parse.json_bytes):
+                    if parse is not None and parse.small:
                         taken, parse = parse, None  # together closes it
                         yield from together.add(path, taken, digest)
                     else:
@@ -310,7 +292,7 @@ class Loader:
                 result = self._in_transaction(path, digest, size, parse)
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
-        except NOT_THE_FILE as exc:  # out of memory, a full disk: this file is not in, nothing of it
+        except duckdb.Error as exc:  # out of memory, a full disk, a lock: this file is not in, nothing of it
             return FileResult(str(path), "failed", f"{path}: {environment_error(exc) or str(exc).splitlines()[0]}")
         result.seconds = time.perf_counter() - started
         return result
@@ -399,7 +381,7 @@ class Loader:
         con = self.con
         parse_start = time.perf_counter()
         trace_id = self._next_trace_id()
-        with closing(parse or self._parse_file(path, size, all_ops)) as parsed:
+        with closing(parse or self.read_alone(path, all_ops)) as parsed:
             header, policy = parsed.header, parsed.policy
             fill = leading_rank(header)
             counts = Counts()
@@ -420,21 +402,18 @@ class Loader:
                 counts.require_usable(path)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
 
-    def _parse_file(self, path: Path, size: int, all_ops: bool | None) -> FileParse:
-        """The batches of ``path`` alone, each parsed (on a cursor, in a reader thread) while the one
-        before is written."""
-        json_bytes = json_size(path)
-        header, chunks = read_trace_ranges(path, self.chunk_bytes_for(json_bytes))
-        policy = OpsPolicy(header.leading, self.marker, all_ops)
-        directory = self.scratch_dir()
-        cursor = self._parse_cursor()
-
-        def parsed() -> Iterator[Batch]:
-            for files in cut_batches(chunks, self.notify, path, size, json_bytes, directory.name, policy):
-                yield parse_batch_files(cursor, files, policy)
-
-        ready = prefetch(parsed(), discard=remove_batch)
-        return FileParse(header, policy, json_bytes, ready, stop=ready.close, remove_scratch=directory.cleanup)
+    def read_alone(self, path: Path, all_ops: bool | None = None) -> FileParse:
+        """``path``'s batches from a read-ahead of its own (:class:`ReadAhead`), parsed under
+        ``all_ops``: for a file read again in a transaction of its own."""
+        ahead = ReadAhead(self, [path], all_ops=all_ops, skip_known=False)
+        try:
+            parse, _ = ahead.next_file(path)
+        except BaseException:
+            ahead.close()
+            raise
+        assert parse is not None  # skip_known: it is read whatever the warehouse holds
+        parse.after = ahead.close
+        return parse
 
     def _chunked(self, path: Path, digest: Digest, size: int, all_ops: bool | None = None) -> FileResult:
         """Decode ``path`` chunk by chunk with :mod:`traceq.ingest.decode` in this process."""

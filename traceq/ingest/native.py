@@ -11,10 +11,11 @@ Every chunk reaches DuckDB as a scratch file (in memory where ``/dev/shm`` has r
 uncompressed trace is copied by ``sendfile`` (the bytes stay in the kernel), decompressed bytes are
 written. (Named pipes filled by ``splice`` saved the copy, for threads, pipes and a second transport:
 5 % of the CPU, BENCHMARKS.md.)
-Whatever that path would read differently from :mod:`traceq.ingest.decode` (an element that is not an
-object, args that are not an object, epoch microseconds with a fraction, ...) raises
-:class:`NotNative`, and ingest decodes the file with :mod:`traceq.ingest.decode` instead, which handles
-every case.
+A file goes to :mod:`traceq.ingest.decode` (which handles every case) on explicit signals only, each
+raising :class:`NotNative`: DuckDB's JSON reader refused its JSON (malformed, or a value its types
+cannot hold), ``sql/batch_counts.sql`` found values the reader would read differently (epoch
+microseconds with a fraction, args in both spellings of "External id"), or its scratch files could
+not be written (the decoder needs none). Any other error is the file's failure, never a second reading.
 """
 
 from __future__ import annotations
@@ -92,21 +93,17 @@ def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -
         raise _not_native(exc) from None
 
 
-# DuckDB's errors that say the machine stopped a statement, not the file (DB-API's OperationalError:
-# out of memory, a full disk or other I/O, a lock held), and a fatal one: raised as they are, never a
-# reason to read the file another way (a write that ran out of memory was stored by the decoder instead)
-NOT_THE_FILE = (duckdb.OperationalError, duckdb.FatalException, duckdb.PermissionException)
-
-
 def _not_native(exc: duckdb.Error) -> BaseException:
-    """What to raise for DuckDB's error: :class:`NotNative` (decode the file another way), but an
-    interrupted statement is an interruption (Ctrl-C must stop the ingest, never change its path), and
-    the machine's errors (:data:`NOT_THE_FILE`) are what they are."""
+    """What to raise for DuckDB's error. :class:`NotNative` (decode the file another way) only where
+    DuckDB's JSON reader refused the file's JSON (``InvalidInputException``: malformed JSON, a value
+    its types cannot hold); an interrupted statement is an interruption (Ctrl-C must stop the ingest,
+    never change its path); every other error (out of memory, a full disk, a lock held, a statement
+    of traceq's that failed) is raised as it is: the file fails, and is never read a second way."""
     if is_interrupt(exc):
         return KeyboardInterrupt()
-    if isinstance(exc, NOT_THE_FILE):
-        return exc
-    return NotNative(str(exc).splitlines()[0])
+    if isinstance(exc, duckdb.InvalidInputException):
+        return NotNative(str(exc).splitlines()[0])
+    return exc
 
 
 def scratch_base() -> str:
@@ -203,29 +200,25 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def prefetch(items: Iterator[Any], ahead: int = 1, discard: Callable[[Any], None] = lambda item: None) -> Iterator[Any]:
-    """``items``, produced ``ahead`` items ahead in a thread (reading and cutting overlap DuckDB's
-    parsing); 0: no bound (the producer bounds itself).
+def prefetch(
+    items: Iterator[Any], stop: threading.Event, discard: Callable[[Any], None] = lambda item: None,
+) -> Iterator[Any]:
+    """``items``, produced in a thread (reading and cutting overlap DuckDB's parsing); the producer
+    bounds how far it runs ahead, and ends once ``stop`` is set (:class:`traceq.ingest.pipeline.ReadAhead`).
 
-    When the consumer stops early, the producer stops, ``items`` is closed in its thread (its
+    When the consumer stops early, ``stop`` is set, ``items`` is closed in its thread (its
     ``finally`` blocks run then, not when it is collected) and every item produced but not taken is
     given to ``discard`` (to remove its files) before this generator's ``close`` returns.
     """
-    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=ahead)
-    stop = threading.Event()
+    q: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
 
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put(("item", item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                else:
+                if stop.is_set():
                     discard(item)
                     return
+                q.put(("item", item))
                 del item  # not held while the next is produced (a parsed batch is ~100 MB)
             q.put(("end", None))
         except BaseException as exc:  # handed to the consumer, raised there
@@ -247,7 +240,7 @@ def prefetch(items: Iterator[Any], ahead: int = 1, discard: Callable[[Any], None
     finally:
         stop.set()
         taken: list[Any] = []  # discarded once the producer is gone: it may still be writing into them
-        while thread.is_alive():  # let the producer see `stop` (it may be blocked on a full queue)
+        while thread.is_alive():  # let the producer see `stop` (it may be waiting for room, ReadAhead.close)
             _drain(q, taken.append)
             thread.join(timeout=0.05)
         _drain(q, taken.append)
@@ -268,7 +261,7 @@ def _close_quietly(items: Iterator[Any]) -> None:
         pass
 
 
-def _drain(q: queue.Queue[tuple[str, Any]], discard: Callable[[Any], None]) -> None:
+def _drain(q: queue.SimpleQueue[tuple[str, Any]], discard: Callable[[Any], None]) -> None:
     while True:
         try:
             kind, value = q.get_nowait()

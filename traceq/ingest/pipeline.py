@@ -1,6 +1,7 @@
-"""Reading ahead of the writer: a file's chunks cut into batch files and parsed by DuckDB in a thread
-(:class:`FileParse`), and across files (:class:`ReadAhead`: the next file's batches parsed while this
-one's are written; small files cut into runs parsed in one statement)."""
+"""Reading ahead of the writer, in one thread (:class:`ReadAhead`): each file's chunks cut into batch
+files and parsed by DuckDB while the batch before is written, and across files (the next file's
+batches parsed while this one's are written; small files cut into runs parsed in one statement).
+The writer takes a file as a :class:`FileParse`."""
 
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ class Start:
     json_bytes: int
     remove_scratch: Callable[[], Any]  # the file's scratch directory: the writer's to remove once it has this
     digest: str | None
+    small: bool  # parsed in one batch with the small files beside it: written with them (Together)
 
 
 @dataclass(frozen=True)
@@ -126,12 +128,17 @@ class FileParse:
     batches: Iterator[Batch]
     stop: Callable[[], None]
     remove_scratch: Callable[[], Any]
+    small: bool = False  # one batch, parsed with the small files beside it: written with them (Together)
+    after: Callable[[], Any] = lambda: None  # then this (a read-ahead of its own closes)
 
     def close(self) -> None:
         try:
             self.stop()
         finally:
-            self.remove_scratch()
+            try:
+                self.remove_scratch()
+            finally:
+                self.after()
 
 
 class ReadAhead:
@@ -148,19 +155,23 @@ class ReadAhead:
     AHEAD_BATCHES = 2
     AHEAD_BYTES = GROUP_BYTES
 
-    def __init__(self, loader: Any, paths: list[Path]) -> None:  # a traceq.ingest.loader.Loader
+    def __init__(
+        self, loader: Any, paths: list[Path], all_ops: bool | None = None, skip_known: bool = True,
+    ) -> None:  # a traceq.ingest.loader.Loader
         self.loader = loader
+        self.all_ops = all_ops  # the files' OpsPolicy (None: decided by each file's device activity)
+        self.skip_known = skip_known  # tell files in the warehouse already (Known), not read
         self.cursor = parser(loader.con)
         self._abandoned: set[Path] = set()  # files the writer stopped reading: cut no more of them
         self._abandoned_lock = threading.Lock()
         self.ahead = _Ahead(self.AHEAD_BATCHES, self.AHEAD_BYTES)
-        self.closed = threading.Event()
-        self.items = prefetch(self._produce(paths), ahead=0, discard=_discard_item)
+        self.closed = threading.Event()  # the one stop signal: set by close(), or when the writer stops taking
+        self.items = prefetch(self._produce(paths), self.closed, discard=_discard_item)
 
     def _known(self, path: Path, size: int) -> tuple[bool, str | None]:
         """Whether ``path`` is in the warehouse already (files of its size are: its digest tells),
         and the digest taken to tell."""
-        known = self.loader.known.of_size(size)
+        known = self.loader.known.of_size(size) if self.skip_known else None
         if not known:
             return False, None
         digest = file_digest(path)
@@ -185,7 +196,7 @@ class ReadAhead:
                     yield from self._parse_run(run)
                     yield Known(path, digest)
                     continue
-                policy = OpsPolicy(header.leading, loader.marker)
+                policy = OpsPolicy(header.leading, loader.marker, self.all_ops)
                 if json_bytes > WHOLE_FILE_BATCH_BYTES or loader.force:  # --force: each file alone
                     yield from self._parse_run(run)
                     yield from self._one_file(path, size, json_bytes, header, chunks, policy, digest)
@@ -223,7 +234,7 @@ class ReadAhead:
                 except NotNative:
                     pass  # one by one, below
             for f in files:
-                yield Start(f.path, f.header, f.policy, f.json_bytes, f.directory.cleanup, f.digest)
+                yield Start(f.path, f.header, f.policy, f.json_bytes, f.directory.cleanup, f.digest, small=True)
                 handed += 1
                 if f.error is not None:
                     yield Stop(f.path, f.error)
@@ -252,7 +263,7 @@ class ReadAhead:
         handed = False  # once the writer has the scratch directory, it removes it
         try:
             directory = loader.scratch_dir()
-            yield Start(path, header, policy, json_bytes, directory.cleanup, digest)
+            yield Start(path, header, policy, json_bytes, directory.cleanup, digest, small=False)
             handed = True
             batches = cut_batches(chunks, loader.notify, path, size, json_bytes, directory.name, policy)
             while True:
@@ -326,7 +337,7 @@ class ReadAhead:
                 pass  # the file is given up already
 
         return FileParse(first.header, first.policy, first.json_bytes, batches(), stop=drain,
-                         remove_scratch=first.remove_scratch), first.digest
+                         remove_scratch=first.remove_scratch, small=first.small), first.digest
 
     def close(self) -> None:
         self.closed.set()
@@ -390,17 +401,12 @@ class _Ahead:
             self._room.notify_all()
 
 
-def remove_batch(batch: Batch) -> None:
-    """A parsed batch the writer will not take: its files go (the rows with the cursor)."""
-    batch.files.remove()
-
-
 def _discard_item(item: Item) -> None:
     """What :class:`ReadAhead` made and the writer will not take: scratch directories and files go."""
     if isinstance(item, Start):
         item.remove_scratch()
     elif isinstance(item, Parsed):
-        remove_batch(item.batch)
+        item.batch.files.remove()  # the rows go with the cursor
 
 
 def counting(chunks: Iterator[Chunk], notify: Progress, path: Path, size: int) -> Iterator[Chunk]:

@@ -173,8 +173,10 @@ def with_rank(table: pa.Table, rank: int | None) -> pa.Table:
 
 
 def require_events(path: Path, counts: Counts) -> None:
+    """TraceFormatError for a file without events, or whose events hold nothing (:meth:`Counts.require_usable`)."""
     if counts.events == 0:
         raise TraceFormatError(f"{path}: the trace holds no events; was the profiler started (schedule active > 0)?")
+    counts.require_usable(path)
 
 
 def rank_of(
