@@ -7,7 +7,7 @@ Each file is ingested into a fresh warehouse by this tree's ``traceq.ingest.inge
 ``--base`` tree's (the same Python and dependencies; ``PYTHONPATH`` picks the tree), the two taking
 turns, ``--repeats`` times each. Printed per file and tree: median wall and CPU seconds, peak RSS of the
 process (sampled every 50 ms in one more run), MB of JSON per CPU-second, and this tree's ratio to the
-base. A ``--base`` tree needs its ``sql/`` folder linked as ``traceq/sql`` (the package data of an
+base. A folder (``make_ranks.py``) is ingested whole, in one call. A ``--base`` tree needs its ``sql/`` folder linked as ``traceq/sql`` (the package data of an
 install).
 """
 
@@ -30,6 +30,8 @@ CHILD = ("import sys, traceq\nassert traceq.__file__.startswith(sys.argv[3]), tr
 
 
 def json_mb(path: Path) -> float:
+    if path.is_dir():  # a folder of traces (make_ranks.py): its files, ingested in one call
+        return sum(json_mb(p) for p in sorted(path.iterdir()) if p.is_file())
     if path.suffix != ".gz":
         return path.stat().st_size / 1e6
     with gzip.open(path, "rb") as f:

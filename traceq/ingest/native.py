@@ -34,7 +34,7 @@ import duckdb
 
 from traceq import scratch
 from traceq.catalog import StepMarker, event_categories
-from traceq.ingest.reader import FileRange
+from traceq.ingest.reader import Chunk, Pieces
 from traceq.interrupts import is_interrupt
 from traceq.query import params_of, sql_text
 from traceq.store.schema import execute_over
@@ -151,7 +151,7 @@ class BatchFiles:
 
 
 def batch_files(
-    chunks: Iterator[bytes | FileRange],
+    chunks: Iterator[Chunk],
     directory: str,
     batch_bytes: int = BATCH_BYTES,
     small: Callable[[], bool] = lambda: False,
@@ -178,26 +178,17 @@ def batch_files(
         yield batch
 
 
-def _write_array(name: str, chunk: bytes | FileRange, directory: str) -> None:
+def _write_array(name: str, chunk: Chunk, directory: str) -> None:
     try:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.write(fd, b"[")
-            if isinstance(chunk, FileRange):
-                chunk.copy_to(fd)
-            else:
-                _write_all(fd, chunk)
+            (Pieces((chunk,)) if isinstance(chunk, bytes) else chunk).copy_to(fd)
             os.write(fd, b"]")
         finally:
             os.close(fd)
     except OSError as exc:  # e.g. a full temp directory: traceq.ingest.decode needs no scratch files
         raise NotNative(f"cannot write scratch files in {directory} ({exc.strerror or exc})") from None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def prefetch(

@@ -6,7 +6,7 @@ The writer takes a file as a :class:`FileParse`."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +24,7 @@ from traceq.ingest.native import (
     parser,
     prefetch,
 )
-from traceq.ingest.reader import FileRange, TraceHeader, file_digest, read_trace_ranges
+from traceq.ingest.reader import Chunk, TraceHeader, file_digest, read_trace_ranges
 
 from traceq.ingest.digests import stored_digest
 from traceq.ingest.results import Progress
@@ -37,7 +37,7 @@ GROUP_FILES = 16
 GROUP_BYTES = 32 << 20
 
 
-Chunk = TypeVar("Chunk", bytes, FileRange)
+Counted = TypeVar("Counted", bound=Sized)  # a chunk of either reader (read_trace, read_trace_ranges)
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ WHOLE_FILE_BATCH_BYTES = 16 << 20
 
 
 def cut_batches(
-    chunks: Iterator[bytes | FileRange], notify: Progress, path: Path, size: int, json_bytes: int, directory: str,
+    chunks: Iterator[Chunk], notify: Progress, path: Path, size: int, json_bytes: int, directory: str,
     policy: OpsPolicy,
 ) -> Iterator[BatchFiles]:
     """A file's ``chunks`` as batch files in ``directory``, counted for progress; small batches
@@ -254,7 +254,7 @@ class ReadAhead:
                 f.directory.cleanup()
 
     def _one_file(
-        self, path: Path, size: int, json_bytes: int, header: TraceHeader, chunks: Iterator[FileRange],
+        self, path: Path, size: int, json_bytes: int, header: TraceHeader, chunks: Iterator[Chunk],
         policy: OpsPolicy, digest: str | None,
     ) -> Iterator[Item]:
         """The items of a file parsed batch by batch, each batch while the writer takes the one before."""
@@ -409,7 +409,7 @@ def _discard_item(item: Item) -> None:
         item.batch.files.remove()  # the rows go with the cursor
 
 
-def counting(chunks: Iterator[Chunk], notify: Progress, path: Path, size: int) -> Iterator[Chunk]:
+def counting(chunks: Iterator[Counted], notify: Progress, path: Path, size: int) -> Iterator[Counted]:
     """Pass chunks through, reporting progress in (approximate) file bytes."""
     total = 0
     for c in chunks:
