@@ -1,4 +1,4 @@
-"""Content digests (traceq.ingest.reader.file_digest): BLAKE3 of the file as stored, and warehouses and
+"""Content digests (traceq.ingest.digests.file_digest): BLAKE3 of the file as stored, and warehouses and
 Parquet exports made before BLAKE3 (bare SHA-256 hex in ``content_sha256``) still know their files."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import duckdb
 from tests.tracegen import TraceBuilder
 from traceq.ingest import ingest_traces
 from traceq.ingest.cluster import ingest_file_to_parquet
-from traceq.ingest.reader import digest_in, file_digest
+from traceq.ingest.digests import digest_in, file_digest
 from traceq.store.export import export_parquet
 from traceq.store.parquet import known_digests
 from traceq.store.warehouse import connect

@@ -28,7 +28,7 @@ from traceq.ingest.identity import check_rank
 from traceq.ingest.loader import INGEST_CHUNK_BYTES, Loader
 from traceq.ingest.results import FileResult, IngestSummary, not_utf8
 from traceq.ingest.write import check_marker
-from traceq.ingest.reader import digest_in
+from traceq.ingest.digests import digest_in
 from traceq.store.parquet import (
     TRACES,
     known_digests,

@@ -4,14 +4,57 @@ changed while it was read)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Collection, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 
-from traceq.ingest.reader import digest_in, file_digest
+from traceq.errors import TraceFormatError
+from traceq.ingest.reader import open_raw
+
+
+
+DIGEST_ALGORITHMS = ("blake3", "sha256")
+
+
+def file_digest(path: Path, algorithm: str = "blake3") -> str:
+    """``"<algorithm>:<hex>"`` of the file's bytes as stored (compressed or not): what makes
+    re-ingesting a file a no-op.
+
+    BLAKE3 by default (0.16 s for 500 MB on one core, where OpenSSL's SHA-256 takes 0.45 s: the
+    digest runs beside the parse, on the same cores); ``"sha256"`` is what traceq stored before, still
+    matched (:func:`digest_in`). Raises :class:`TraceFormatError` naming the file when it cannot be read.
+    """
+    if algorithm == "sha256":
+        hasher: Any = hashlib.sha256()
+    elif algorithm == "blake3":
+        from blake3 import blake3
+
+        hasher = blake3()
+    else:
+        raise ValueError(f"unknown digest algorithm {algorithm!r}")
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    with open_raw(path) as f:
+        try:
+            while n := f.readinto(buf):
+                hasher.update(view[:n])
+        except OSError as exc:
+            raise TraceFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    return f"{algorithm}:{hasher.hexdigest()}"
+
+
+def digest_in(path: Path, digests: Collection[str]) -> str | None:
+    """The digest in ``digests`` that is the file's, in whichever algorithms they use; else None."""
+    for algorithm in sorted({d.partition(":")[0] for d in digests} & set(DIGEST_ALGORITHMS)):
+        digest = file_digest(path, algorithm)
+        if digest in digests:
+            return digest
+    return None
 
 
 def file_identity(path: Path) -> tuple[int, ...] | None:
@@ -24,7 +67,7 @@ def file_identity(path: Path) -> tuple[int, ...] | None:
 
 
 class Digest:
-    """A file's content digest (:func:`traceq.ingest.reader.file_digest`): taken before the file is
+    """A file's content digest (:func:`file_digest`): taken before the file is
     read (``checked``: the warehouse was asked whether it holds it), or in a thread beside the parse
     (:meth:`value` waits for it)."""
 

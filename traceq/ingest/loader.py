@@ -43,14 +43,14 @@ from traceq.ingest.inputs import check_run_name, expand_inputs, file_size, run_n
 import duckdb
 
 from traceq.ingest.native import NotNative, Part, count_batches, scratch_dir, write_parts
-from traceq.ingest.reader import TraceHeader, file_digest, read_trace, too_deep_is_not_json
+from traceq.ingest.reader import TraceHeader, read_trace, too_deep_is_not_json
 from traceq.ingest.identity import check_rank, names_job, no_rank_note, run_of
 from traceq.interrupts import interruptible
 from traceq.store.manage import forget_run, remove_traces
 from traceq.store.schema import rollback
 from traceq.store.warehouse import DEFAULT_DB, connect, environment_error
 
-from traceq.ingest.digests import Digest, KnownDigests, file_identity, stored_digest
+from traceq.ingest.digests import Digest, KnownDigests, file_digest, file_identity, stored_digest
 from traceq.ingest.groups import Together
 from traceq.ingest.pipeline import FileParse, ReadAhead, counting, once_per_file
 from traceq.ingest.results import FileResult, IngestSummary, Progress, not_utf8

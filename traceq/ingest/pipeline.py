@@ -24,9 +24,9 @@ from traceq.ingest.native import (
     parser,
     prefetch,
 )
-from traceq.ingest.reader import Chunk, TraceHeader, file_digest, read_trace_ranges
+from traceq.ingest.reader import Chunk, TraceHeader, read_trace_ranges
 
-from traceq.ingest.digests import stored_digest
+from traceq.ingest.digests import file_digest, stored_digest
 from traceq.ingest.results import Progress
 from traceq.ingest.write import OpsPolicy
 

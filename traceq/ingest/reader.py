@@ -15,11 +15,10 @@ not, never its message).
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import re
 import zlib
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,46 +71,8 @@ class TraceHeader:
     bare_array: bool = False
 
 
-DIGEST_ALGORITHMS = ("blake3", "sha256")
-
-
-def file_digest(path: Path, algorithm: str = "blake3") -> str:
-    """``"<algorithm>:<hex>"`` of the file's bytes as stored (compressed or not): what makes
-    re-ingesting a file a no-op.
-
-    BLAKE3 by default (0.16 s for 500 MB on one core, where OpenSSL's SHA-256 takes 0.45 s: the
-    digest runs beside the parse, on the same cores); ``"sha256"`` is what traceq stored before, still
-    matched (:func:`digest_in`). Raises :class:`TraceFormatError` naming the file when it cannot be read.
-    """
-    if algorithm == "sha256":
-        hasher: Any = hashlib.sha256()
-    elif algorithm == "blake3":
-        from blake3 import blake3
-
-        hasher = blake3()
-    else:
-        raise ValueError(f"unknown digest algorithm {algorithm!r}")
-    buf = bytearray(1 << 20)
-    view = memoryview(buf)
-    with _open_raw(path) as f:
-        try:
-            while n := f.readinto(buf):
-                hasher.update(view[:n])
-        except OSError as exc:
-            raise TraceFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    return f"{algorithm}:{hasher.hexdigest()}"
-
-
-def digest_in(path: Path, digests: Collection[str]) -> str | None:
-    """The digest in ``digests`` that is the file's, in whichever algorithms they use; else None."""
-    for algorithm in sorted({d.partition(":")[0] for d in digests} & set(DIGEST_ALGORITHMS)):
-        digest = file_digest(path, algorithm)
-        if digest in digests:
-            return digest
-    return None
-
-
-def _open_raw(path: Path) -> BinaryIO:
+def open_raw(path: Path) -> BinaryIO:
+    """``path`` opened for reading its bytes as stored; TraceFormatError naming it where it cannot be."""
     try:
         return open(path, "rb")
     except FileNotFoundError:
@@ -123,7 +84,7 @@ def _open_raw(path: Path) -> BinaryIO:
 
 
 def _open(path: Path) -> BinaryIO:
-    raw = _open_raw(path)
+    raw = open_raw(path)
     magic = raw.read(2)
     raw.seek(0)
     if magic == b"\x1f\x8b":
@@ -375,10 +336,8 @@ class FileRange:
 
 @dataclass(frozen=True)
 class Pieces:
-    """Whole events as consecutive pieces of inflated bytes, not copied into one: the bytes left over
-    from the read before and a read of a compressed trace up to its last event boundary. (Copying
-    each read into one bytes object cost 0.45 CPU-s of a 553 MB trace's 0.63 in the reader,
-    BENCHMARKS.md.)"""
+    """Whole events as consecutive pieces of inflated bytes, not copied into one (that cost 0.45 CPU-s
+    of the reader's 0.63 on a 553 MB trace, BENCHMARKS.md)."""
 
     parts: tuple[bytes | memoryview, ...]
 
@@ -397,12 +356,10 @@ Chunk = bytes | FileRange | Pieces
 
 
 def read_trace_ranges(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[TraceHeader, Iterator[Chunk]]:
-    """Like ``read_trace(path, chunk_bytes, verify=False)``, but without copying the events into
-    Python where it can be helped: an uncompressed file yields :class:`FileRange` pieces (only the
-    bytes around each cut are read), a compressed one :class:`Pieces` of what it inflates; the last
-    chunk, which holds the end of the array, is bytes. The caller must parse each chunk strictly, as
-    with unverified cuts.
-    """
+    """Like ``read_trace(path, chunk_bytes, verify=False)`` (the caller must parse each chunk strictly),
+    without copying the events into Python where it can be helped: an uncompressed file yields
+    :class:`FileRange` pieces (only the bytes around each cut are read), a compressed one
+    :class:`Pieces` of what it inflates; the last chunk, which holds the end of the array, is bytes."""
     stream, header, prefix, rest, offset = _open_events(path)
     if isinstance(stream, gzip.GzipFile):
         return header, _inflated(stream, path, prefix, rest, header, chunk_bytes, offset)
@@ -438,10 +395,9 @@ def _ranges(
 def _inflated(
     stream: BinaryIO, path: Path, prefix: bytes, rest: bytes, header: TraceHeader, chunk_bytes: int, offset: int,
 ) -> Iterator[bytes | Pieces]:
-    """Unverified chunks of a compressed trace, each the bytes left from the read before and a read up
-    to its last event boundary (looked for in its last :data:`_UNVERIFIED_WINDOW` bytes first); from a
-    read without one (an event larger than a read) or a short read (the end of the file is near), the
-    rest goes through :func:`_chunks` as it is."""
+    """Unverified chunks of a compressed trace: the bytes left from the read before, and a read up to
+    its last event boundary (looked for near its end first). From a read without one (an event larger
+    than a read) or a short one (the end is near), the rest goes through :func:`_chunks`."""
     with stream:
         while True:
             # reads of one size: a read of another size each time cost twice the inflating

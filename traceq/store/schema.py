@@ -102,7 +102,7 @@ def _migrate(con: duckdb.DuckDBPyConnection) -> None:
         "select column_name from duckdb_columns() where database_name = current_database() "
         "and schema_name = 'main' and table_name = 'traces'"
     ).fetchall()}
-    if "content_sha256" in columns:  # until BLAKE3: the bare SHA-256 hex (traceq.ingest.reader.file_digest)
+    if "content_sha256" in columns:  # until BLAKE3: the bare SHA-256 hex (traceq.ingest.digests.file_digest)
         con.execute("alter table traces rename column content_sha256 to content_digest")
         con.execute("update traces set content_digest = 'sha256:' || content_digest")
     version = schema_version(con)
