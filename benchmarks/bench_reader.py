@@ -6,8 +6,8 @@ parses, without parsing them.
 
 For each file, ``--repeats`` times (median): ``cut``, ``traceq.ingest.reader.read_trace_ranges`` with
 every chunk taken and dropped; ``cut + write``, the chunks written as batch files in a scratch folder
-(``traceq.ingest.native.batch_files``, in ``/dev/shm`` as ingest does) and removed. Process CPU of
-this thread only: no DuckDB runs.
+(``traceq.ingest.native.batch_files``, in ``/dev/shm`` as ingest does) and removed. Process CPU (one
+thread works: no DuckDB runs).
 """
 
 from __future__ import annotations

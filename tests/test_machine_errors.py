@@ -82,3 +82,54 @@ def test_a_group_that_ran_out_of_memory_is_written_file_by_file(tmp_path: Path, 
     assert calls == [3, 1, 1, 1]  # the group, then each file
     assert _counts(tmp_path / "w.duckdb") == _counts(tmp_path / "plain.duckdb") == (3, 3, 3)
     assert expected.ok
+
+
+@pytest.mark.parametrize("files", [1, 3], ids=["one file", "three files"])
+@pytest.mark.parametrize("large", [False, True], ids=["small files, parsed together", "read batch by batch"])
+def test_the_machines_error_while_parsing_fails_each_file_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: int, large: bool
+) -> None:
+    """Out of memory in the read-ahead's parse (its own thread): each file fails in one line, as on a
+    write, and the ingest goes on to the next; nothing is stored. (It escaped the reading thread: a
+    traceback for one small file, "read-ahead ended before ..." for the second of three.)"""
+    from traceq.ingest import pipeline
+
+    error, words = ERRORS["out of memory"]
+
+    def failing(*args: object, **kwargs: object) -> object:
+        raise error
+
+    for module in (native, pipeline):
+        monkeypatch.setattr(module, "parse_batches", failing)
+    if large:  # every file read batch by batch, as a file over 16 MB is
+        monkeypatch.setattr(pipeline, "WHOLE_FILE_BATCH_BYTES", 0)
+    paths = _traces(tmp_path / "job", files)
+    done = ingest_traces(paths, tmp_path / "w.duckdb")
+    assert [(f.status, f.message) for f in done.files] == [("failed", f"{p}: {words}") for p in paths]
+    assert _counts(tmp_path / "w.duckdb") == (0, 0, 0)
+
+
+def test_duckdbs_error_after_ctrl_c_stops_the_ingest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A statement Ctrl-C stopped ends in an error of DuckDB's: that is the ingest stopping, not the
+    file failing (the files after it were ingested and committed, and KeyboardInterrupt came last)."""
+    from traceq import interrupts
+    from traceq.ingest import loader, pipeline
+
+    derive, calls = loader.derive, []
+
+    def stopped(*args: object) -> None:  # the first file's steps: Ctrl-C; the others' would go in
+        calls.append(1)
+        if len(calls) == 1:
+            interrupts.INTERRUPTED.set()  # as the SIGINT handler of noting_interrupts does
+            raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+        derive(*args)
+
+    monkeypatch.setattr(pipeline, "WHOLE_FILE_BATCH_BYTES", 0)  # each file in a transaction of its own
+    monkeypatch.setattr(loader, "derive", stopped)
+    paths = _traces(tmp_path / "job", 3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ingest_traces(paths, tmp_path / "w.duckdb")
+    finally:
+        interrupts.INTERRUPTED.clear()
+    assert _counts(tmp_path / "w.duckdb") == (0, 0, 0) and calls == [1]

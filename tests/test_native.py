@@ -272,6 +272,14 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_written_as_parsed(
                     b.events.append({"ph": "X", "cat": cat, "name": "bad", "pid": 100, "tid": 1, "ts": start,
                                      "dur": -1, "args": {"External id": 10**6 + k}})
     path = b.write(tmp_path / "job" / "trace.json")
+    parsed: list[tuple[str, ...]] = []  # the batch files of each parse
+    parse_batch = ingest.parse_batch
+
+    def recording(con: object, files: native.BatchFiles, all_ops: bool, marker: object) -> object:
+        parsed.append(tuple(files.names))
+        return parse_batch(con, files, all_ops, marker)
+
+    monkeypatch.setattr(ingest, "parse_batch", recording)
     monkeypatch.setattr(ingest, "WHOLE_FILE_BATCH_BYTES", 0)
     monkeypatch.setattr(ingest, "batch_files", lambda chunks, directory, **_: native.batch_files(chunks, directory, 1))
     native_db, decoded_db = tmp_path / "native.duckdb", tmp_path / "decode.duckdb"
@@ -279,6 +287,7 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_written_as_parsed(
     assert summary.ok and summary.files[0].message == ""
     assert ingest_traces([path], decoded_db, native=False).ok
     assert _rows(native_db, "select n_dropped from traces") == [(60,)]  # the annotations: 4 steps x 15
+    assert len(parsed) == len(set(parsed)) > 1, parsed  # several batches, none parsed twice
     for table, query in TABLES.items():
         assert _rows(native_db, query) == _rows(decoded_db, query), table
 

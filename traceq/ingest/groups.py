@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
 
 from traceq.errors import TraceqError
 from traceq.ingest.native import NotNative, Part, count_batches, rows_of, write_parts
@@ -70,8 +71,11 @@ class Together:
         try:
             ready = self.loader._before_reading(path, digest)
             batch = None if isinstance(ready, FileResult) else _single_batch(parse)
-        except (NotNative, Regroup, TraceqError):  # it needs another reading, or fails: alone, after the group
-            parse.close()
+        except (NotNative, Regroup, TraceqError, duckdb.Error) as exc:  # it needs another reading, or fails:
+            parse.close()  # alone, after the group
+            if is_interrupt(exc):
+                self.close()
+                raise
             yield from self.commit()
             yield self.loader._load(path, None, digest)
             return

@@ -45,7 +45,7 @@ import duckdb
 from traceq.ingest.native import NotNative, Part, count_batches, scratch_dir, write_parts
 from traceq.ingest.reader import TraceHeader, read_trace, too_deep_is_not_json
 from traceq.ingest.identity import check_rank, names_job, no_rank_note, run_of
-from traceq.interrupts import interruptible
+from traceq.interrupts import interruptible, is_interrupt
 from traceq.store.manage import forget_run, remove_traces
 from traceq.store.schema import rollback
 from traceq.store.warehouse import DEFAULT_DB, connect, environment_error
@@ -293,6 +293,8 @@ class Loader:
         except TraceqError as exc:
             return FileResult(str(path), "failed", str(exc))
         except duckdb.Error as exc:  # out of memory, a full disk, a lock: this file is not in, nothing of it
+            if is_interrupt(exc):  # an error of a statement Ctrl-C stopped: the ingest stops
+                raise KeyboardInterrupt from None
             return FileResult(str(path), "failed", f"{path}: {environment_error(exc) or str(exc).splitlines()[0]}")
         result.seconds = time.perf_counter() - started
         return result

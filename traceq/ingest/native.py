@@ -95,10 +95,11 @@ def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -
 
 def _not_native(exc: duckdb.Error) -> BaseException:
     """What to raise for DuckDB's error. :class:`NotNative` (decode the file another way) only where
-    DuckDB's JSON reader refused the file's JSON (``InvalidInputException``: malformed JSON, a value
-    its types cannot hold); an interrupted statement is an interruption (Ctrl-C must stop the ingest,
-    never change its path); every other error (out of memory, a full disk, a lock held, a statement
-    of traceq's that failed) is raised as it is: the file fails, and is never read a second way."""
+    DuckDB refused the file's input (``InvalidInputException``: its JSON reader's malformed JSON or a
+    value its types cannot hold, or such a value in the statements over the parsed rows); an
+    interrupted statement is an interruption (Ctrl-C must stop the ingest, never change its path);
+    every other error (out of memory, a full disk, a lock held, a statement of traceq's that failed)
+    is raised as it is: the file fails, and is never read a second way."""
     if is_interrupt(exc):
         return KeyboardInterrupt()
     if isinstance(exc, duckdb.InvalidInputException):

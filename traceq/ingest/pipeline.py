@@ -1,7 +1,8 @@
-"""Reading ahead of the writer, in one thread (:class:`ReadAhead`): each file's chunks cut into batch
+"""Reading ahead of the writer, in a thread (:class:`ReadAhead`): each file's chunks cut into batch
 files and parsed by DuckDB while the batch before is written, and across files (the next file's
 batches parsed while this one's are written; small files cut into runs parsed in one statement).
-The writer takes a file as a :class:`FileParse`."""
+The writer takes a file as a :class:`FileParse`. A file read again (alone, or with every CPU
+operator) gets a read-ahead of its own, beside the one that goes on with the files after it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import duckdb
 
 from traceq import scratch
 from traceq.errors import TraceqError
@@ -143,10 +145,12 @@ class FileParse:
 
 class ReadAhead:
     """Files parsed in a thread, on a cursor of their own, ahead of the writer and across file
-    boundaries (:meth:`Loader.load`). Items come in file order: for each file ``deferred`` (it is
-    in the warehouse already: the writer skips it) or ``stop`` (it could not be read), else
-    ``start``, its ``batch``es and ``end`` (``stop`` if a batch could not be cut or parsed: the
-    exception is raised where the writer takes that batch). Small files come in runs of up to a
+    boundaries (:meth:`Loader.load`). Items come in file order: for each file :class:`Known` (it is
+    in the warehouse already: the writer skips it) or :class:`Stop` (it could not be read), else
+    :class:`Start`, its :class:`Parsed` batches and :class:`End` (:class:`Stop` if a batch could not
+    be cut or parsed: the exception, DuckDB's included, is raised where the writer takes that batch).
+    DuckDB's errors (out of memory, a full disk) are the file's: an interrupt is a KeyboardInterrupt
+    by then (:func:`traceq.ingest.native.parse_batches`), and ends the thread. Small files come in runs of up to a
     group's (:class:`Together`), their batches parsed in one statement. Parsed batches wait for the
     writer (:class:`_Ahead`): two, as within one file, or runs of small files up to
     :data:`AHEAD_BYTES` of JSON; the markers do not count.
@@ -231,8 +235,8 @@ class ReadAhead:
             if len(cut) > 1:
                 try:
                     events = parse_batches(self.cursor, [(batch, used) for _, batch, used in cut], self.loader.marker)
-                except NotNative:
-                    pass  # one by one, below
+                except (NotNative, duckdb.Error):
+                    pass  # one by one, below: the error goes to the file it is about
             for f in files:
                 yield Start(f.path, f.header, f.policy, f.json_bytes, f.directory.cleanup, f.digest, small=True)
                 handed += 1
@@ -245,7 +249,7 @@ class ReadAhead:
                             self.cursor, batch, f.policy)
                         self.ahead.add(batch.bytes)
                         yield Parsed(f.path, parsed)
-                except NotNative as exc:
+                except (NotNative, duckdb.Error) as exc:  # the writer fails the file (or decodes it)
                     yield Stop(f.path, exc)
                     continue
                 yield End(f.path)
@@ -275,7 +279,7 @@ class ReadAhead:
                 self.ahead.add(files.bytes)
                 yield Parsed(path, batch)
                 del batch  # the writer's now: not held while the next is cut and parsed
-        except (NotNative, TraceqError) as exc:
+        except (NotNative, TraceqError, duckdb.Error) as exc:  # the writer fails the file (or decodes it)
             yield Stop(path, exc)
             return
         finally:
@@ -333,7 +337,7 @@ class ReadAhead:
             try:
                 for batch in batches():
                     batch.files.remove()
-            except (NotNative, TraceqError):
+            except (NotNative, TraceqError, duckdb.Error):
                 pass  # the file is given up already
 
         return FileParse(first.header, first.policy, first.json_bytes, batches(), stop=drain,

@@ -416,7 +416,6 @@ def _inflated(
             offset += len(rest) + last.end()
             rest = more[last.end():]  # from the next event's '{'
             yield chunk
-            del chunk  # not held while the next read is inflated
 
 
 def _first_event(stream: BinaryIO, path: Path, rest: bytes) -> tuple[bytes, int]:
