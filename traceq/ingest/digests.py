@@ -17,7 +17,6 @@ from traceq.errors import TraceFormatError
 from traceq.ingest.reader import open_raw
 
 
-
 DIGEST_ALGORITHMS = ("blake3", "sha256")
 
 

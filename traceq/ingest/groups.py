@@ -9,15 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
 from traceq.errors import TraceqError
 from traceq.ingest.native import NotNative, Part, count_batches, rows_of, write_parts
 from traceq.ingest.reader import too_deep_is_not_json
 from traceq.interrupts import is_interrupt
 
 from traceq.ingest.digests import Digest
-from traceq.ingest.pipeline import GROUP_BYTES, GROUP_FILES, Batch, FileParse
+from traceq.ingest.pipeline import FILE_ERRORS, GROUP_BYTES, GROUP_FILES, Batch, FileParse
 from traceq.ingest.results import FileResult
 from traceq.ingest.write import Counts, NeedsOps, leading_rank
 
@@ -71,7 +69,7 @@ class Together:
         try:
             ready = self.loader._before_reading(path, digest)
             batch = None if isinstance(ready, FileResult) else _single_batch(parse)
-        except (NotNative, Regroup, TraceqError, duckdb.Error) as exc:  # it needs another reading, or fails:
+        except (Regroup, *FILE_ERRORS) as exc:  # it needs another reading, or fails:
             parse.close()  # alone, after the group
             if is_interrupt(exc):
                 self.close()

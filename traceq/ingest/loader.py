@@ -35,13 +35,12 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import duckdb
 
 from traceq import scratch
 from traceq.catalog import StepMarker, check_parallelism
 from traceq.errors import TraceqError
 from traceq.ingest.inputs import check_run_name, expand_inputs, file_size, run_name_of
-import duckdb
-
 from traceq.ingest.native import NotNative, Part, count_batches, scratch_dir, write_parts
 from traceq.ingest.reader import TraceHeader, read_trace, too_deep_is_not_json
 from traceq.ingest.identity import check_rank, names_job, no_rank_note, run_of

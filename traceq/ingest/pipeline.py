@@ -33,6 +33,10 @@ from traceq.ingest.results import Progress
 from traceq.ingest.write import OpsPolicy
 
 
+# What a file's reading or parsing may end in that is the file's alone: the writer fails it (DuckDB's
+# error: out of memory, a full disk) or decodes it (NotNative); an interrupt is none of them
+FILE_ERRORS = (NotNative, TraceqError, duckdb.Error)
+
 # A group of small files written in one transaction (traceq.ingest.groups.Together): at most this many
 # files, and this many bytes of JSON (their parsed rows are held until the group is written)
 GROUP_FILES = 16
@@ -235,7 +239,7 @@ class ReadAhead:
             if len(cut) > 1:
                 try:
                     events = parse_batches(self.cursor, [(batch, used) for _, batch, used in cut], self.loader.marker)
-                except (NotNative, duckdb.Error):
+                except FILE_ERRORS:
                     pass  # one by one, below: the error goes to the file it is about
             for f in files:
                 yield Start(f.path, f.header, f.policy, f.json_bytes, f.directory.cleanup, f.digest, small=True)
@@ -249,7 +253,7 @@ class ReadAhead:
                             self.cursor, batch, f.policy)
                         self.ahead.add(batch.bytes)
                         yield Parsed(f.path, parsed)
-                except (NotNative, duckdb.Error) as exc:  # the writer fails the file (or decodes it)
+                except FILE_ERRORS as exc:
                     yield Stop(f.path, exc)
                     continue
                 yield End(f.path)
@@ -279,7 +283,7 @@ class ReadAhead:
                 self.ahead.add(files.bytes)
                 yield Parsed(path, batch)
                 del batch  # the writer's now: not held while the next is cut and parsed
-        except (NotNative, TraceqError, duckdb.Error) as exc:  # the writer fails the file (or decodes it)
+        except FILE_ERRORS as exc:
             yield Stop(path, exc)
             return
         finally:
@@ -337,7 +341,7 @@ class ReadAhead:
             try:
                 for batch in batches():
                     batch.files.remove()
-            except (NotNative, TraceqError, duckdb.Error):
+            except FILE_ERRORS:
                 pass  # the file is given up already
 
         return FileParse(first.header, first.policy, first.json_bytes, batches(), stop=drain,
