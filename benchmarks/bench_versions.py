@@ -7,7 +7,8 @@ Each file is ingested into a fresh warehouse by this tree's ``traceq.ingest.inge
 ``--base`` tree's (the same Python and dependencies; ``PYTHONPATH`` picks the tree), the two taking
 turns, ``--repeats`` times each. Printed per file and tree: median wall and CPU seconds, peak RSS of the
 process (sampled every 50 ms in one more run), MB of JSON per CPU-second, and this tree's ratio to the
-base. A folder (``make_ranks.py``) is ingested whole, in one call. A ``--base`` tree needs its ``sql/`` folder linked as ``traceq/sql`` (the package data of an
+base. A folder (``make_ranks.py``) is ingested whole, in one call. ``--decode`` reads every file with
+``traceq.ingest.decode`` instead of DuckDB's JSON reader. A ``--base`` tree needs its ``sql/`` folder linked as ``traceq/sql`` (the package data of an
 install).
 """
 
@@ -26,7 +27,7 @@ from proc_measure import measure  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = ("import sys, traceq\nassert traceq.__file__.startswith(sys.argv[3]), traceq.__file__\n"
-         "from traceq.ingest import ingest_traces\nassert ingest_traces([sys.argv[1]], sys.argv[2]).ok\n")
+         "from traceq.ingest import ingest_traces\nassert ingest_traces([sys.argv[1]], sys.argv[2], native=sys.argv[4] == 'native').ok\n")
 
 
 def json_mb(path: Path) -> float:
@@ -38,12 +39,12 @@ def json_mb(path: Path) -> float:
         return sum(len(b) for b in iter(lambda: f.read(1 << 24), b"")) / 1e6
 
 
-def ingest(tree: Path, path: Path, sample_s: float | None) -> dict:
+def ingest(tree: Path, path: Path, sample_s: float | None, parser: str = "native") -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-versions-") as tmp:
         env = {**os.environ, "PYTHONPATH": str(tree)}
         # run from the scratch folder: `python -c` puts its working directory before PYTHONPATH, and the
         # repository's would shadow the tree asked for
-        result = measure([sys.executable, "-c", CHILD, str(path.resolve()), str(Path(tmp) / "w.duckdb"), str(tree)], env=env,
+        result = measure([sys.executable, "-c", CHILD, str(path.resolve()), str(Path(tmp) / "w.duckdb"), str(tree), parser], env=env,
                          cwd=Path(tmp), sample_s=sample_s)
     if result["rc"] != 0:
         raise RuntimeError(f"{tree}: {path}: {result['stderr_tail']}")
@@ -55,16 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--base", type=Path, required=True, help="the earlier tree (a git worktree)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode", action="store_true",
+                    help="read with traceq.ingest.decode (native=False), the path of the files DuckDB would read otherwise")
     args = ap.parse_args(argv)
     trees = {"this tree": REPO, "base": args.base.resolve()}
+    parser = "decode" if args.decode else "native"
     print(f"{'file':26s} {'tree':10s} {'wall s':>7s} {'CPU s':>7s} {'peak RSS MiB':>13s} {'MB/CPU-s':>9s} {'ratio':>6s}")
     for path in args.files:
         mb = json_mb(path)
         runs: dict[str, list[dict]] = {name: [] for name in trees}
         for _ in range(args.repeats):
             for name, tree in trees.items():
-                runs[name].append(ingest(tree, path, None))
-        rss = {name: ingest(tree, path, 0.05)["peak_rss_mb"] for name, tree in trees.items()}
+                runs[name].append(ingest(tree, path, None, parser))
+        rss = {name: ingest(tree, path, 0.05, parser)["peak_rss_mb"] for name, tree in trees.items()}
         walls = {name: statistics.median(r["seconds"] for r in rs) for name, rs in runs.items()}
         for name in trees:
             cpu = statistics.median(r["cpu_s"] for r in runs[name])

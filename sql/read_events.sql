@@ -61,7 +61,7 @@ flagged as (
 spans as (
     select
         *,
-        kind > 0 or (kind = 0 and ($file_all_ops[file_no] or not plain_op)) as span,
+        coalesce(kind > 0 or (kind = 0 and ($file_all_ops[file_no] or not plain_op)), false) as span,
         case when span then json_number(ts) end as ts_us,
         case when span then json_number(dur) end as dur_us
     from flagged

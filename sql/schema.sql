@@ -70,7 +70,7 @@ create table if not exists gpu_events (
 
 -- CPU-side spans: annotations (ProfilerStep#N), runtime/driver calls, GPU annotations, operators.
 -- Traces with GPU activity keep only the operators that carry collective args (record_param_comms)
--- or are a ProfilerStep#N; CPU-only traces keep every operator (traceq.ingest.decode.events_to_tables).
+-- or are a ProfilerStep#N; CPU-only traces keep every operator (traceq.ingest.decode.events_to_rows).
 create table if not exists host_events (
     trace_id integer not null,
     rank bigint,                       -- filled with the file rank (or -1) when the event has none

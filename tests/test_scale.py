@@ -18,7 +18,8 @@ from tests.conftest import ROOT, corpus_path
 from tests.tracegen import TraceBuilder
 from traceq.ingest import ingest_traces
 from traceq.ingest.inputs import json_size
-from traceq.ingest.write import insert_rows as _insert
+from traceq.ingest.decode import decode_chunk
+from traceq.ingest.native import BatchFiles, Part, write_parts
 from traceq.report.metrics import compute_metric
 from traceq.store.warehouse import connect
 
@@ -139,24 +140,24 @@ def test_distributed_info_rank_fills_events_without_one_in_both_paths(tmp_path: 
             assert con.execute("select rank_source, file_rank from traces").fetchall() == [("distributedInfo", 5)]
 
 
-def test_inserting_a_chunk_keeps_no_reference_to_it_until_commit() -> None:
-    """A pa.Table registered with DuckDB stays alive until the transaction ends: the writer's
-    memory would then grow with the file. _insert must hand DuckDB the rows without pinning them."""
+def test_writing_decoded_rows_keeps_no_reference_to_them_until_commit() -> None:
+    """A pa.Table registered with DuckDB stays alive until the transaction ends: the writer's memory
+    would then grow with the file. The writer must hand DuckDB the decoder's rows without pinning them."""
     con = connect(":memory:")
+    events = b", ".join(
+        b'{"ph": "X", "cat": "cpu_op", "name": "op%d", "pid": 1, "tid": 1, "ts": %d, "dur": 1}' % (i % 100, i)
+        for i in range(200_000)
+    )
     base = pa.total_allocated_bytes()
     con.begin()
-    for _ in range(5):
-        n = 200_000
-        rows = pa.table({
-            "cat": pa.array(["cpu_op"] * n), "name_id": pa.array(range(n), pa.int32()),
-            "start_ns": pa.array(range(n), pa.int64()), "dur_ns": pa.array(range(n), pa.int64()),
-        }).combine_chunks()
-        rows = rows.take(pa.array(range(n)))  # buffers owned by Arrow's pool, so they are counted
-        _insert(con, "host_events", rows, 1)
+    for trace_id in range(1, 6):
+        rows = decode_chunk(events, part=trace_id)
+        assert rows.nbytes > 8 << 20  # five of them held would show
+        write_parts(con, rows, [Part(BatchFiles(part=trace_id), trace_id)])
         del rows
     assert pa.total_allocated_bytes() - base < 8 << 20
     con.commit()
-    assert con.execute("select count(*) from host_events").fetchall()[0][0] == 1_000_000
+    assert con.execute("select count(*), count(distinct trace_id) from host_events").fetchall() == [(1_000_000, 5)]
 
 
 def test_json_size_reads_the_gzip_trailer(tmp_path: Path) -> None:

@@ -2,10 +2,10 @@
 
 The pipeline of a file: :mod:`~traceq.ingest.inputs` (which files, which run) ->
 :mod:`~traceq.ingest.reader` (cut the event array into chunks) -> :mod:`~traceq.ingest.native` (DuckDB
-parses batches of chunks) or :mod:`~traceq.ingest.decode` (the msgspec reference) ->
+parses batches of chunks) or :mod:`~traceq.ingest.decode` (the msgspec reference, its rows the same) ->
 :mod:`~traceq.ingest.pipeline` (batches parsed ahead of the writer, across files) ->
 :mod:`~traceq.ingest.loader` (each file all or nothing, in one transaction; small files several to one,
-:mod:`~traceq.ingest.groups`) -> :mod:`~traceq.ingest.write` (a file's rows, rank and traces row; steps
+:mod:`~traceq.ingest.groups`) -> :mod:`~traceq.ingest.write` (a file's counts, rank and traces row; steps
 and step attribution by :mod:`traceq.store.derive`) -> :mod:`~traceq.ingest.sidecar` (run.json, power
 logs). :mod:`~traceq.ingest.digests` tells the files the warehouse holds already;
 :mod:`~traceq.ingest.results` is what an ingest says.

@@ -1,7 +1,9 @@
-"""Decode one chunk of Kineto ``traceEvents`` into columnar Arrow tables.
+"""Decode one chunk of Kineto ``traceEvents`` into the rows DuckDB's JSON reader gives for it, as Arrow.
 
 The reference reader: :mod:`traceq.ingest.native` is checked against it, and ingest falls back to it for
-files DuckDB's JSON reader would read differently. It depends on msgspec, numpy and pyarrow only.
+files DuckDB's JSON reader would read differently. Its rows are those of ``sql/read_events.sql``, which one
+writer stores (:func:`traceq.ingest.native.write_parts`), whichever parser made them. It depends on msgspec,
+numpy and pyarrow only.
 A chunk is the bytes of a run of whole events (``{...}, {...}``) as cut by :mod:`traceq.ingest.reader`.
 Only the fields traceq uses are decoded (msgspec Structs skip the rest at C speed).
 
@@ -16,7 +18,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Union
 
@@ -73,69 +74,55 @@ _ANY_EXACT = msgspec.json.Decoder(float_hook=Decimal)
 
 GPU_KINDS = event_categories().gpu_kinds()
 OP_CATS = frozenset(event_categories().cats("operator"))
-DEVICE_ANNOTATION_CATS = frozenset(event_categories().cats("device_annotation"))
+# metadata events (ph "M") kept as trace_threads rows
+META_KEYS = ("process_name", "thread_name", "process_labels")
 
-# Collective args (args["Collective name"] etc.), the same columns in gpu_events and host_events.
-_COLLECTIVE_COLUMNS = [
-    ("collective", pa.string()),
-    ("pg_name", pa.string()),
-    ("pg_desc", pa.string()),
-    ("pg_ranks", pa.string()),
-    ("group_size", pa.int64()),
-    ("in_nelems", pa.int64()),
-    ("out_nelems", pa.int64()),
-    ("dtype", pa.string()),
-    ("seq", pa.int64()),
-]
-GPU_SCHEMA = pa.schema(
+# The columns of sql/read_events.sql's rows, in its order and with its types: the one relation the
+# writer (sql/batch_*.sql, traceq.ingest.native.write_parts) reads, whichever parser made it.
+ROWS_SCHEMA = pa.schema(
     [
-        ("kind", pa.int8()),
-        ("name_id", pa.int32()),
-        ("rank", pa.int64()),
-        ("device", pa.int64()),
-        ("stream", pa.int64()),
-        ("start_ns", pa.int64()),
-        ("dur_ns", pa.int64()),
-        ("correlation", pa.int64()),
-        ("external_id", pa.int64()),
-        *_COLLECTIVE_COLUMNS,
-    ]
-)
-HOST_SCHEMA = pa.schema(
-    [
+        ("part", pa.int32()),
+        ("kind", pa.int32()),
+        ("no_phase", pa.bool_()),
+        ("plain_op", pa.bool_()),
+        ("meta", pa.bool_()),
+        ("span", pa.bool_()),
+        ("name", pa.string()),
         ("cat", pa.string()),
-        ("name_id", pa.int32()),
         ("rank", pa.int64()),
         ("pid", pa.int64()),
         ("tid", pa.int64()),
-        ("start_ns", pa.int64()),
-        ("dur_ns", pa.int64()),
+        ("device", pa.int64()),
+        ("stream", pa.int64()),
         ("correlation", pa.int64()),
         ("external_id", pa.int64()),
-        ("device", pa.int64()),
-        *_COLLECTIVE_COLUMNS,
+        ("collective", pa.string()),
+        ("pg_name", pa.string()),
+        ("pg_desc", pa.string()),
+        ("pg_ranks", pa.string()),
+        ("group_size", pa.int64()),
+        ("in_nelems", pa.int64()),
+        ("out_nelems", pa.int64()),
+        ("dtype", pa.string()),
+        ("seq", pa.int64()),
+        ("meta_value", pa.string()),
+        ("unsure_file", pa.string()),
+        ("valid", pa.bool_()),
+        ("start_ns", pa.int64()),
+        ("dur_ns", pa.int64()),
+        ("odd", pa.bool_()),
     ]
 )
-META_SCHEMA = pa.schema(
-    [("rank", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()), ("key", pa.string()), ("value", pa.string())]
+# false where a row does not set them (every other column is null there)
+_FLAGS = frozenset(("no_phase", "plain_op", "meta", "span"))
+# Collective args, filled only for the events that name a collective: (column, an int)
+_COLLECTIVE_COLUMNS = (
+    ("collective", False), ("pg_name", False), ("pg_desc", False), ("pg_ranks", False), ("group_size", True),
+    ("in_nelems", True), ("out_nelems", True), ("dtype", False), ("seq", True),
 )
-_COLL_FIELDS = tuple(name for name, _ in _COLLECTIVE_COLUMNS)
-_INT_COLL = frozenset(name for name, type_ in _COLLECTIVE_COLUMNS if type_ == pa.int64())
 # Times and durations beyond +-2**62 ns (146 years) are not real; rejecting them keeps
 # start_ns + dur_ns inside int64 in every query.
 _TIME_LIMIT_NS = 2**62
-
-
-@dataclass
-class ChunkTables:
-    """What one decoded chunk yields: Arrow tables whose ``name_id`` index into ``names``."""
-
-    names: list[str]
-    gpu: pa.Table
-    host: pa.Table
-    meta: pa.Table
-    counts: dict[str, int] = field(default_factory=dict)
-    inexact: bool = False  # float64 rounded a time (|ts| >= 2**43 us with a fraction): decode exactly
 
 
 def _to_text(value: Any) -> str | None:
@@ -213,102 +200,140 @@ def _decode_typed(data: bytes, exact: bool) -> tuple[list[Event], int, bool]:
     return events, len(items) - len(events), True
 
 
-def decode_chunk(chunk: bytes, all_ops: bool = True, marker: StepMarker = StepMarker()) -> ChunkTables:
-    """Decode ``chunk`` (whole events joined by commas, without the enclosing brackets).
+def decode_chunk(chunk: bytes, all_ops: bool = True, marker: StepMarker = StepMarker(), part: int = 0) -> pa.Table:
+    """Decode ``chunk`` (whole events joined by commas, without the enclosing brackets) into the rows
+    ``sql/read_events.sql`` gives for it (:data:`ROWS_SCHEMA`, one row per element, each with
+    ``part``), which the writer stores as it stores DuckDB's.
 
     The reader has checked the JSON syntax; values of the wrong type never raise here: an element
-    that is not an object, or an event without ``ph`` or without numeric ``ts``/``dur`` (for
-    complete events), is counted in ``counts["dropped"]``. With ``all_ops=False`` the CPU operators
-    that no metric of a GPU trace reads are left out (see :func:`events_to_tables`).
+    that is not an object is a row without a phase, and an event without numeric ``ts``/``dur`` (for
+    complete events) is not ``valid``: both are dropped and counted (``sql/batch_counts.sql``). With
+    ``all_ops=False`` the CPU operators that no metric of a GPU trace reads are left out (see
+    :func:`events_to_rows`). No row is ``odd`` or ``unsure_file``: this reader reads those values exactly.
     """
     data = b"[" + chunk + b"]"
     events, left_out, exact = _decode_lenient(data)
-    tables = events_to_tables(events, all_ops, marker)
-    if tables.inexact and not exact:  # epoch-microsecond times with a fraction: decode them exactly
+    rows, inexact = events_to_rows(events, all_ops, marker, part, left_out)
+    if inexact and not exact:  # epoch-microsecond times with a fraction: decode them exactly
         events, left_out, _ = _decode_lenient(data, exact=True)
-        tables = events_to_tables(events, all_ops, marker)
-    tables.counts["events"] += left_out
-    tables.counts["dropped"] += left_out
-    return tables
+        rows, _ = events_to_rows(events, all_ops, marker, part, left_out)
+    return rows
 
 
-def events_to_tables(events: list[Event], all_ops: bool = True, marker: StepMarker = StepMarker()) -> ChunkTables:
-    """Split decoded events into GPU activity, host spans and thread/process metadata tables.
+def events_to_rows(
+    events: list[Event], all_ops: bool = True, marker: StepMarker = StepMarker(), part: int = 0, left_out: int = 0,
+) -> tuple[pa.Table, bool]:
+    """The rows of decoded ``events`` (:func:`decode_chunk`) and ``left_out`` elements that were not
+    objects, and whether float64 rounding made a time inexact.
 
-    ``all_ops=False`` (traces with GPU activity) leaves out the CPU operators (``cpu_op``,
-    ``python_function``) that carry no collective arguments and are not a step (``marker``): the
-    metrics of a GPU trace read the runtime launches, annotations and ``record_param_comms`` only,
-    and the operators are most of a trace's events. They are counted in ``counts["skipped_ops"]``.
-    CPU-only traces need them (they are the compute, ``sql/cpu_activity.sql``).
+    Complete events (``ph`` "X") are spans: a device activity by its category (``kind`` 1-3), else
+    a host span (0). ``all_ops=False`` (traces with GPU activity) leaves out the CPU operators
+    (``cpu_op``, ``python_function``) that carry no collective arguments and are not a step
+    (``marker``): the metrics of a GPU trace read the runtime launches, annotations and
+    ``record_param_comms`` only, and the operators are most of a trace's events. They are rows that
+    only count (``plain_op``, not ``span``). CPU-only traces need them (they are the compute,
+    ``sql/cpu_activity.sql``).
     """
-    names: dict[str, int] = {}
-    gpu_rows: list[Event] = []
-    gpu_kind: list[int] = []
-    host_rows: list[Event] = []
-    meta_rows: list[Event] = []
-    counts = {"events": len(events), "dropped": 0, "other": 0, "skipped_ops": 0}
-    plain_host: list[bool] = []  # host_rows[i] is a CPU operator kept only because all_ops
-    no_phase = 0
     is_step = re.compile(marker.pattern).search
+    spans: list[Event] = []
+    span_kinds: list[int] = []
+    span_plain: list[bool] = []
+    metas: list[Event] = []
+    rest_kinds: list[int | None] = []  # rows that only count: kind, and whether a skipped CPU operator
+    rest_plain: list[bool] = []
+    rest_no_phase: list[bool] = []
     for e in events:
         ph = e.ph
         if ph == "X":
             cat = e.cat
-            kind = GPU_KINDS.get(cat) if isinstance(cat, str) else None
-            if kind is not None:
-                gpu_rows.append(e)
-                gpu_kind.append(kind)
-            elif not _is_plain_op(e, is_step):
-                host_rows.append(e)
-                plain_host.append(False)
-            elif all_ops:
-                host_rows.append(e)
-                plain_host.append(True)
-            else:
-                counts["skipped_ops"] += 1
-        elif ph == "M":
-            meta_rows.append(e)
-        elif ph is None:
-            no_phase += 1
+            kind = GPU_KINDS.get(cat, 0) if isinstance(cat, str) else 0
+            plain = kind == 0 and _is_plain_op(e, is_step)
+            if all_ops or not plain:
+                spans.append(e)
+                span_kinds.append(kind)
+                span_plain.append(plain)
+                continue
+            rest_kinds.append(kind)
+        elif ph == "M" and e.args is not None and isinstance(e.name, str) and e.name in META_KEYS:
+            metas.append(e)
+            continue
         else:
-            counts["other"] += 1
+            rest_kinds.append(None)
+        rest_plain.append(ph == "X")
+        rest_no_phase.append(ph is None)
+    rest_kinds += [None] * left_out
+    rest_plain += [False] * left_out
+    rest_no_phase += [True] * left_out
+    span_rows, inexact = _span_rows(spans, span_kinds, span_plain, part)
+    tables = [
+        span_rows,
+        _rows(len(metas), part, {
+            "meta": True,
+            "name": [e.name for e in metas],
+            "rank": [to_int(e.args.rank) for e in metas],  # type: ignore[union-attr]
+            "pid": [to_int(e.pid) for e in metas],
+            "tid": [to_int(e.tid) for e in metas],
+            "meta_value": [
+                _to_text(e.args.meta_name if e.args.meta_name is not None else e.args.labels)  # type: ignore[union-attr]
+                for e in metas
+            ],
+        }),
+        _rows(len(rest_kinds), part, {"kind": rest_kinds, "plain_op": rest_plain, "no_phase": rest_no_phase}),
+    ]
+    return pa.concat_tables(tables), inexact
 
-    gpu, dropped_gpu, inexact_gpu = _gpu_table(gpu_rows, gpu_kind, names)
-    host, host_kept, inexact_host = _host_table(host_rows, names)
-    counts["dropped"] = dropped_gpu + int((~host_kept).sum()) + no_phase
-    # CPU operators a GPU trace will not keep (ingest deletes them): their drops are not the trace's
-    counts["dropped_plain_ops"] = int((~host_kept & np.array(plain_host, dtype=bool)).sum()) if host_rows else 0
-    counts["gpu"] = gpu.num_rows
-    counts["host"] = host.num_rows
-    return ChunkTables(
-        names=list(names), gpu=gpu, host=host, meta=_meta_table(meta_rows), counts=counts,
-        inexact=inexact_gpu or inexact_host,
-    )
+
+def _span_rows(rows: list[Event], kinds: list[int], plain: list[bool], part: int) -> tuple[pa.Table, bool]:
+    """The rows of the complete events kept (``span``), their times typed and checked (``valid``)."""
+    start, ok_start, inexact = _time_ns([e.ts for e in rows])
+    dur, ok_dur, _ = _time_ns([e.dur for e in rows])
+    valid = ok_start & ok_dur & (dur >= 0)
+    return _rows(len(rows), part, {
+        "kind": kinds,
+        "plain_op": plain,
+        "span": True,
+        "name": [e.name if isinstance(e.name, str) else _to_text(e.name) or "" for e in rows],
+        "cat": [e.cat if isinstance(e.cat, str) else _to_text(e.cat) for e in rows],
+        "rank": _args_column(rows, "rank"),
+        "pid": _int_list([e.pid for e in rows]),
+        "tid": _int_list([e.tid for e in rows]),
+        "device": _args_column(rows, "device"),
+        "stream": _args_column(rows, "stream"),
+        "correlation": _args_column(rows, "correlation"),
+        "external_id": _int_list([
+            None if e.args is None else (e.args.external_id if e.args.external_id is not None else e.args.external_id_2021)
+            for e in rows
+        ]),
+        **_collective_columns(rows),
+        "valid": valid,
+        "start_ns": pa.array(start, mask=~valid),
+        "dur_ns": pa.array(dur, mask=~valid),
+        "odd": False,
+    }), inexact
+
+
+def _rows(n: int, part: int, columns: dict[str, Any]) -> pa.Table:
+    """``n`` rows of :data:`ROWS_SCHEMA`: ``columns`` (a value for each row, or one for all), else
+    false for a flag and null for any other column."""
+    arrays = []
+    for f in ROWS_SCHEMA:
+        value = part if f.name == "part" else columns.get(f.name, False if f.name in _FLAGS else None)
+        if value is None:
+            arrays.append(pa.nulls(n, f.type))
+        elif isinstance(value, (bool, int)):
+            arrays.append(pa.array(np.full(n, value, dtype=f.type.to_pandas_dtype())))
+        else:
+            arrays.append(_array(value, f.type))
+    return pa.Table.from_arrays(arrays, schema=ROWS_SCHEMA)
 
 
 def _is_plain_op(e: Event, is_step: Callable[[str], object]) -> bool:
-    """A CPU operator that GPU-trace metrics do not read (see :func:`events_to_tables`)."""
+    """A CPU operator that GPU-trace metrics do not read (see :func:`events_to_rows`)."""
     return (
         isinstance(e.cat, str) and e.cat in OP_CATS
         and (e.args is None or e.args.collective is None)
         and not (isinstance(e.name, str) and is_step(e.name))
     )
-
-
-def _intern(rows: list[Event], names: dict[str, int]) -> np.ndarray:
-    setdefault = names.setdefault
-    return np.fromiter(
-        (setdefault(e.name if isinstance(e.name, str) else _to_text(e.name) or "", len(names)) for e in rows),
-        dtype=np.int32,
-        count=len(rows),
-    )
-
-
-def _valid_spans(rows: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    start, ok_start, inexact = _time_ns([e.ts for e in rows])
-    dur, ok_dur, _ = _time_ns([e.dur for e in rows])
-    keep = ok_start & ok_dur & (dur >= 0)
-    return start, dur, keep, inexact
 
 
 def _int_list(values: list[Any]) -> list[Any]:
@@ -319,109 +344,26 @@ def _int_list(values: list[Any]) -> list[Any]:
     return [to_int(v) for v in values]
 
 
-def _args_column(rows: list[Event], attr: str, as_int: bool) -> list[Any]:
-    values = [None if e.args is None else getattr(e.args, attr) for e in rows]
-    return _int_list(values) if as_int else [_to_text(v) for v in values]
-
-
-def _external_ids(rows: list[Event]) -> list[Any]:
-    return _int_list([
-        None if e.args is None else (e.args.external_id if e.args.external_id is not None else e.args.external_id_2021)
-        for e in rows
-    ])
+def _args_column(rows: list[Event], attr: str) -> list[Any]:
+    return _int_list([None if e.args is None else getattr(e.args, attr) for e in rows])
 
 
 def _collective_columns(rows: list[Event]) -> dict[str, list[Any]]:
     """Collective arguments, filled only for the (few) events that name a collective."""
-    cols: dict[str, list[Any]] = {f: [None] * len(rows) for f in _COLL_FIELDS}
+    cols: dict[str, list[Any]] = {name: [None] * len(rows) for name, _ in _COLLECTIVE_COLUMNS}
     for i, e in enumerate(rows):
         a = e.args
         if a is not None and a.collective is not None:
-            for f in _COLL_FIELDS:
-                v = getattr(a, f)
-                cols[f][i] = to_int(v) if f in _INT_COLL else _to_text(v)
+            for name, is_int in _COLLECTIVE_COLUMNS:
+                v = getattr(a, name)
+                cols[name][i] = to_int(v) if is_int else _to_text(v)
     return cols
 
 
 def _array(values: Any, type_: pa.DataType) -> pa.Array:
+    if isinstance(values, pa.Array):
+        return values
     try:
         return pa.array(values, type=type_)
     except OverflowError:  # an int beyond int64 (e.g. a uint64 id): unknown, like to_int says
         return pa.array([to_int(v) for v in values], type=type_)
-
-
-def _filtered(table: dict[str, Any], keep: np.ndarray, schema: pa.Schema) -> pa.Table:
-    arrays = [_array(table[f.name], f.type) for f in schema]
-    result = pa.Table.from_arrays(arrays, schema=schema)
-    if not keep.all():
-        result = result.filter(pa.array(keep))
-    return result
-
-
-def _gpu_table(rows: list[Event], kinds: list[int], names: dict[str, int]) -> tuple[pa.Table, int, bool]:
-    start, dur, keep, inexact = _valid_spans(rows)
-    device = _args_column(rows, "device", True)
-    stream = _args_column(rows, "stream", True)
-    for i, e in enumerate(rows):  # fall back to the trace viewer's pid (device) / tid (stream)
-        if device[i] is None:
-            device[i] = to_int(e.pid)
-        if stream[i] is None:
-            stream[i] = to_int(e.tid)
-    cols: dict[str, Any] = {
-        "kind": np.asarray(kinds, dtype=np.int8),
-        "name_id": _intern(rows, names),
-        "rank": _args_column(rows, "rank", True),
-        "device": device,
-        "stream": stream,
-        "start_ns": start,
-        "dur_ns": dur,
-        "correlation": _args_column(rows, "correlation", True),
-        "external_id": _external_ids(rows),
-        **_collective_columns(rows),
-    }
-    return _filtered(cols, keep, GPU_SCHEMA), int((~keep).sum()), inexact
-
-
-def _host_table(rows: list[Event], names: dict[str, int]) -> tuple[pa.Table, np.ndarray, bool]:
-    """The host rows with usable times, which of ``rows`` they are (a mask), and whether a time was inexact."""
-    start, dur, keep, inexact = _valid_spans(rows)
-    cols: dict[str, Any] = {
-        "cat": [e.cat if isinstance(e.cat, str) else _to_text(e.cat) for e in rows],
-        "name_id": _intern(rows, names),
-        "rank": _args_column(rows, "rank", True),
-        "pid": _int_list([e.pid for e in rows]),
-        "tid": _int_list([e.tid for e in rows]),
-        "start_ns": start,
-        "dur_ns": dur,
-        "correlation": _args_column(rows, "correlation", True),
-        "external_id": _external_ids(rows),
-        "device": _host_devices(rows),
-        **_collective_columns(rows),
-    }
-    return _filtered(cols, keep, HOST_SCHEMA), keep, inexact
-
-
-def _host_devices(rows: list[Event]) -> list[int | None]:
-    """args.device; for device-side annotations without it (ROCm), the trace viewer's pid."""
-    out = _args_column(rows, "device", True)
-    for i, e in enumerate(rows):
-        if out[i] is None and isinstance(e.cat, str) and e.cat in DEVICE_ANNOTATION_CATS:
-            out[i] = to_int(e.pid)
-    return out
-
-
-def _meta_table(rows: list[Event]) -> pa.Table:
-    keep = [e for e in rows if e.name in ("process_name", "thread_name", "process_labels") and e.args is not None]
-    return pa.table(
-        {
-            "rank": pa.array([to_int(e.args.rank) for e in keep], pa.int64()),  # type: ignore[union-attr]
-            "pid": pa.array([to_int(e.pid) for e in keep], pa.int64()),
-            "tid": pa.array([to_int(e.tid) for e in keep], pa.int64()),
-            "key": pa.array([e.name for e in keep], pa.string()),
-            "value": pa.array(
-                [_to_text(e.args.meta_name if e.args.meta_name is not None else e.args.labels) for e in keep],  # type: ignore[union-attr]
-                pa.string(),
-            ),
-        },
-        schema=META_SCHEMA,
-    )

@@ -6,13 +6,15 @@ The walk from ``traceq ingest`` to the stored rows, by stage:
 2. read ahead (:mod:`traceq.ingest.pipeline`, one thread): each file cut into chunks of whole events
    (:mod:`traceq.ingest.reader`), written as batch files and parsed by DuckDB's JSON reader on every
    core (:mod:`traceq.ingest.native`), a batch ahead of the writer and across file boundaries;
-3. write (here, and :mod:`traceq.ingest.write`): a large file's batches in one transaction of its
-   own; small files, parsed in one statement, written several to a transaction
-   (:class:`~traceq.ingest.groups.Together`); then each file's traces row, steps and step attribution.
+3. write (here, :func:`traceq.ingest.native.write_parts` and :mod:`traceq.ingest.write`): a large file's
+   batches in one transaction of its own; small files, parsed in one statement, written several to a
+   transaction (:class:`~traceq.ingest.groups.Together`); then each file's traces row, steps and step
+   attribution.
 
 Where DuckDB's reader refuses a file's JSON or would read it differently from
 :mod:`traceq.ingest.decode` (the typed msgspec reference), the transaction is rolled back and the file
-is decoded by :mod:`traceq.ingest.decode` in this process; the file's result says so in its message.
+is decoded by :mod:`traceq.ingest.decode` in this process, into the rows DuckDB's parse gives, which the
+same writer stores (:meth:`Loader._write`); the file's result says so in its message.
 Any other error fails the file and leaves nothing of it. A group that fails is rolled back and its
 files ingested one by one; a file read again (alone, or with every CPU operator) gets a read-ahead of
 its own.
@@ -39,7 +41,7 @@ import duckdb
 
 from traceq import scratch
 from traceq.catalog import StepMarker, check_parallelism
-from traceq.errors import TraceqError
+from traceq.errors import TraceFormatError, TraceqError
 from traceq.ingest.inputs import check_run_name, expand_inputs, file_size, run_name_of
 from traceq.ingest.native import NotNative, Part, count_batches, scratch_dir, write_parts
 from traceq.ingest.reader import TraceHeader, read_trace, too_deep_is_not_json
@@ -51,7 +53,7 @@ from traceq.store.warehouse import DEFAULT_DB, connect, environment_error
 
 from traceq.ingest.digests import Digest, KnownDigests, file_digest, file_identity, stored_digest
 from traceq.ingest.groups import Together
-from traceq.ingest.pipeline import FileParse, ReadAhead, counting, once_per_file
+from traceq.ingest.pipeline import Batch, FileParse, ReadAhead, counting, decode_batch, once_per_file
 from traceq.ingest.results import FileResult, IngestSummary, Progress, not_utf8
 from traceq.ingest.write import (
     INGEST_MEMORY_LIMIT,
@@ -60,7 +62,6 @@ from traceq.ingest.write import (
     OpsPolicy,
     Stored,
     check_marker,
-    decode_into,
     derive,
     finish_trace,
     free_rank,
@@ -333,6 +334,9 @@ class Loader:
                 self.derive_pending()
             except NotNative as why:
                 self._roll_back()
+                if not native:  # DuckDB refused the decoder's rows: a fault of traceq's, read no third way
+                    raise TraceFormatError(f"{path}: DuckDB refused the rows traceq.ingest.decode read ({why}); "
+                                           "nothing was stored. Please report it, with the file") from None
                 native, reason = False, str(why)
                 continue
             except NeedsOps:
@@ -379,29 +383,34 @@ class Loader:
     ) -> FileResult:
         """Parse ``path`` with DuckDB, batch by batch (:mod:`traceq.ingest.native`), or take the batches
         parsed ahead (``parse``)."""
-        con = self.con
         parse_start = time.perf_counter()
         trace_id = self._next_trace_id()
         with closing(parse or self.read_alone(path, all_ops)) as parsed:
-            header, policy = parsed.header, parsed.policy
-            fill = leading_rank(header)
-            counts = Counts()
-            n_names = 0
-            # a batch parsed before the policy switched holds its CPU operators: written without
-            # them once the trace showed device activity, else with them (deleted at the end if it
-            # shows some later, drop_plain_ops); parsing it again cost more (11 ms a small file)
-            for taken in parsed.batches:
-                files, used, events = taken.files, taken.all_ops, taken.rows
-                del taken  # its rows are let go of below, once written
-                (batch,) = count_batches(con, events, [files])
-                policy.saw(batch.gpu)  # before the writes: the reader cuts its next batch by it
-                keep_ops = used and policy.all_ops  # parsed with them, and still no device activity
-                n_names += write_parts(con, events, [Part(files, trace_id, n_names, fill, keep_ops)])
-                del events  # written: its rows go before the next batch is waited for
-                files.remove()
-                counts.add_batch(batch, keep_ops)
-                counts.require_usable(path)
+            header, fill = parsed.header, leading_rank(parsed.header)
+            counts = self._write(path, trace_id, parsed.batches, parsed.policy, fill)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
+
+    def _write(self, path: Path, trace_id: int, batches: Iterable[Batch], policy: OpsPolicy, fill: int | None) -> Counts:
+        """Write the parsed ``batches`` of ``path``, whichever parser made their rows, as rows of
+        ``trace_id`` (``fill``: the rank of events that name none); the counts of its events."""
+        con = self.con
+        counts = Counts()
+        n_names = 0
+        # a batch parsed before the policy switched holds its CPU operators: written without
+        # them once the trace showed device activity, else with them (deleted at the end if it
+        # shows some later, drop_plain_ops); parsing it again cost more (11 ms a small file)
+        for taken in batches:
+            files, used, events = taken.files, taken.all_ops, taken.rows
+            del taken  # its rows are let go of below, once written
+            (batch,) = count_batches(con, events, [files])
+            policy.saw(batch.gpu)  # before the writes: the reader cuts its next batch by it
+            keep_ops = used and policy.all_ops  # parsed with them, and still no device activity
+            n_names += write_parts(con, events, [Part(files, trace_id, n_names, fill, keep_ops)])
+            del events  # written: its rows go before the next batch is waited for
+            files.remove()
+            counts.add_batch(batch, keep_ops)
+            counts.require_usable(path)
+        return counts
 
     def read_alone(self, path: Path, all_ops: bool | None = None) -> FileParse:
         """``path``'s batches from a read-ahead of its own (:class:`ReadAhead`), parsed under
@@ -417,13 +426,16 @@ class Loader:
         return parse
 
     def _chunked(self, path: Path, digest: Digest, size: int, all_ops: bool | None = None) -> FileResult:
-        """Decode ``path`` chunk by chunk with :mod:`traceq.ingest.decode` in this process."""
+        """Decode ``path`` chunk by chunk with :mod:`traceq.ingest.decode` in this process, and write
+        its rows as DuckDB's (:meth:`_write`)."""
         parse_start = time.perf_counter()
         trace_id = self._next_trace_id()
         header, chunks = read_trace(path, self.chunk_bytes)
         policy = OpsPolicy(header.leading, self.marker, all_ops)
-        counts = decode_into(self.con, path, trace_id, counting(chunks, self.notify, path, size), header, policy)
-        return self._finish_file(path, trace_id, header, digest, size, counts, leading_rank(header), parse_start)
+        batches = (decode_batch(chunk, policy) for chunk in counting(chunks, self.notify, path, size))
+        fill = leading_rank(header)
+        counts = self._write(path, trace_id, batches, policy, fill)
+        return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)
 
     def _finish_file(
         self, path: Path, trace_id: int, header: TraceHeader, digest: Digest, size: int, counts: Counts,

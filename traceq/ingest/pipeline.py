@@ -50,7 +50,8 @@ Counted = TypeVar("Counted", bound=Sized)  # a chunk of either reader (read_trac
 class Batch:
     """A batch parsed by DuckDB: its ``files`` (scratch files of whole events), whether it was parsed
     with every CPU operator (``all_ops``), and the parsed ``rows`` (a relation on the reading cursor;
-    with other files' batches where a run of small files was parsed in one statement)."""
+    with other files' batches where a run of small files was parsed in one statement). Or a chunk
+    decoded in this process (:func:`decode_batch`): no files, its rows an Arrow table of the same columns."""
 
     files: BatchFiles
     all_ops: bool
@@ -117,9 +118,18 @@ def cut_batches(
 
 def parse_batch_files(cursor: Any, files: BatchFiles, policy: OpsPolicy) -> Batch:
     """``files`` parsed under ``policy`` as it is now (the writer may switch it meanwhile: the
-    batch is written as parsed, :meth:`Loader._native`)."""
+    batch is written as parsed, :meth:`Loader._write`)."""
     used = policy.all_ops
     return Batch(files, used, parse_batch(cursor, files, used, policy.marker))
+
+
+def decode_batch(chunk: bytes, policy: OpsPolicy) -> Batch:
+    """``chunk`` decoded by :mod:`traceq.ingest.decode` under ``policy``: the rows DuckDB's parse
+    gives (``sql/read_events.sql``), as Arrow, for the one writer; a batch of no files."""
+    from traceq.ingest.decode import decode_chunk
+
+    files, used = BatchFiles(), policy.all_ops
+    return Batch(files, used, decode_chunk(chunk, used, policy.marker, files.part))
 
 
 @dataclass

@@ -1,15 +1,14 @@
-"""What goes into the warehouse for one file, whichever parser read it: its names and rows (the decode
-path's), the counts of its events, the policy on CPU operators, its rank, its ``traces`` row, and its
-steps, step attribution and side files derived in SQL once its transaction holds it."""
+"""What goes into the warehouse for one file besides its rows (which :func:`traceq.ingest.native.write_parts`
+writes, whichever parser read them): the counts of its events, the policy on CPU operators, its rank, its
+``traces`` row, and its steps, step attribution and side files derived in SQL once its transaction holds it."""
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 import msgspec
@@ -23,49 +22,15 @@ from traceq.ingest.sidecar import load_side_files, write_wall_times
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
 from traceq.store.derive import check_step_marker, device_properties, gpu_model_of, write_steps
-from traceq.store.schema import execute_over, fetch_one
+from traceq.store.schema import fetch_one
 
 from traceq.ingest.results import FileResult
-
-if TYPE_CHECKING:  # the decode path imports them when it runs: the fast path needs neither
-    import numpy as np
-    import pyarrow as pa
-
-    from traceq.ingest.decode import ChunkTables
-
 
 # DuckDB's buffer pool while ingesting: room for a batch's parse beside the one being written; row
 # groups go to the file as they fill. 1.5 GB traces, 96 MB batches: 225-310 MiB peak RSS at 160 MB,
 # 278-385 MiB at 384 MB, for 0-10 % more time (three trace shapes, BENCHMARKS.md, issue 23).
 INGEST_MEMORY_LIMIT_MB = 160
 INGEST_MEMORY_LIMIT = f"{INGEST_MEMORY_LIMIT_MB}MB"
-
-
-class Names:
-    """File-level interning of event names; maps each chunk's local ids to file ids."""
-
-    def __init__(self) -> None:
-        self.ids: dict[str, int] = {}
-
-    def remap(self, chunk_names: list[str]) -> np.ndarray:
-        import numpy as np
-
-        ids = self.ids
-        return np.fromiter((ids.setdefault(n, len(ids)) for n in chunk_names), dtype=np.int32, count=len(chunk_names))
-
-    def table(self) -> pa.Table:
-        import pyarrow as pa
-
-        return pa.table({"name_id": pa.array(range(len(self.ids)), pa.int32()), "name": list(self.ids)})
-
-
-def remapped(table: pa.Table, remap: np.ndarray) -> pa.Table:
-    import pyarrow as pa
-
-    if table.num_rows == 0:
-        return table
-    ids = table.column("name_id").to_numpy()
-    return table.set_column(table.schema.get_field_index("name_id"), "name_id", pa.array(remap[ids]))
 
 
 # events read with nothing stored, after which a file is not read on (real traces store their first events)
@@ -106,30 +71,17 @@ class Counts:
         self.rows_without_rank += b.rows_without_rank
         self.rows_with_rank += b.rows_with_rank
 
-    def add(self, ct: ChunkTables, all_ops: bool) -> None:
-        self.events += ct.counts.get("events", 0)
-        self.gpu += ct.counts.get("gpu", 0)
-        self.host += ct.counts.get("host", 0)
-        self.dropped += ct.counts.get("dropped", 0)
-        self.dropped_plain_ops += ct.counts.get("dropped_plain_ops", 0)
-        self.skipped_ops += ct.counts.get("skipped_ops", 0)
-        self.kept_ops = self.kept_ops or all_ops
-        for t in (ct.gpu, ct.host, ct.meta):
-            self.rows_without_rank += t.column("rank").null_count
-        for t in (ct.gpu, ct.host):
-            self.rows_with_rank += t.num_rows - t.column("rank").null_count
-
 
 class OpsPolicy:
-    """Whether the chunks of one file are decoded with every CPU operator (``all_ops``).
+    """Whether the batches of one file are parsed with every CPU operator (``all_ops``).
 
     CPU operators are most of a trace's events, yet on a trace with GPU activity no metric reads
-    them (:func:`traceq.ingest.decode.events_to_tables`). A file starts without them when its header has
+    them (:func:`traceq.ingest.decode.events_to_rows`). A file starts without them when its header has
     ``deviceProperties`` (Kineto writes it before the events on CUDA/ROCm machines) and switches to
     without them once a chunk shows GPU activity. A batch parsed with them before is written without
     them after the switch; ops written before it are deleted if the file has GPU activity
-    (:func:`drop_plain_ops`), and a file that was decoded
-    without them and shows no GPU activity after all is decoded again with them (:class:`NeedsOps`).
+    (:func:`drop_plain_ops`), and a file that was parsed without them and shows no GPU activity after
+    all is read again with them (:class:`NeedsOps`).
 
     The writer switches it (:meth:`saw`) while the reader thread cuts and parses by it: both go
     through a lock.
@@ -158,18 +110,7 @@ class OpsPolicy:
 
 
 class NeedsOps(Exception):
-    """A file decoded without CPU operators turned out to have no GPU activity: decode it again."""
-
-
-def with_rank(table: pa.Table, rank: int | None) -> pa.Table:
-    """``table`` with a null rank (the event named none) set to ``rank``."""
-    if rank is None or table.column("rank").null_count == 0:
-        return table
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    filled = pc.fill_null(table.column("rank"), pa.scalar(rank, pa.int64()))
-    return table.set_column(table.schema.get_field_index("rank"), "rank", filled)
+    """A file parsed without CPU operators turned out to have no GPU activity: read it again."""
 
 
 def require_events(path: Path, counts: Counts) -> None:
@@ -195,34 +136,6 @@ def rank_of(
         notes.append(f"{path}: distributedInfo.rank {json.dumps(dist.get('rank'))[:40]} is not a rank "
                      f"(0 to {MAX_RANK}): passed over, {instead}")
     return file_rank, source
-
-
-def decode_into(con: Any, path: Path, trace_id: int, chunks: Iterator[bytes], header: TraceHeader,
-                policy: OpsPolicy) -> Counts:
-    """Decode ``path``'s ``chunks`` with :mod:`traceq.ingest.decode` in this process into the tables of
-    ``trace_id``, under ``policy``; the counts of its events."""
-    import pyarrow as pa
-
-    from traceq.ingest.decode import decode_chunk
-
-    fill = leading_rank(header)
-    names = Names()
-    counts = Counts()
-    meta: list[pa.Table] = []
-    for c in chunks:
-        used = policy.all_ops
-        ct = decode_chunk(c, used, policy.marker)
-        policy.saw(ct.counts.get("gpu", 0))
-        counts.add(ct, used)
-        counts.require_usable(path)
-        remap = names.remap(ct.names)
-        insert_rows(con, "gpu_events", with_rank(remapped(ct.gpu, remap), fill), trace_id)
-        insert_rows(con, "host_events", with_rank(remapped(ct.host, remap), fill), trace_id)
-        meta.append(with_rank(ct.meta, fill))
-    insert_rows(con, "names", names.table(), trace_id)
-    if meta:
-        insert_rows(con, "trace_threads", pa.concat_tables(meta), trace_id)
-    return counts
 
 
 def check_marker(con: Any, marker: StepMarker) -> None:
@@ -400,13 +313,6 @@ def leading_rank(header: TraceHeader) -> int | None:
     UPDATE of every row afterwards would hold a copy of the column in memory). A value that is no rank
     fills nothing: the rows get the rank the notes report (:func:`traceq.ingest.identity.distributed_rank`)."""
     return distributed_rank(header.leading)
-
-
-def insert_rows(con: Any, table: str, rows: pa.Table | None, trace_id: int) -> None:
-    if rows is None or rows.num_rows == 0:
-        return
-    columns = ", ".join(rows.column_names)
-    execute_over(con, f"insert into {table} (trace_id, {columns}) select ?, {columns} from _rows", [trace_id], rows)
 
 
 def _text(value: Any) -> str | None:
