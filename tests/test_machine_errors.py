@@ -42,11 +42,13 @@ def _counts(db: Path) -> tuple[int, int, int]:
                            "(select count(*) from steps)").fetchone()
 
 
+@pytest.mark.parametrize("parser", ["native", "decode"])
 @pytest.mark.parametrize("files", [1, 3], ids=["one file", "a group of three"])
 @pytest.mark.parametrize("kind", list(ERRORS))
 def test_the_machines_error_fails_each_file_in_one_line_and_stores_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, files: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, files: int, parser: str
 ) -> None:
+    """Whichever parser read the rows: one writer writes them."""
     error, words = ERRORS[kind]
     real = native.execute_over
 
@@ -57,8 +59,35 @@ def test_the_machines_error_fails_each_file_in_one_line_and_stores_nothing(
 
     monkeypatch.setattr(native, "execute_over", failing)
     paths = _traces(tmp_path / "job", files)
-    done = ingest_traces(paths, tmp_path / "w.duckdb")
+    done = ingest_traces(paths, tmp_path / "w.duckdb", native=parser == "native")
     assert [(f.status, f.message) for f in done.files] == [("failed", f"{p}: {words}") for p in paths]
+    assert _counts(tmp_path / "w.duckdb") == (0, 0, 0)
+
+
+@pytest.mark.parametrize("parser", ["native", "decode"])
+def test_duckdb_refusing_the_decoders_rows_fails_the_file_and_reads_it_no_third_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parser: str
+) -> None:
+    """DuckDB refusing input (the signal that sends a file to the decoder) on the decoder's own rows
+    is a fault of traceq's: the file fails in one line. Natively, a small file is written with its group,
+    then alone, then by the decoder: three writes; then no more."""
+    real, writes = native.execute_over, []
+
+    def refusing(con, statement, params, events=None):
+        if "insert into gpu_events" in statement:
+            writes.append(statement)
+            if len(writes) > 4:  # read again and again: end it with another error, which fails the test
+                raise duckdb.ConversionException("read a third time")
+            raise duckdb.InvalidInputException("Invalid Input Error: refused")
+        return real(con, statement, params, events)
+
+    monkeypatch.setattr(native, "execute_over", refusing)
+    (path,) = _traces(tmp_path / "job", 1)
+    done = ingest_traces([path], tmp_path / "w.duckdb", native=parser == "native")
+    assert [(f.status, f.message) for f in done.files] == [(
+        "failed", f"{path}: DuckDB refused the rows traceq.ingest.decode read (Invalid Input Error: refused); "
+        "nothing was stored. Please report it, with the file")]
+    assert len(writes) == (3 if parser == "native" else 1)
     assert _counts(tmp_path / "w.duckdb") == (0, 0, 0)
 
 

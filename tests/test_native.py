@@ -312,9 +312,12 @@ def test_a_file_read_in_one_batch_or_in_growing_batches_gives_the_decoders_rows(
     monkeypatch.setattr(ingest, "WHOLE_FILE_BATCH_BYTES", path.stat().st_size - 1)
     assert ingest_traces([path], tmp_path / "large.duckdb", chunk_bytes=chunk).ok
     assert ingest_traces([path], decoded_db, native=False).ok
+    # decoded in chunks: one chunk to a batch while the policy may switch, then several to one
+    assert ingest_traces([path], tmp_path / "chunks.duckdb", chunk_bytes=chunk, native=False).ok
     for table, query in TABLES.items():
         assert _rows(native_db, query) == _rows(decoded_db, query), table
         assert _rows(tmp_path / "large.duckdb", query) == _rows(decoded_db, query), table
+        assert _rows(tmp_path / "chunks.duckdb", query) == _rows(decoded_db, query), table
 
 
 @pytest.mark.parametrize("odd", [False, True])

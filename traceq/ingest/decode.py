@@ -239,9 +239,7 @@ def events_to_rows(
     span_kinds: list[int] = []
     span_plain: list[bool] = []
     metas: list[Event] = []
-    rest_kinds: list[int | None] = []  # rows that only count: kind, and whether a skipped CPU operator
-    rest_plain: list[bool] = []
-    rest_no_phase: list[bool] = []
+    skipped = no_phase = other = 0  # rows that only count
     for e in events:
         ph = e.ph
         if ph == "X":
@@ -252,18 +250,14 @@ def events_to_rows(
                 spans.append(e)
                 span_kinds.append(kind)
                 span_plain.append(plain)
-                continue
-            rest_kinds.append(kind)
+            else:
+                skipped += 1
         elif ph == "M" and e.args is not None and isinstance(e.name, str) and e.name in META_KEYS:
             metas.append(e)
-            continue
+        elif ph is None:
+            no_phase += 1
         else:
-            rest_kinds.append(None)
-        rest_plain.append(ph == "X")
-        rest_no_phase.append(ph is None)
-    rest_kinds += [None] * left_out
-    rest_plain += [False] * left_out
-    rest_no_phase += [True] * left_out
+            other += 1
     span_rows, inexact = _span_rows(spans, span_kinds, span_plain, part)
     tables = [
         span_rows,
@@ -278,7 +272,9 @@ def events_to_rows(
                 for e in metas
             ],
         }),
-        _rows(len(rest_kinds), part, {"kind": rest_kinds, "plain_op": rest_plain, "no_phase": rest_no_phase}),
+        _rows(skipped, part, {"kind": 0, "plain_op": True}),  # CPU operators left out (all_ops=False)
+        _rows(no_phase + left_out, part, {"no_phase": True}),  # dropped, as elements that are not objects
+        _rows(other, part, {}),  # other phases: instant, counter, flow, metadata traceq does not keep
     ]
     return pa.concat_tables(tables), inexact
 
@@ -321,7 +317,7 @@ def _rows(n: int, part: int, columns: dict[str, Any]) -> pa.Table:
         if value is None:
             arrays.append(pa.nulls(n, f.type))
         elif isinstance(value, (bool, int)):
-            arrays.append(pa.array(np.full(n, value, dtype=f.type.to_pandas_dtype())))
+            arrays.append(pa.repeat(pa.scalar(value, f.type), n))
         else:
             arrays.append(_array(value, f.type))
     return pa.Table.from_arrays(arrays, schema=ROWS_SCHEMA)

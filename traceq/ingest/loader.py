@@ -53,7 +53,7 @@ from traceq.store.warehouse import DEFAULT_DB, connect, environment_error
 
 from traceq.ingest.digests import Digest, KnownDigests, file_digest, file_identity, stored_digest
 from traceq.ingest.groups import Together
-from traceq.ingest.pipeline import Batch, FileParse, ReadAhead, counting, decode_batch, once_per_file
+from traceq.ingest.pipeline import Batch, FileParse, ReadAhead, counting, decoded_batches, once_per_file
 from traceq.ingest.results import FileResult, IngestSummary, Progress, not_utf8
 from traceq.ingest.write import (
     INGEST_MEMORY_LIMIT,
@@ -432,7 +432,7 @@ class Loader:
         trace_id = self._next_trace_id()
         header, chunks = read_trace(path, self.chunk_bytes)
         policy = OpsPolicy(header.leading, self.marker, all_ops)
-        batches = (decode_batch(chunk, policy) for chunk in counting(chunks, self.notify, path, size))
+        batches = decoded_batches(counting(chunks, self.notify, path, size), policy)
         fill = leading_rank(header)
         counts = self._write(path, trace_id, batches, policy, fill)
         return self._finish_file(path, trace_id, header, digest, size, counts, fill, parse_start)

@@ -51,7 +51,7 @@ class Batch:
     """A batch parsed by DuckDB: its ``files`` (scratch files of whole events), whether it was parsed
     with every CPU operator (``all_ops``), and the parsed ``rows`` (a relation on the reading cursor;
     with other files' batches where a run of small files was parsed in one statement). Or a chunk
-    decoded in this process (:func:`decode_batch`): no files, its rows an Arrow table of the same columns."""
+    decoded in this process (:func:`decoded_batches`): no files, its rows an Arrow table of the same columns."""
 
     files: BatchFiles
     all_ops: bool
@@ -100,6 +100,9 @@ class End:
 Item = Known | Stop | Start | Parsed | End
 
 
+# Bytes of JSON decoded (traceq.ingest.decode) to a batch: a statement of the writer costs ms
+# whatever its rows, and decoded rows take less memory than the chunks' Python objects (BENCHMARKS.md)
+DECODE_BATCH_BYTES = 16 << 20
 # A file of up to this much JSON is parsed in one batch: small first batches (while the policy may
 # switch) would save little writing of CPU operators and cost a batch's statements (BENCHMARKS.md)
 WHOLE_FILE_BATCH_BYTES = 16 << 20
@@ -123,13 +126,26 @@ def parse_batch_files(cursor: Any, files: BatchFiles, policy: OpsPolicy) -> Batc
     return Batch(files, used, parse_batch(cursor, files, used, policy.marker))
 
 
-def decode_batch(chunk: bytes, policy: OpsPolicy) -> Batch:
-    """``chunk`` decoded by :mod:`traceq.ingest.decode` under ``policy``: the rows DuckDB's parse
-    gives (``sql/read_events.sql``), as Arrow, for the one writer; a batch of no files."""
+def decoded_batches(chunks: Iterator[bytes], policy: OpsPolicy, batch_bytes: int = DECODE_BATCH_BYTES) -> Iterator[Batch]:
+    """``chunks`` decoded by :mod:`traceq.ingest.decode` under ``policy``: the rows DuckDB's parse
+    gives (``sql/read_events.sql``), as Arrow, for the one writer; batches of no files. Each chunk's
+    rows are made as it is decoded (its Python objects go with it); several chunks' rows, up to
+    ``batch_bytes`` of JSON, are written together, one chunk at a time while the policy may switch
+    (the writer switches it between batches: a batch's chunks are all decoded under one)."""
+    import pyarrow as pa
+
     from traceq.ingest.decode import decode_chunk
 
-    files, used = BatchFiles(), policy.all_ops
-    return Batch(files, used, decode_chunk(chunk, used, policy.marker, files.part))
+    files, tables, size = BatchFiles(), [], 0
+    for chunk in chunks:
+        used = policy.all_ops
+        tables.append(decode_chunk(chunk, used, policy.marker, files.part))
+        size += len(chunk)
+        if size >= batch_bytes or policy.undecided():
+            yield Batch(files, used, pa.concat_tables(tables))
+            files, tables, size = BatchFiles(), [], 0
+    if tables:
+        yield Batch(files, used, pa.concat_tables(tables))
 
 
 @dataclass
