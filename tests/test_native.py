@@ -363,3 +363,49 @@ def test_a_cpu_operator_without_a_name_is_left_out_as_the_decoder_leaves_it_out(
         assert _rows(native, query) == _rows(decoded, query), table
     # the step marker and the launch: the two operators are left out (n_host_events)
     assert _rows(native, "select n_host_events from traces") == [(2,)]
+
+
+@pytest.mark.parametrize("order", ["kernel first", "bad ts first"])
+def test_an_epoch_time_with_a_fraction_is_exact_beside_a_time_that_is_no_number(tmp_path: Path, order: str) -> None:
+    """float64 cannot hold epoch microseconds to the ns: such a chunk is decoded again with exact
+    decimals, also where another span's ts is a string (it rounded to ...500 when the host and device
+    spans were decoded as one list, review finding); both parsers store the exact ns."""
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": "__epoch__", "dur": 1.5,
+              "args": {"stream": 7}}
+    bad = {"ph": "X", "cat": "user_annotation", "name": "bad", "pid": 1, "tid": 1, "ts": "x", "dur": 1}
+    events = [kernel, bad] if order == "kernel first" else [bad, kernel]
+    path = tmp_path / "job" / "trace.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"traceEvents": events}).replace('"__epoch__"', "1712345678901234.567"))
+    native, decoded, _ = _both([path], tmp_path)
+    for db in (native, decoded):
+        assert _rows(db, "select start_ns, dur_ns from gpu_events") == [(1712345678901234567, 1500)]
+        assert _rows(db, "select n_events, n_dropped from traces") == [(2, 1)]
+
+
+def test_decoded_chunks_are_batched_one_at_a_time_while_the_policy_may_switch() -> None:
+    """Without deviceProperties a file keeps its CPU operators until it shows GPU activity: each chunk
+    is a batch of its own until then (the writer switches the policy between batches), and the chunks
+    after it are decoded without them, several to a batch."""
+    from traceq.catalog import StepMarker
+    from traceq.ingest.pipeline import decoded_batches
+    from traceq.ingest.write import OpsPolicy
+
+    def chunk(cat: str, n: int) -> bytes:
+        return ", ".join(json.dumps({"ph": "X", "cat": cat, "name": f"{cat}{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1})
+                         for i in range(n)).encode()
+
+    policy = OpsPolicy({}, StepMarker())
+    seen = []
+    for batch in decoded_batches(iter([chunk("cpu_op", 3), chunk("kernel", 2), chunk("cpu_op", 4), chunk("cpu_op", 5)]),
+                                 policy):
+        spans, ops, kernels = _counted(batch.rows)
+        seen.append((batch.all_ops, batch.rows.num_rows, spans, ops))
+        policy.saw(kernels)
+    assert seen == [(True, 3, 3, 3), (True, 2, 2, 0), (False, 9, 0, 0)]
+
+
+def _counted(rows: object) -> tuple[int, int, int]:
+    """(spans, CPU operators kept as spans, kernels) of decoded rows."""
+    return duckdb.sql("select count(*) filter (where span), count(*) filter (where plain_op and span), "
+                      "count(*) filter (where kind = 1) from rows").fetchall()[0]

@@ -115,6 +115,7 @@ ROWS_SCHEMA = pa.schema(
 )
 # false where a row does not set them (every other column is null there)
 _FLAGS = frozenset(("no_phase", "plain_op", "meta", "span"))
+_EMPTY = pa.py_buffer(b"")
 # Collective args, filled only for the events that name a collective: (column, an int)
 _COLLECTIVE_COLUMNS = (
     ("collective", False), ("pg_name", False), ("pg_desc", False), ("pg_ranks", False), ("group_size", True),
@@ -154,6 +155,8 @@ def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray, bool]:
         return ns, valid, inexact
     out = np.zeros(len(values), dtype=np.int64)
     valid = np.zeros(len(values), dtype=bool)
+    # a value of another type among them (e.g. a string) does not make the floats' rounding exact
+    inexact = any(type(v) is float and abs(v) >= _FLOAT_EXACT_LIMIT_US for v in values)
     for i, v in enumerate(values):
         if isinstance(v, float):
             if not math.isfinite(v):
@@ -165,7 +168,7 @@ def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray, bool]:
         if -_TIME_LIMIT_NS < ns < _TIME_LIMIT_NS:
             out[i] = ns
             valid[i] = True
-    return out, valid, False
+    return out, valid, inexact
 
 
 def _decode_lenient(data: bytes, exact: bool = False) -> tuple[list[Event], int, bool]:
@@ -312,10 +315,13 @@ def _rows(n: int, part: int, columns: dict[str, Any]) -> pa.Table:
     """``n`` rows of :data:`ROWS_SCHEMA`: ``columns`` (a value for each row, or one for all), else
     false for a flag and null for any other column."""
     arrays = []
+    zeros = None  # one buffer of zeros for every null column (pa.nulls gives each its own: 150 bytes a row)
     for f in ROWS_SCHEMA:
         value = part if f.name == "part" else columns.get(f.name, False if f.name in _FLAGS else None)
         if value is None:
-            arrays.append(pa.nulls(n, f.type))
+            zeros = zeros or pa.py_buffer(bytes(8 * n + 8))
+            buffers = [zeros, zeros, _EMPTY] if f.type == pa.string() else [zeros, zeros]
+            arrays.append(pa.Array.from_buffers(f.type, n, buffers, null_count=n))
         elif isinstance(value, (bool, int)):
             arrays.append(pa.repeat(pa.scalar(value, f.type), n))
         else:
