@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from traceq.catalog import StepMarker, event_categories
-from traceq.kineto import to_int  # noqa: F401 (re-exported)
+from traceq.kineto import to_int
 
 # Largest |ts| in microseconds for which float64 -> integer ns rounding is exact (ULP/2 < 0.5 ns).
 _FLOAT_EXACT_LIMIT_US = float(2**43)
@@ -267,9 +267,9 @@ def events_to_rows(
         _rows(len(metas), part, {
             "meta": True,
             "name": [e.name for e in metas],
-            "rank": [to_int(e.args.rank) for e in metas],  # type: ignore[union-attr]
-            "pid": [to_int(e.pid) for e in metas],
-            "tid": [to_int(e.tid) for e in metas],
+            "rank": _args_column(metas, "rank"),
+            "pid": _int_list([e.pid for e in metas]),
+            "tid": _int_list([e.tid for e in metas]),
             "meta_value": [
                 _to_text(e.args.meta_name if e.args.meta_name is not None else e.args.labels)  # type: ignore[union-attr]
                 for e in metas
