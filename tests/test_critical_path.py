@@ -58,7 +58,7 @@ def test_a_late_rank_holds_the_path_as_worked_by_hand(tmp_path: Path) -> None:
     47 its gemm [30, 48) runs (compute wins over the transfer beside it): 17 us of compute back to 30.
     Of rank 0's 7 us of waiting, 3 ([44, 47)) are on the path: before 44 its own gemm ran beside it."""
     db = ingest(tmp_path, late_rank_run())
-    result = critical_path(db, selection=EVERY_STEP)
+    result = critical_path(db, selection=EVERY_STEP, segments=True)
     assert path_of(result, 1) == [(2, "compute", GEMM, 17 * US), (0, "comm_transfer", ALL_REDUCE, 3 * US)]
     jump = result.jumps.row(0, named=True)
     assert (jump["from_rank"], jump["to_rank"], jump["wait_on_path_ns"], jump["collective_type"]) == (0, 2, 3 * US, "AllReduce")
@@ -75,7 +75,7 @@ def test_a_clock_offset_between_ranks_changes_nothing_but_the_times(tmp_path: Pa
     rank 0 still ends last (on a trace without a wall-clock base, a trace's clock is taken as the wall
     clock), rank 2's segment is on its own clock."""
     db = ingest(tmp_path, late_rank_run({0: 250_000 * US, 1: 250_000 * US}))
-    result = critical_path(db, selection=EVERY_STEP)
+    result = critical_path(db, selection=EVERY_STEP, segments=True)
     assert path_of(result, 1) == [(2, "compute", GEMM, 17 * US), (0, "comm_transfer", ALL_REDUCE, 3 * US)]
     first = result.segments.sort("order").row(0, named=True)
     assert (first["start_ns"], first["end_ns"]) == (30 * US, 47 * US)  # rank 2's own clock
@@ -96,7 +96,7 @@ def test_idle_is_split_host_bound_sync_and_other_on_the_path(tmp_path: Path) -> 
     t.events.append(sync)
     db = tmp_path / "one.duckdb"
     assert ingest_traces([t.write(tmp_path / "one" / "rank0.json")], db, threads=1).ok
-    result = critical_path(db, selection=EVERY_STEP, steps=[1])
+    result = critical_path(db, selection=StepSelection(skip_steps=0, step_min=1, step_max=1), segments=True)
     assert path_of(result, 1) == [
         (0, "compute", GEMM, 20 * US), (0, "idle_sync", None, 10 * US), (0, "idle_host_bound", None, 15 * US),
         (0, "idle_other", None, 15 * US), (0, "compute", GEMM, 40 * US),
@@ -105,17 +105,20 @@ def test_idle_is_split_host_bound_sync_and_other_on_the_path(tmp_path: Path) -> 
 
 def test_choices_and_errors(tmp_path: Path) -> None:
     db = ingest(tmp_path, late_rank_run())
-    with pytest.raises(EmptySelection, match="no step 7 .* it has 1"):
-        critical_path(db, selection=EVERY_STEP, steps=[7])
+    with pytest.raises(EmptySelection, match=r"no step is selected \(steps 7..7, .*run job: steps 1..1"):
+        critical_path(db, selection=StepSelection(skip_steps=0, step_min=7, step_max=7, include_last=True))
     with pytest.raises(EmptySelection, match="no run 'nope'"):
-        critical_path(db, run="nope")
+        critical_path(db, runs=["nope"])
+    with pytest.raises(ConfigError, match="segments were not kept"):
+        critical_path(db, selection=EVERY_STEP).segments
     ingest(tmp_path, late_rank_run({1: 5 * US}), name="other")  # other content: not a duplicate
     two = tmp_path / "two.duckdb"
     assert ingest_traces(sorted((tmp_path / "job").glob("*.json")) + sorted((tmp_path / "other").glob("*.json")),
                          two, threads=1).ok
-    with pytest.raises(ConfigError, match="holds 2 runs: name one with --run"):
-        critical_path(two, selection=EVERY_STEP)
-    assert critical_path(two, run="other", selection=EVERY_STEP).steps["run"].to_list() == ["other"]
+    both = critical_path(two, selection=EVERY_STEP, segments=True)  # every run, each walked on its own
+    assert both.steps.select("run", "step").rows() == [("job", 1), ("other", 1)]
+    assert both.sentence(1, "other").startswith("step 1 took")
+    assert critical_path(two, runs=["other"], selection=EVERY_STEP).steps["run"].to_list() == ["other"]
 
 
 def test_cli_prints_the_steps_the_segments_and_writes_the_page(tmp_path: Path) -> None:
@@ -154,7 +157,7 @@ def test_the_path_tiles_every_step_of_every_corpus_multi_rank_run(corpus_db: Pat
     runs = _multi_rank_runs(corpus_db)
     assert "fused_traces" in runs, runs  # the merged 4-rank RCCL file
     for run in runs:
-        result = critical_path(corpus_db, run=run, selection=EVERY_STEP)
+        result = critical_path(corpus_db, runs=[run], selection=EVERY_STEP, segments=True)
         assert_tiles(result)
 
 
@@ -163,7 +166,7 @@ def test_the_merged_rccl_file_path_is_rank_3_the_rank_the_others_wait_for(corpus
     stragglers table says so), so the others' waits lead to it and nearly all of the path is rank 3's."""
     from traceq.report.collectives import stragglers_report
 
-    result = critical_path(corpus_db, run="fused_traces", selection=EVERY_STEP)
+    result = critical_path(corpus_db, runs=["fused_traces"], selection=EVERY_STEP, segments=True)
     ranks = result.ranks()
     assert ranks["rank"][0] == 3 and ranks["share"][0] > 0.9
     table = stragglers_report(corpus_db, runs=["fused_traces"], selection=EVERY_STEP).table
@@ -191,7 +194,7 @@ def test_a_single_rank_path_is_the_interval_and_idle_breakdown(corpus_db: Path) 
     assert len(singles) >= 10, singles
     checked = 0
     for run in singles:
-        result = critical_path(corpus_db, run=run, selection=EVERY_STEP)
+        result = critical_path(corpus_db, runs=[run], selection=EVERY_STEP, segments=True)
         assert_tiles(result)
         assert result.jumps.height == 0
         for row in result.steps.iter_rows(named=True):
@@ -215,7 +218,7 @@ def test_the_path_tiles_the_steps_of_real_gloo_runs(gloo_run, tmp_path: Path) ->
     parallel, run_dir = gloo_run
     db = tmp_path / "gloo.duckdb"
     assert ingest_traces([run_dir], db, threads=1).ok
-    result = critical_path(db, selection=EVERY_STEP)
+    result = critical_path(db, selection=EVERY_STEP, segments=True)
     assert_tiles(result)
     assert set(result.segments["device"].to_list()) == {-1}
     assert set(result.segments["rank"].to_list()) <= {0, 1}
@@ -239,7 +242,7 @@ def _agrees_with_reference(db: Path, files: list[Path], run: str | None = None) 
     from tests import critical_path_reference as reference
 
     expected = reference.critical_paths(files)
-    result = critical_path(db, run=run, selection=EVERY_STEP)
+    result = critical_path(db, runs=[run] if run else None, selection=EVERY_STEP, segments=True)
     assert_tiles(result)
     steps = sorted({s["step"] for s in expected["steps"]})
     assert result.steps["step"].to_list() == steps
@@ -265,7 +268,7 @@ def test_hand_made_runs_agree_with_the_hand_worked_paths_and_the_reference(tmp_p
     db = tmp_path / "run.duckdb"
     assert ingest_traces(files, db, threads=1).ok
     assert _agrees_with_reference(db, files) == len(reference.STEPS[scenario])
-    result = critical_path(db, selection=EVERY_STEP)
+    result = critical_path(db, selection=EVERY_STEP, segments=True)
     for step, path in {**reference.EXPECTED[scenario], **reference.EXPECTED_LAST.get(scenario, {})}.items():
         assert path_of(result, step) == path, (scenario, step)
     for step, jumps in reference.EXPECTED_JUMPS.get(scenario, {}).items():
@@ -358,7 +361,7 @@ def test_a_rooted_collective_on_one_clock_jumps_at_the_same_instant(tmp_path: Pa
     path = t.write(tmp_path / "job" / "merged.json", distributedInfo={"backend": "nccl", "world_size": 2})
     db = tmp_path / "w.duckdb"
     assert ingest_traces([path], db, threads=1).ok
-    result = critical_path(db, selection=EVERY_STEP)
+    result = critical_path(db, selection=EVERY_STEP, segments=True)
     assert path_of(result, 1) == [(1, "compute", GEMM, 11 * US), (0, "idle_other", None, 18 * US),
                                   (0, "compute", GEMM, 30 * US)]
     first = result.segments.sort("order").row(0, named=True)

@@ -14,7 +14,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -154,14 +154,7 @@ def emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
     if fmt in (Format.csv, Format.json):
         frame = _without_float_noise(frame)
     if fmt is Format.csv:
-        import polars as pl
-
-        from traceq.terminal import CONTROLS, ESCAPES
-
-        buf = io.StringIO()
-        text = [name for name in frame.columns if frame.schema[name] == pl.String]
-        frame.with_columns(frame[c].str.replace_many(CONTROLS, ESCAPES) for c in text).write_csv(buf)
-        typer.echo(buf.getvalue(), nl=False)
+        typer.echo(_csv(frame), nl=False)
     elif fmt is Format.json:
         typer.echo(json.dumps(frame.to_dicts(), indent=1, default=str))  # JSON escapes control characters
     else:
@@ -200,6 +193,39 @@ def emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
         for row in rows:
             table.add_row(*(row[i] for i in shown))
         Console(width=sum(widths[i] for i in shown) + 3 * len(shown) + 1, soft_wrap=False).print(table)
+
+
+def emit_stream(frames: Iterator[Any], fmt: Format) -> int:
+    """Frames of one table as they come (a report too large to hold), as CSV (one header) or one JSON
+    array, written as each frame arrives: the same text as :func:`emit` of them all. Returns the rows."""
+    if fmt not in (Format.csv, Format.json):
+        raise ValueError(f"streamed as csv or json, not {fmt.value}")
+    rows = 0
+    for frame in frames:
+        if not frame.height:
+            continue
+        frame = _without_float_noise(frame)
+        if fmt is Format.csv:
+            typer.echo(_csv(frame, header=rows == 0), nl=False)
+        else:  # json.dumps(list, indent=1)'s text, a frame's items at a time
+            items = json.dumps(frame.to_dicts(), indent=1, default=str)[2:-2]
+            typer.echo(("[\n" if rows == 0 else ",\n") + items, nl=False)
+        rows += frame.height
+    if fmt is Format.json:
+        typer.echo("\n]" if rows else "[]")
+    return rows
+
+
+def _csv(frame: Any, header: bool = True) -> str:
+    """``frame`` as CSV text, control characters in its text written out."""
+    import polars as pl
+
+    from traceq.terminal import CONTROLS, ESCAPES
+
+    buf = io.StringIO()
+    text = [name for name in frame.columns if frame.schema[name] == pl.String]
+    frame.with_columns(frame[c].str.replace_many(CONTROLS, ESCAPES) for c in text).write_csv(buf, include_header=header)
+    return buf.getvalue()
 
 
 def _without_float_noise(frame: Any) -> Any:

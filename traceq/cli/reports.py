@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -23,6 +22,7 @@ from traceq.cli.base import (
     app,
     echo,
     emit,
+    emit_stream,
     selecting_steps,
     show,
 )
@@ -264,24 +264,16 @@ def stragglers(
     show(stragglers_report(db, by_step=by_step, selection=selection, whole_trace=whole_trace, runs=run), fmt)
 
 
-class PathView(str, Enum):
-    steps = "steps"
-    segments = "segments"
-    ranks = "ranks"
-    kernels = "kernels"
-
-
 @app.command("critical-path")
 @selecting_steps
 def critical_path(
     db: DbOption = Path(DEFAULT_DB),
-    run: Annotated[Optional[str], typer.Option("--run", help="The run (may be left out when the warehouse holds one).")] = None,
-    step: Annotated[Optional[list[int]], typer.Option("--step", help="Only this step number (repeatable).")] = None,
-    segments: Annotated[bool, typer.Option("--segments", help="The path itself: one row per segment (rank, start, end, kind, kernel, collective).")] = False,
+    run: RunOption = None,
+    segments: Annotated[bool, typer.Option("--segments", help="The path itself: one row per segment (rank, start, end, kind, kernel, collective). With --format csv or json every segment, written as it is walked; as a table the first screen.")] = False,
     ranks: Annotated[bool, typer.Option("--ranks", help="Per rank over the steps: time on the path, share, steps on it, the waiting its lateness cost.")] = False,
     kernels: Annotated[bool, typer.Option("--kernels", help="The kernels and collectives most on the paths.")] = False,
     top: Annotated[int, typer.Option(help="Rows of --kernels.", min=1, max=10_000_000)] = 20,
-    html: Annotated[Optional[Path], typer.Option(help="Also write the path as a self-contained HTML page: ranks as lanes, the path across them (the --step given, else the longest step).")] = None,
+    html: Annotated[Optional[Path], typer.Option(help="Also write the path of one run as a self-contained HTML page: ranks as lanes, the path across them in the longest selected step (--steps 12:12 draws step 12).")] = None,
     fmt: FormatOption = Format.table,
     selection: Any = None,
 ) -> None:
@@ -294,13 +286,16 @@ def critical_path(
     moment its kernel started, and goes on there. The segments add up to the step's span.
 
     Per step (default): span, the last rank to end, ranks crossed, jumps, time by kind (ms), the rank and
-    the kernel most on the path, and a sentence saying it.
+    the kernel most on the path, and a sentence saying it. Steps are walked a batch at a time: memory
+    stays flat however many steps and ranks are selected.
 
     Examples:
 
       traceq critical-path --run job1
 
-      traceq critical-path --run job1 --step 12 --segments
+      traceq critical-path --run job1 --steps 12 --segments
+
+      traceq critical-path --run job1 --segments --format csv > path.csv
 
       traceq critical-path --run job1 --ranks
 
@@ -311,11 +306,48 @@ def critical_path(
 
     if sum((segments, ranks, kernels)) > 1:
         raise ConfigError("give one of --segments, --ranks and --kernels")
-    result = compute(db, run=run, selection=selection, steps=step)
-    drawn = write_critical_path_html(str(html), result, step[0] if step else None) if html is not None else None
+    if segments and html is None:
+        _stream_segments(db, run, selection, fmt)
+        return
+    result = compute(db, runs=run, selection=selection, segments=segments)
+    drawn = write_critical_path_html(str(html), result) if html is not None else None
     show(result.report("segments" if segments else "ranks" if ranks else "kernels" if kernels else "steps", top), fmt)
     if drawn is not None:
         echo(f"wrote {html} (step {drawn})", err=True)
+
+
+SCREEN_ROWS = 40  # segments a table shows (the rest: --format csv or json)
+
+
+def _stream_segments(db: Path, run: list[str] | None, selection: Any, fmt: Format) -> None:
+    """``critical-path --segments``: every segment as CSV or JSON, batch by batch as the walk makes them;
+    as a table the first screen, and how many there are."""
+    import polars as pl
+
+    from traceq.report.critical_path import NARROW, path_title, walking
+
+    with walking(db, runs=run, selection=selection) as (notes, batches):
+        frames = (b.segments.drop("instance_id", "trace_id") for b in batches)
+        if fmt is not Format.table:
+            for note in notes:
+                echo(f"note: {note}", err=True)
+            emit_stream(frames, fmt)
+            return
+        first: list[pl.DataFrame] = []
+        total, runs = 0, []
+        for frame in frames:
+            if sum(f.height for f in first) < SCREEN_ROWS:
+                first.append(frame.head(SCREEN_ROWS))
+            total += frame.height
+            runs += [r for r in frame["run"].unique(maintain_order=True).to_list() if r not in runs]
+    shown = pl.concat(first).head(SCREEN_ROWS)
+    if total > shown.height:
+        notes.append(f"{total:,} segments: the first {shown.height} are shown; --format csv (or json) writes "
+                     "all of them, as the walk makes them")
+    echo(path_title(runs, "segments", selection.describe()), err=True)
+    for note in notes:
+        echo(f"note: {note}", err=True)
+    emit(shown, fmt, NARROW)
 
 
 @app.command()

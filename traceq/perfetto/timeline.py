@@ -330,34 +330,43 @@ def _place(by_key: dict[tuple[str, int], _Process], windows: pl.DataFrame, steps
 def _place_paths(con: duckdb.DuckDBPyConnection, plan: _Plan, selection: StepSelection) -> list[str]:
     """Each run's critical paths onto its processes (:attr:`_Process.path`), a segment at its own rank's
     place on the timeline; a flow joins the two segments around each jump. Returns notes."""
-    from traceq.report.critical_path import critical_path as walk
+    from traceq.report.critical_path import walking
 
     by_key = {(p.run, p.rank): p for p in plan.processes}
     flows = itertools.count(1)
     notes = []
     for run in dict.fromkeys(p.run for p in plan.processes):
-        result = walk(con, run=run, selection=selection)
-        notes.append(f"run {run}: the critical path of {result.steps.height} step(s) is on a 'critical path' track "
-                     f"of the ranks it crosses, with {result.jumps.height} arrow(s) where it jumps to the rank "
+        with walking(con, runs=[run], selection=selection) as (_, batches):
+            steps = jumps = 0
+            for batch in batches:  # a batch of steps at a time: the paths are never held whole
+                steps, jumps = steps + batch.steps.height, jumps + batch.jumps.height
+                _place_batch(batch.segments, run, by_key, flows)
+        notes.append(f"run {run}: the critical path of {steps} step(s) is on a 'critical path' track "
+                     f"of the ranks it crosses, with {jumps} arrow(s) where it jumps to the rank "
                      "another waited for")
-        for _, part in result.segments.sort("step", "order").group_by("step", maintain_order=True):
-            before: tuple[_Process, int] | None = None  # where the previous segment of the step was placed
-            for seg in part.iter_rows(named=True):
-                p = by_key.get((run, seg["rank"]))
-                if p is None or seg["trace_id"] not in p.shifts:  # a rank left out of the export
-                    before = None
-                    continue
-                flow = None
-                if before is not None and before[0] is not p:  # the path jumped: an arrow from there to here
-                    flow = next(flows)
-                    ts, dur, name, kind, args, _, into = before[0].path[before[1]]
-                    before[0].path[before[1]] = (ts, dur, name, kind, args, flow, into)
-                args = (("step", seg["step"]), ("kind", seg["kind"]), ("collective_type", seg["collective_type"]),
-                        ("process_group", seg["process_group"]), ("path_start_ns", seg["path_start_ns"]))
-                p.path.append((seg["start_ns"] + p.shifts[seg["trace_id"]], seg["dur_ns"],
-                               seg["name"] or seg["kind"].replace("_", " "), seg["kind"], args, None, flow))
-                before = (p, len(p.path) - 1)
     return notes
+
+
+def _place_batch(segments: pl.DataFrame, run: str, by_key: dict[tuple[str, int], _Process],
+                 flows: Iterator[int]) -> None:
+    """A batch's segments onto the processes of their ranks (:func:`_place_paths`)."""
+    for _, part in segments.sort("step", "order").group_by("step", maintain_order=True):
+        before: tuple[_Process, int] | None = None  # where the previous segment of the step was placed
+        for seg in part.iter_rows(named=True):
+            p = by_key.get((run, seg["rank"]))
+            if p is None or seg["trace_id"] not in p.shifts:  # a rank left out of the export
+                before = None
+                continue
+            flow = None
+            if before is not None and before[0] is not p:  # the path jumped: an arrow from there to here
+                flow = next(flows)
+                ts, dur, name, kind, args, _, into = before[0].path[before[1]]
+                before[0].path[before[1]] = (ts, dur, name, kind, args, flow, into)
+            args = (("step", seg["step"]), ("kind", seg["kind"]), ("collective_type", seg["collective_type"]),
+                    ("process_group", seg["process_group"]), ("path_start_ns", seg["path_start_ns"]))
+            p.path.append((seg["start_ns"] + p.shifts[seg["trace_id"]], seg["dur_ns"],
+                           seg["name"] or seg["kind"].replace("_", " "), seg["kind"], args, None, flow))
+            before = (p, len(p.path) - 1)
 
 
 def _clock_offset(run: str, rank: int, r: dict[str, Any]) -> ClockOffset:
