@@ -225,6 +225,59 @@ def test_the_path_tiles_the_steps_of_real_gloo_runs(gloo_run, tmp_path: Path) ->
     assert all(f != t and {f, t} == {0, 1} for f, t in result.jumps.select("from_rank", "to_rank").rows()), parallel
 
 
+def test_batches_and_dropped_timelines_change_nothing_at_real_density(corpus_db: Path) -> None:
+    """A real H200 step holds ~1,250 kernels (h200-ddp) and the merged RCCL file jumps between four ranks:
+    one step a batch and one timeline held at a time (every return to a rank reads it again) give the
+    paths, jumps and every view that the defaults give."""
+    from polars.testing import assert_frame_equal
+
+    for run in ("h200-ddp", "fused_traces"):
+        full = critical_path(corpus_db, runs=[run], selection=EVERY_STEP, segments=True)
+        small = critical_path(corpus_db, runs=[run], selection=EVERY_STEP, segments=True, batch_rows=1, held_rows=1)
+        assert full.steps.height >= 3, run
+        assert_frame_equal(full.segments, small.segments)
+        for a, b in ((full.steps, small.steps), (full.jumps, small.jumps), (full.ranks(), small.ranks()),
+                     (full.kernels(None), small.kernels(None))):
+            assert_frame_equal(a, b)
+        assert [full.sentence(s) for s in full.steps["step"]] == [small.sentence(s) for s in small.steps["step"]]
+
+
+def test_segments_stream_as_csv_and_json_and_a_table_shows_the_first_screen(corpus_db: Path) -> None:
+    """`--segments --format csv/json` writes every segment, batch by batch, the same rows as the API's; as a
+    table the first screen, and a note that says how many there are and how to get them all."""
+    import json
+
+    expected = critical_path(corpus_db, runs=["h200-ddp"], segments=True).segments.drop("instance_id", "trace_id")
+    assert expected.height > 10_000  # ~3,200 a step: a table of them all would be no answer
+    runner = CliRunner()
+    base = ["critical-path", "--db", str(corpus_db), "--run", "h200-ddp", "--segments"]
+    out = runner.invoke(app, [*base, "--format", "csv"])
+    assert out.exit_code == 0, out.output
+    got = pl.read_csv(out.stdout.encode(), schema=expected.schema)
+    assert got.equals(expected)
+    out = runner.invoke(app, [*base, "--format", "json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) == json.loads(json.dumps(expected.to_dicts()))
+    out = runner.invoke(app, base)
+    assert out.exit_code == 0, out.output
+    assert f"note: {expected.height:,} segments: the first 40 are shown; --format csv (or json) writes all" in out.stderr
+    assert out.stdout.count("h200-ddp") == 40
+
+
+def test_one_steps_option_selects_as_on_every_command(tmp_path: Path) -> None:
+    """--steps is the selection every report takes (--step is gone); a step it does not hold is an error
+    that says which steps exist."""
+    db = ingest(tmp_path, late_rank_run())
+    runner = CliRunner()
+    out = runner.invoke(app, ["critical-path", "--db", str(db), "--include-last", "--steps", "1", "--format", "csv"])
+    assert out.exit_code == 0, out.output
+    assert pl.read_csv(out.stdout.encode())["step"].to_list() == [1]
+    out = runner.invoke(app, ["critical-path", "--db", str(db), "--include-last", "--steps", "7:9"])
+    assert out.exit_code == 1 and "no step is selected (steps 7..9" in out.stderr and "steps 1..1" in out.stderr
+    out = runner.invoke(app, ["critical-path", "--db", str(db), "--step", "1"])
+    assert out.exit_code == 2 and "No such option" in out.output
+
+
 # ------------------------------------------------------------------------------------------ against the reference
 
 

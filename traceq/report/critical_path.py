@@ -21,7 +21,7 @@ import duckdb
 from traceq import query
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
-from traceq.report.path_walk import KINDS, Step, Walker
+from traceq.report.path_walk import HELD_ROWS, KINDS, Step, Walker
 from traceq.report.result import Report
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
@@ -51,10 +51,16 @@ class PathBatch:
 @contextmanager
 def walking(
     db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = None, selection: StepSelection = StepSelection(),
+    batch_rows: int = BATCH_ROWS, held_rows: int = HELD_ROWS,
 ) -> Iterator[tuple[list[str], Iterator[PathBatch]]]:
     """The critical paths of the selected steps of ``runs`` (None: every run), for the block: (notes,
     batches). The batches come in run and step order; each is walked when the iterator reaches it.
-    EmptySelection when no run keeps a step."""
+    EmptySelection when no run keeps a step.
+
+    ``batch_rows``: a batch holds as many consecutive steps as make about this many activity rows on a
+    rank (at least one step); ``held_rows``: the activity rows the walk keeps read at most (the least
+    recently walked ranks are dropped beyond it, and read again if the walk comes back). Neither changes
+    the paths, only the memory and the number of reads."""
     from traceq.report.metrics import nothing_selected, require_runs
     from traceq.report.notes import selection_notes
 
@@ -68,17 +74,17 @@ def walking(
         walked = [r for r in chosen if r in set(windows["run"].to_list())]
         with crossrank.matched(con, walked) as table:
             notes = [*crossrank.matching_notes(con, walked), *selection_notes(con, selection, chosen)]
-            yield notes, _batches(con, walked, windows, table)
+            yield notes, _batches(con, walked, windows, table, batch_rows, held_rows)
 
 
-def _batches(con: duckdb.DuckDBPyConnection, runs: list[str], windows: pl.DataFrame,
-             instances: str) -> Iterator[PathBatch]:
+def _batches(con: duckdb.DuckDBPyConnection, runs: list[str], windows: pl.DataFrame, instances: str,
+             batch_rows: int, held_rows: int) -> Iterator[PathBatch]:
     import polars as pl
 
     for run in runs:
         mine = windows.filter(pl.col("run") == run)
-        walker = Walker(con, run, instances, _islands(con, run))
-        for batch in _in_batches(con, run, mine):
+        walker = Walker(con, run, instances, _islands(con, run), held_rows)
+        for batch in _in_batches(con, run, mine, batch_rows):
             starts = list(_step_starts(run, batch))
             segments, jumps = walker.walk(_bounds(batch), starts)
             steps = pl.DataFrame(
@@ -108,15 +114,16 @@ def _islands(con: duckdb.DuckDBPyConnection, run: str) -> dict[tuple[int, int], 
             for (t, r), part in islands.partition_by("trace_id", "rank", as_dict=True).items()}
 
 
-def _in_batches(con: duckdb.DuckDBPyConnection, run: str, windows: pl.DataFrame) -> Iterator[pl.DataFrame]:
-    """The windows in batches of consecutive steps of about :data:`BATCH_ROWS` activity rows a rank."""
+def _in_batches(con: duckdb.DuckDBPyConnection, run: str, windows: pl.DataFrame, rows_per_batch: int,
+                ) -> Iterator[pl.DataFrame]:
+    """The windows in batches of consecutive steps of about ``rows_per_batch`` activity rows a rank."""
     import polars as pl
 
     rows, steps = con.execute(
         "select max(greatest(n_gpu_events, case when n_gpu_events = 0 then n_host_events else 0 end)), "
         "max(n) from traces inner join (select trace_id, count(distinct step) as n from steps group by all) "
         "using (trace_id) where run = ?", [run]).fetchall()[0]
-    size = max(1, int(BATCH_ROWS // max((rows or 0) / max(steps or 1, 1), 1)))
+    size = max(1, int(rows_per_batch // max((rows or 0) / max(steps or 1, 1), 1)))
     numbers = windows["step"].unique().sort().to_list()
     for i in range(0, len(numbers), size):
         yield windows.filter(pl.col("step").is_in(numbers[i:i + size]))
@@ -290,6 +297,7 @@ def critical_path(
     runs: Sequence[str] | None = None,
     selection: StepSelection = StepSelection(),
     segments: bool = False,
+    **sizes: int,
 ) -> CriticalPath:
     """The critical path of every selected step of ``runs`` (None: every run; README: The critical path).
 
@@ -299,13 +307,14 @@ def critical_path(
         selection: which steps (the open last step is left out by default, as everywhere).
         segments: keep every segment (:attr:`CriticalPath.segments`): memory then grows with the steps
             selected; without it only what the views need is kept.
+        sizes: ``batch_rows`` and ``held_rows`` of :func:`walking`.
     """
     import polars as pl
 
     parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("steps", "jumps", "blame", "ranks", "kernels", "kept")}
     sentences: dict[tuple[str, int], str] = {}
     longest: dict[str, tuple[float, pl.DataFrame]] = {}
-    with walking(db, runs=runs, selection=selection) as (notes, batches):
+    with walking(db, runs=runs, selection=selection, **sizes) as (notes, batches):
         for b in batches:
             summary = _summarise(b)
             for key in ("steps", "blame", "ranks", "kernels"):

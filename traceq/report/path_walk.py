@@ -213,8 +213,8 @@ class Walker:
     """The critical paths of one run's steps, a batch of steps at a time (:meth:`walk`)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run: str, instances: str,
-                 islands: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]) -> None:
-        self.con, self.run, self.instances, self.islands = con, run, instances, islands
+                 islands: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]], held_rows: int = HELD_ROWS) -> None:
+        self.con, self.run, self.instances, self.islands, self.held_rows = con, run, instances, islands, held_rows
         self.timelines: OrderedDict[TimelineKey, Timeline] = OrderedDict()
         self.pending: dict[TimelineKey, pl.DataFrame] = {}
         self.bounds: dict[int, tuple[int, int]] = {}
@@ -281,17 +281,25 @@ class Walker:
         return tl
 
     def _evict(self) -> None:
-        """Drop the least recently walked timelines (and rows not built yet) beyond :data:`HELD_ROWS`."""
-        held = sum(t.rows for t in self.timelines.values()) + sum(p.height for p in self.pending.values())
-        if held <= HELD_ROWS:
-            return
-        self.pending.clear()
-        for key in list(self.timelines)[:-1]:
-            if held <= HELD_ROWS:
+        """Beyond ``held_rows``, drop what was read of the least recently walked traces (their timelines
+        and the rows not built yet), never the trace walked now; a trace dropped is read again if the walk
+        comes back to it."""
+        rows: dict[int, int] = {}
+        for key, tl in self.timelines.items():  # least recently walked first
+            rows[key[0]] = rows.get(key[0], 0) + tl.rows
+        for key, part in self.pending.items():
+            rows[key[0]] = rows.get(key[0], 0) + part.height
+        held = sum(rows.values())
+        current = next(reversed(self.timelines))[0] if self.timelines else None
+        for trace_id in [t for t in dict.fromkeys(k[0] for k in self.timelines) if t != current] + \
+                [t for t in rows if t != current and not any(k[0] == t for k in self.timelines)]:
+            if held <= self.held_rows:
                 break
-            held -= self.timelines.pop(key).rows
-        # a trace whose timelines are gone is read again when the walk comes back
-        self.read = {t: r for t, r in self.read.items() if any(k[0] == t for k in self.timelines)}
+            held -= rows.pop(trace_id, 0)
+            for store in (self.timelines, self.pending):
+                for key in [k for k in store if k[0] == trace_id]:
+                    del store[key]
+            self.read.pop(trace_id, None)
 
     # ---------------------------------------------------------------------------------------------- the walk
 
@@ -303,13 +311,13 @@ class Walker:
         self.read.clear()
         self.timelines.clear()
         self.pending.clear()
-        pieces: list[dict[str, Any]] = []
+        pieces: list[pl.DataFrame] = []  # a frame per step: the timelines it read may be dropped after it
         jumps: list[dict[str, Any]] = []
         for step in steps:
             self._walk_step(step, pieces, jumps)
         return self._segments(pieces), _frame(jumps, JUMP_SCHEMA)
 
-    def _walk_step(self, step: Step, pieces: list[dict[str, Any]], jumps: list[dict[str, Any]]) -> None:
+    def _walk_step(self, step: Step, pieces: list[pl.DataFrame], jumps: list[dict[str, Any]]) -> None:
         import numpy as np
 
         stop = step.start_ns
@@ -359,36 +367,16 @@ class Walker:
                 t = int(starts[0])
             else:  # cannot be: run j holds [t - 1, t) and t > floor
                 raise AssertionError(f"critical path: no stretch at {t} on {key}")
-        order = 0
-        for s in reversed(stretches):
-            tl, runs = s["tl"], s["runs"]
-            n = len(runs)
-            pieces.append({
-                "run": step.run, "step": step.step, "order": np.arange(order, order + n), "trace_id": tl.key[0],
-                "rank": tl.key[1], "device": tl.key[2], "start_ns": s["start"], "end_ns": s["end"],
-                "path_start_ns": s["start"] + s["offset"], "kind": tl.run_kind[runs], "act": tl.run_act[runs],
-                "tl": tl,
-            })
-            order += n
+        pieces.append(_step_frame(step, list(reversed(stretches))))
         jumps.extend(reversed(taken))
 
-    def _segments(self, pieces: list[dict[str, Any]]) -> pl.DataFrame:
+    def _segments(self, pieces: list[pl.DataFrame]) -> pl.DataFrame:
         """The batch's segments as one frame, names looked up once (``names``)."""
-        import numpy as np
         import polars as pl
 
         if not pieces:
             return pl.DataFrame(schema=_types(SEGMENT_SCHEMA))
-        frames = []
-        for p in pieces:
-            n = len(p["order"])
-            frames.append(pl.concat([pl.DataFrame({
-                "step": np.full(n, p["step"], dtype=np.int64), "order": p["order"],
-                "rank": np.full(n, p["rank"], dtype=np.int64), "device": np.full(n, p["device"], dtype=np.int64),
-                "trace_id": np.full(n, p["trace_id"], dtype=np.int64), "start_ns": p["start_ns"],
-                "end_ns": p["end_ns"], "path_start_ns": p["path_start_ns"], "kind": p["kind"],
-            }), p["tl"].act_ext[p["act"]].select("name_id", *_ACT_COLUMNS)], how="horizontal"))
-        segments = pl.concat(frames, how="vertical_relaxed").with_columns(
+        segments = pl.concat(pieces, how="vertical_relaxed").with_columns(
             pl.lit(self.run).alias("run"), pl.col("kind").replace_strict(dict(enumerate(KINDS)), return_dtype=pl.String),
             (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
             pl.when(pl.col("instance_id") > 0).then(pl.col("instance_id")).alias("instance_id"))
@@ -415,6 +403,25 @@ class Walker:
             return jumps.drop("trace_id", "name_id").with_columns(pl.lit(None, pl.String).alias("name"))
         return (jumps.join(self._names(jumps), on=["trace_id", "name_id"], how="left")
                 .select(*[c for c in JUMP_SCHEMA if c not in ("trace_id", "name_id")], "name"))
+
+
+def _step_frame(step: Step, stretches: list[dict[str, Any]]) -> pl.DataFrame:
+    """A step's stretches (in time order) as segments, names still ids."""
+    import numpy as np
+    import polars as pl
+
+    frames, order = [], 0
+    for s in stretches:
+        tl, runs = s["tl"], s["runs"]
+        n = len(runs)
+        frames.append(pl.concat([pl.DataFrame({
+            "step": np.full(n, step.step, dtype=np.int64), "order": np.arange(order, order + n, dtype=np.int64),
+            "rank": np.full(n, tl.key[1], dtype=np.int64), "device": np.full(n, tl.key[2], dtype=np.int64),
+            "trace_id": np.full(n, tl.key[0], dtype=np.int64), "start_ns": s["start"], "end_ns": s["end"],
+            "path_start_ns": s["start"] + s["offset"], "kind": tl.run_kind[runs],
+        }), tl.act_ext[tl.run_act[runs]].select("name_id", *_ACT_COLUMNS)], how="horizontal"))
+        order += n
+    return pl.concat(frames, how="vertical_relaxed")
 
 
 def _same_piece(earlier: dict[str, Any], later: dict[str, Any]) -> bool:
@@ -462,5 +469,6 @@ def _empty(key: TimelineKey) -> Timeline:
 
     act = pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64, "wait_ns": pl.Int64, "stream": pl.Int64,
                                "launch_ns": pl.Int64, "name_order": pl.Int64, "to_trace_id": pl.Int64,
-                               "class": pl.String, "name_id": pl.Int64})
+                               "class": pl.String, "name_id": pl.Int64, "category": pl.String,
+                               "collective_type": pl.String, "process_group": pl.String, "instance_id": pl.UInt64})
     return Timeline(key, -_FAR, _FAR, act, (np.array([], np.int64), np.array([], np.int64)))
