@@ -4,24 +4,24 @@
 -- CPU-only traces, per CPU span of sql/cpu_activity.sql, of the traces and time ranges of `path_bounds`
 -- (trace_id, lo_ns, hi_ns: an event is read when it ends after lo_ns and starts before hi_ns).
 -- Columns: trace_id, rank, device (-1: none), stream (the thread on CPU), start_ns, end_ns, class (compute |
--- comm | memcpy | memset), name_id (names: the text is looked up for the segments alone), name_order (the
--- name's place in the alphabetical order of the rows read: the walk's last tie-break), category, launch_ns (the earliest runtime event of its correlation: when
--- the host launched it; null without one); communication: wait_ns (its first part, waiting for the last
+-- comm | memcpy | memset), name_id (names: the text is looked up for the segments alone), name_order (its
+-- name's place in the alphabetical order of the names read: the walk's last tie-break), category,
+-- launch_ns (the earliest runtime event of its correlation: when the host launched it; null without
+-- one); communication: wait_ns (its first part, waiting for the last
 -- peer: sql/comm_instances.sql), instance_id, collective_type, process_group, arrival (how the last to
 -- arrive was found: duration | start time, on one clock | not inferable), and where wait_ns > 0 the
 -- kernel of the same instance on the rank that arrived last (to_trace_id, to_rank, to_device,
 -- to_start_ns): the walk jumps there.
 with others as (
     select g.trace_id, g.rank, coalesce(g.device, -1) as device, g.stream, g.start_ns, g.end_ns, g.class, g.name_id,
-           g.name, g.category, g.correlation
+           g.category, g.correlation
     from gpu_classified as g
     inner join path_bounds as b on b.trace_id = g.trace_id and g.end_ns > b.lo_ns and g.start_ns < b.hi_ns
     where g.class not in ('sync', 'comm')
     union all
-    select c.trace_id, c.rank, c.device, c.tid, c.start_ns, c.end_ns, c.class, c.name_id, n.name, 'cpu op', null
+    select c.trace_id, c.rank, c.device, c.tid, c.start_ns, c.end_ns, c.class, c.name_id, 'cpu op', null
     from cpu_activity as c
     inner join path_bounds as b on b.trace_id = c.trace_id and c.end_ns > b.lo_ns and c.start_ns < b.hi_ns
-    inner join names as n on n.trace_id = c.trace_id and n.name_id = c.name_id
     where c.class <> 'comm'
 ),
 
@@ -45,9 +45,15 @@ activity as (
            null::varchar as process_group, null::varchar as arrival
     from others
     union all by name
-    select c.*, n.name, 'collective' as category, 'comm' as class
+    select c.*, 'collective' as category, 'comm' as class
     from comm as c
-    inner join names as n on n.trace_id = c.trace_id and n.name_id = c.name_id
+),
+
+-- the names' alphabetical order, sorted once per name, not once per row
+name_orders as (
+    select trace_id, name_id, dense_rank() over (order by name) as name_order
+    from names
+    semi join (select distinct trace_id, name_id from activity) as a using (trace_id, name_id)
 ),
 
 launches as (
@@ -59,8 +65,8 @@ launches as (
     group by all
 )
 
-select a.* exclude (correlation, name), dense_rank() over (order by a.name) as name_order, l.launch_ns,
-       t.to_trace_id, t.to_rank, t.to_device, t.to_start_ns
+select a.* exclude (correlation), o.name_order, l.launch_ns, t.to_trace_id, t.to_rank, t.to_device, t.to_start_ns
 from activity as a
+inner join name_orders as o using (trace_id, name_id)
 left join launches as l using (trace_id, rank, correlation)
 left join targets as t on a.wait_ns > 0 and t.instance_id = a.instance_id

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     import polars as pl
 
 VIEWS = ("steps", "segments", "ranks", "kernels")  # what CriticalPath.report shows
-# activity rows a batch of steps reads on a rank (the walk holds a few ranks' worth: path_walk.HELD_ROWS)
-BATCH_ROWS = 100_000
+# activity rows of a batch of steps, every rank's (staged in DuckDB; the walk holds a few ranks' worth in
+# Python: path_walk.HELD_ROWS)
+BATCH_ROWS = 1_000_000
 _WORK = ("compute", "comm_transfer", "memcpy", "memset")  # kinds a sentence names the kernel of
 
 
@@ -57,8 +58,8 @@ def walking(
     batches). The batches come in run and step order; each is walked when the iterator reaches it.
     EmptySelection when no run keeps a step.
 
-    ``batch_rows``: a batch holds as many consecutive steps as make about this many activity rows on a
-    rank (at least one step); ``held_rows``: the activity rows the walk keeps read at most (the least
+    ``batch_rows``: a batch holds as many consecutive steps as make about this many activity rows over
+    the run's ranks (at least one step): one statement stages them in DuckDB; ``held_rows``: the activity rows the walk keeps read at most (the least
     recently walked ranks are dropped beyond it, and read again if the walk comes back). Neither changes
     the paths, only the memory and the number of reads."""
     from traceq.report.metrics import nothing_selected, require_runs
@@ -84,14 +85,17 @@ def _batches(con: duckdb.DuckDBPyConnection, runs: list[str], windows: pl.DataFr
     for run in runs:
         mine = windows.filter(pl.col("run") == run)
         walker = Walker(con, run, instances, _islands(con, run), held_rows)
-        for batch in _in_batches(con, run, mine, batch_rows):
-            starts = list(_step_starts(run, batch))
-            segments, jumps = walker.walk(_bounds(batch), starts)
-            steps = pl.DataFrame(
-                [{"run": run, "step": s.step, "last_rank": s.key[1], "span_ms": round((s.end_ns - s.start_ns) / 1e6, 6)}
-                 for s in starts],
-                schema={"run": pl.String, "step": pl.Int64, "last_rank": pl.Int64, "span_ms": pl.Float64})
-            yield PathBatch(run, steps, segments, walker.jump_names(jumps))
+        try:
+            for batch in _in_batches(con, run, mine, batch_rows):
+                starts = list(_step_starts(run, batch))
+                segments, jumps = walker.walk(_bounds(batch), starts)
+                steps = pl.DataFrame(
+                    [{"run": run, "step": s.step, "last_rank": s.key[1],
+                      "span_ms": round((s.end_ns - s.start_ns) / 1e6, 6)} for s in starts],
+                    schema={"run": pl.String, "step": pl.Int64, "last_rank": pl.Int64, "span_ms": pl.Float64})
+                yield PathBatch(run, steps, segments, walker.jump_names(jumps))
+        finally:
+            walker.close()
 
 
 def _windows(con: duckdb.DuckDBPyConnection, runs: list[str], selection: StepSelection) -> pl.DataFrame:
@@ -116,11 +120,11 @@ def _islands(con: duckdb.DuckDBPyConnection, run: str) -> dict[tuple[int, int], 
 
 def _in_batches(con: duckdb.DuckDBPyConnection, run: str, windows: pl.DataFrame, rows_per_batch: int,
                 ) -> Iterator[pl.DataFrame]:
-    """The windows in batches of consecutive steps of about ``rows_per_batch`` activity rows a rank."""
+    """The windows in batches of consecutive steps of about ``rows_per_batch`` activity rows (every rank's)."""
     import polars as pl
 
     rows, steps = con.execute(
-        "select max(greatest(n_gpu_events, case when n_gpu_events = 0 then n_host_events else 0 end)), "
+        "select sum(greatest(n_gpu_events, case when n_gpu_events = 0 then n_host_events else 0 end)), "
         "max(n) from traces inner join (select trace_id, count(distinct step) as n from steps group by all) "
         "using (trace_id) where run = ?", [run]).fetchall()[0]
     size = max(1, int(rows_per_batch // max((rows or 0) / max(steps or 1, 1), 1)))
@@ -130,13 +134,15 @@ def _in_batches(con: duckdb.DuckDBPyConnection, run: str, windows: pl.DataFrame,
 
 
 def _bounds(batch: pl.DataFrame) -> dict[int, tuple[int, int]]:
-    """Per trace, the time range to read for a batch of windows: theirs, widened by the longest of them on
-    each side (the walk may go before a jumped-to rank's window; beyond that it reads more)."""
+    """Per trace, the time range to stage for a batch of windows: theirs, widened by twice the longest of
+    them on each side (the walk may go before a jumped-to rank's window; beyond that it reads the
+    warehouse)."""
     import polars as pl
 
     spans = batch.group_by("trace_id").agg(
         pl.col("start_ns").min(), pl.col("end_ns").max(), (pl.col("end_ns") - pl.col("start_ns")).max().alias("w"))
-    return {int(r["trace_id"]): (int(r["start_ns"] - r["w"]), int(r["end_ns"] + r["w"])) for r in spans.iter_rows(named=True)}
+    return {int(r["trace_id"]): (int(r["start_ns"] - 2 * r["w"]), int(r["end_ns"] + 2 * r["w"]))
+            for r in spans.iter_rows(named=True)}
 
 
 def _step_starts(run: str, batch: pl.DataFrame) -> Iterator[Step]:

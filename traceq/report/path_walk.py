@@ -44,6 +44,7 @@ _FAR = 2**62  # "no bound": before or after every time of a trace
 HELD_ROWS = 400_000
 
 TimelineKey = tuple[int, int, int]  # (trace_id, rank, device)
+STAGED = "traceq_path_rows"  # the temporary table of a batch's activity
 
 
 class Timeline:
@@ -217,14 +218,35 @@ class Walker:
         self.con, self.run, self.instances, self.islands, self.held_rows = con, run, instances, islands, held_rows
         self.timelines: OrderedDict[TimelineKey, Timeline] = OrderedDict()
         self.pending: dict[TimelineKey, pl.DataFrame] = {}
-        self.bounds: dict[int, tuple[int, int]] = {}
         self.read: dict[int, tuple[int, int]] = {}
-        self.reads = 0  # queries run (for the benchmark and the tests)
+        self.staged: dict[int, tuple[int, int]] = {}
+        self.window = 1  # the longest window of the batch (ns): how much a first read takes about its time
+        self.reads = 0  # reads of a trace's rows (for the benchmark and the tests)
 
     # ---------------------------------------------------------------------------------------------- reading
 
+    def _stage(self, bounds: dict[int, tuple[int, int]]) -> None:
+        """The activity of every trace of a batch over its range (sql/path_activity.sql) into a temporary
+        table, sorted by trace and time: one statement for the batch, and each rank the walk reaches is a
+        read of a few rows groups of it. DuckDB holds it within its memory limit (spilling beyond)."""
+        import polars as pl
+
+        table = pl.DataFrame({"trace_id": list(bounds), "lo_ns": [b[0] for b in bounds.values()],
+                              "hi_ns": [b[1] for b in bounds.values()]},
+                             schema={"trace_id": pl.Int64, "lo_ns": pl.Int64, "hi_ns": pl.Int64})
+        self.con.register("traceq_path_bounds", table.to_arrow())
+        try:
+            text = query.statement(self.con, "path_activity", {"path_bounds": "traceq_path_bounds",
+                                                                "comm_instances": self.instances})
+            self.con.execute(f"create or replace temp table {STAGED} as select * from ({text}) order by trace_id, start_ns",
+                             query.params_of(text, query_params()))
+        finally:
+            self.con.unregister("traceq_path_bounds")
+        self.staged = dict(bounds)
+
     def _read(self, trace_id: int, lo: int, hi: int) -> None:
-        """Read the activity of one trace over [lo, hi) (sql/path_activity.sql)."""
+        """Read the activity of one trace over [lo, hi): from the batch's staged rows where they cover it,
+        else from the warehouse (sql/path_activity.sql)."""
         import polars as pl
 
         self.reads += 1
@@ -232,16 +254,23 @@ class Walker:
         for held in (self.timelines, self.pending):
             for key in [k for k in held if k[0] == trace_id]:
                 del held[key]
-        table = pl.DataFrame({"trace_id": [trace_id], "lo_ns": [lo], "hi_ns": [hi]},
-                             schema={"trace_id": pl.Int64, "lo_ns": pl.Int64, "hi_ns": pl.Int64})
-        self.con.register("traceq_path_bounds", table.to_arrow())
-        try:
-            rows = to_polars(query.run(
-                self.con, "path_activity", query_params(),
-                bind={"path_bounds": "traceq_path_bounds", "comm_instances": self.instances},
-            ))
-        finally:
-            self.con.unregister("traceq_path_bounds")
+        staged = self.staged.get(trace_id)
+        if staged is not None and staged[0] <= lo and hi <= staged[1]:
+            rows = to_polars(self.con.table(STAGED).filter(
+                duckdb.ColumnExpression("trace_id") == duckdb.ConstantExpression(trace_id)).filter(
+                duckdb.ColumnExpression("end_ns") > duckdb.ConstantExpression(lo)).filter(
+                duckdb.ColumnExpression("start_ns") < duckdb.ConstantExpression(hi)))
+        else:
+            table = pl.DataFrame({"trace_id": [trace_id], "lo_ns": [lo], "hi_ns": [hi]},
+                                 schema={"trace_id": pl.Int64, "lo_ns": pl.Int64, "hi_ns": pl.Int64})
+            self.con.register("traceq_path_bounds", table.to_arrow())
+            try:
+                rows = to_polars(query.run(
+                    self.con, "path_activity", query_params(),
+                    bind={"path_bounds": "traceq_path_bounds", "comm_instances": self.instances},
+                ))
+            finally:
+                self.con.unregister("traceq_path_bounds")
         rows = rows.with_columns(
             pl.col("stream").fill_null(-1), pl.col("wait_ns").fill_null(0), pl.col("launch_ns").fill_null(_FAR),
             pl.col("instance_id").fill_null(0), pl.col("to_trace_id", "to_rank", "to_device", "to_start_ns").fill_null(-1),
@@ -249,11 +278,13 @@ class Walker:
         for (_, rank, device), part in rows.partition_by("trace_id", "rank", "device", as_dict=True).items():
             self.pending[(trace_id, int(rank), int(device))] = part
 
+    def close(self) -> None:
+        """Drop the staged rows."""
+        self.con.execute(f"drop table if exists {STAGED}")
+
     def _build(self, key: TimelineKey) -> Timeline | None:
         import numpy as np
 
-        if key[0] not in self.read:
-            self._read(key[0], *self.bounds.get(key[0], (-_FAR, _FAR)))
         part = self.pending.pop(key, None)
         if part is None:
             return None
@@ -263,22 +294,45 @@ class Walker:
         return self.timelines[key]
 
     def timeline(self, key: TimelineKey, t: int) -> Timeline:
-        """The timeline ``key`` where the walk is at ``t``: read first for the batch's range, then over a
-        range widened around ``t`` (twice, then the whole trace) where that read cannot tell."""
-        tl = self.timelines.get(key) or self._build(key)
-        widened = 0
-        while (tl is None or not tl.covers(t)) and self.read[key[0]] != (-_FAR, _FAR):
-            lo, hi = self.read[key[0]]
-            span = min(max(hi - lo, 1), _FAR)
-            widened += 1
-            wide = (max(min(lo, t - 2 * span), -_FAR), min(max(hi, t + span), _FAR)) if widened <= 2 else (-_FAR, _FAR)
-            self._read(key[0], *wide)
+        """The timeline ``key`` where the walk is at ``t``: its rows about ``t`` (two windows before it, one
+        after), read again over a wider range (back or forward, doubling) where they cannot tell, at last
+        over the whole trace."""
+        tl = self.timelines.get(key)
+        if tl is None and key[0] in self.read:
+            tl = self._build(key)
+        tries = 0
+        while (tl is None or not tl.covers(t)) and self.read.get(key[0]) != (-_FAR, _FAR):
+            tries += 1
+            self._read(key[0], *self._range(key[0], t, tl, tries))
             tl = self._build(key)
         tl = tl or _empty(key)
         self.timelines[key] = tl
         self.timelines.move_to_end(key)
         self._evict()
         return tl
+
+    def _range(self, trace_id: int, t: int, tl: Timeline | None, tries: int) -> tuple[int, int]:
+        """What to read of ``trace_id`` for the walk at ``t``: a range about ``t`` first; then earlier where
+        ``t`` is before what was read (the walk goes back in time within a step), later where it is after
+        (the next steps), both where the rank held nothing there; the whole trace after a few tries."""
+        w = self.window
+        read = self.read.get(trace_id)
+        if read is None:
+            lo, hi = t - 2 * w, t + w
+        elif tries > 6:
+            return -_FAR, _FAR
+        else:
+            lo, hi = read
+            span = max(hi - lo, 3 * w)
+            if tl is None:
+                lo, hi = lo - span, hi + span
+            elif t <= tl.lo_safe:
+                lo = t - 2 * span
+            elif t - 2 * w > hi:  # far after: what was read is behind the walk for good
+                lo, hi = t - 2 * w, t + w
+            else:
+                lo, hi = max(lo, t - 2 * w), max(hi, t) + span
+        return max(lo, -_FAR), min(hi, _FAR)
 
     def _evict(self) -> None:
         """Beyond ``held_rows``, drop what was read of the least recently walked traces (their timelines
@@ -307,10 +361,11 @@ class Walker:
         """The paths of a batch of steps: (segments, jumps) as frames (README: The critical path).
         ``bounds``: per trace, the time range to read first ({trace_id: (lo, hi)}); a trace is read when
         the walk first reaches it (most ranks of a large run never are)."""
-        self.bounds = dict(bounds)
+        self.window = max([s.end_ns - s.start_ns for s in steps] + [1])
         self.read.clear()
         self.timelines.clear()
         self.pending.clear()
+        self._stage(bounds)
         pieces: list[pl.DataFrame] = []  # a frame per step: the timelines it read may be dropped after it
         jumps: list[dict[str, Any]] = []
         for step in steps:
