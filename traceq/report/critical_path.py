@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     import polars as pl
 
 VIEWS = ("steps", "segments", "ranks", "kernels")  # what CriticalPath.report shows
-# activity rows of a batch of steps, every rank's (staged in DuckDB; the walk holds a few ranks' worth in
-# Python: path_walk.HELD_ROWS)
-BATCH_ROWS = 1_000_000
+# a batch holds 1/BATCH_PARTS of the rows the walk may hold (held_rows): a rank the walk reaches is read
+# over the batch once, and that many ranks' batches fit before the least recently walked is dropped
+BATCH_PARTS = 16
 _WORK = ("compute", "comm_transfer", "memcpy", "memset")  # kinds a sentence names the kernel of
 
 
@@ -52,19 +52,22 @@ class PathBatch:
 @contextmanager
 def walking(
     db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = None, selection: StepSelection = StepSelection(),
-    batch_rows: int = BATCH_ROWS, held_rows: int = HELD_ROWS,
+    batch_rows: int | None = None, held_rows: int | None = None,
 ) -> Iterator[tuple[list[str], Iterator[PathBatch]]]:
     """The critical paths of the selected steps of ``runs`` (None: every run), for the block: (notes,
     batches). The batches come in run and step order; each is walked when the iterator reaches it.
     EmptySelection when no run keeps a step.
 
-    ``batch_rows``: a batch holds as many consecutive steps as make about this many activity rows over
-    the run's ranks (at least one step): one statement stages them in DuckDB; ``held_rows``: the activity rows the walk keeps read at most (the least
-    recently walked ranks are dropped beyond it, and read again if the walk comes back). Neither changes
-    the paths, only the memory and the number of reads."""
+    ``held_rows``: the activity rows the walk holds at most (default: :func:`held_rows`; the least
+    recently walked ranks are dropped beyond it, and read again if the walk comes back); ``batch_rows``:
+    a batch holds as many consecutive steps as make about this many activity rows on a rank (at least
+    one step; default: held_rows / :data:`BATCH_PARTS`): a rank the walk reaches is read over the batch
+    in one statement. Neither changes the paths, only the memory and the number of reads."""
     from traceq.report.metrics import nothing_selected, require_runs
     from traceq.report.notes import selection_notes
 
+    held_rows = held_rows or default_held_rows()
+    batch_rows = batch_rows or max(held_rows // BATCH_PARTS, 1)
     with opened(db) as con:
         require_runs(con, runs)
         held = [r for (r,) in con.execute("select distinct run from traces order by run").fetchall()]
@@ -78,6 +81,25 @@ def walking(
             yield notes, _batches(con, walked, windows, table, batch_rows, held_rows)
 
 
+def default_held_rows() -> int:
+    """The activity rows the walk holds at most: :data:`~traceq.report.path_walk.HELD_ROWS`, fewer under a
+    lower TRACEQ_MEMORY_LIMIT (a held row costs about 330 bytes; the walk takes an eighth of the limit,
+    DuckDB and the rest of the process the remainder)."""
+    from traceq.store.warehouse import report_memory_limit
+
+    return max(min(HELD_ROWS, _bytes(report_memory_limit()) // 8 // 330), 10_000)
+
+
+def _bytes(size: str) -> int:
+    """'2GB', '512MB', '1.5GiB' as bytes."""
+    import re
+
+    number, unit = re.fullmatch(r"\s*([\d.]+)\s*([A-Za-z]*)\s*", size).groups()
+    scale = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+             "gib": 2**30, "tib": 2**40}.get(unit.lower(), 10**9)
+    return int(float(number) * scale)
+
+
 def _batches(con: duckdb.DuckDBPyConnection, runs: list[str], windows: pl.DataFrame, instances: str,
              batch_rows: int, held_rows: int) -> Iterator[PathBatch]:
     import polars as pl
@@ -85,17 +107,14 @@ def _batches(con: duckdb.DuckDBPyConnection, runs: list[str], windows: pl.DataFr
     for run in runs:
         mine = windows.filter(pl.col("run") == run)
         walker = Walker(con, run, instances, _islands(con, run), held_rows)
-        try:
-            for batch in _in_batches(con, run, mine, batch_rows):
-                starts = list(_step_starts(run, batch))
-                segments, jumps = walker.walk(_bounds(batch), starts)
-                steps = pl.DataFrame(
-                    [{"run": run, "step": s.step, "last_rank": s.key[1],
-                      "span_ms": round((s.end_ns - s.start_ns) / 1e6, 6)} for s in starts],
-                    schema={"run": pl.String, "step": pl.Int64, "last_rank": pl.Int64, "span_ms": pl.Float64})
-                yield PathBatch(run, steps, segments, walker.jump_names(jumps))
-        finally:
-            walker.close()
+        for batch in _in_batches(con, run, mine, batch_rows):
+            starts = list(_step_starts(run, batch))
+            segments, jumps = walker.walk(_bounds(batch), starts)
+            steps = pl.DataFrame(
+                [{"run": run, "step": s.step, "last_rank": s.key[1], "span_ms": round((s.end_ns - s.start_ns) / 1e6, 6)}
+                 for s in starts],
+                schema={"run": pl.String, "step": pl.Int64, "last_rank": pl.Int64, "span_ms": pl.Float64})
+            yield PathBatch(run, steps, segments, walker.jump_names(jumps))
 
 
 def _windows(con: duckdb.DuckDBPyConnection, runs: list[str], selection: StepSelection) -> pl.DataFrame:
@@ -120,11 +139,11 @@ def _islands(con: duckdb.DuckDBPyConnection, run: str) -> dict[tuple[int, int], 
 
 def _in_batches(con: duckdb.DuckDBPyConnection, run: str, windows: pl.DataFrame, rows_per_batch: int,
                 ) -> Iterator[pl.DataFrame]:
-    """The windows in batches of consecutive steps of about ``rows_per_batch`` activity rows (every rank's)."""
+    """The windows in batches of consecutive steps of about ``rows_per_batch`` activity rows a rank."""
     import polars as pl
 
     rows, steps = con.execute(
-        "select sum(greatest(n_gpu_events, case when n_gpu_events = 0 then n_host_events else 0 end)), "
+        "select max(greatest(n_gpu_events, case when n_gpu_events = 0 then n_host_events else 0 end)), "
         "max(n) from traces inner join (select trace_id, count(distinct step) as n from steps group by all) "
         "using (trace_id) where run = ?", [run]).fetchall()[0]
     size = max(1, int(rows_per_batch // max((rows or 0) / max(steps or 1, 1), 1)))

@@ -41,10 +41,9 @@ _PRIORITY = (0, 1, 2, 3, 3)  # a piece's priority by kind (lower wins)
 _CLASS_KIND = {"compute": COMPUTE, "memcpy": MEMCPY, "memset": MEMSET}
 _FAR = 2**62  # "no bound": before or after every time of a trace
 # activity rows the walk holds at most (timelines and rows read but not built yet), beyond the one walked
-HELD_ROWS = 400_000
+HELD_ROWS = 1_000_000
 
 TimelineKey = tuple[int, int, int]  # (trace_id, rank, device)
-STAGED = "traceq_path_rows"  # the temporary table of a batch's activity
 
 
 class Timeline:
@@ -219,34 +218,38 @@ class Walker:
         self.timelines: OrderedDict[TimelineKey, Timeline] = OrderedDict()
         self.pending: dict[TimelineKey, pl.DataFrame] = {}
         self.read: dict[int, tuple[int, int]] = {}
-        self.staged: dict[int, tuple[int, int]] = {}
+        self.batch_bounds: dict[int, tuple[int, int]] = {}  # per trace, the range of the batch's steps
+        self.sources: dict[int, pl.DataFrame] = {}  # per trace reached, its rows over that range
+        self.queries = 0  # statements run on the warehouse (for the benchmark and the tests)
         self.window = 1  # the longest window of the batch (ns): how much a first read takes about its time
         self.reads = 0  # reads of a trace's rows (for the benchmark and the tests)
 
     # ---------------------------------------------------------------------------------------------- reading
 
-    def _stage(self, bounds: dict[int, tuple[int, int]]) -> None:
-        """The activity of every trace of a batch over its range (sql/path_activity.sql) into a temporary
-        table, sorted by trace and time: one statement for the batch, and each rank the walk reaches is a
-        read of a few rows groups of it. DuckDB holds it within its memory limit (spilling beyond)."""
+    def _query(self, trace_id: int, lo: int, hi: int) -> pl.DataFrame:
+        """The activity of one trace over [lo, hi) from the warehouse (sql/path_activity.sql), by start."""
         import polars as pl
 
-        table = pl.DataFrame({"trace_id": list(bounds), "lo_ns": [b[0] for b in bounds.values()],
-                              "hi_ns": [b[1] for b in bounds.values()]},
+        self.queries += 1
+        table = pl.DataFrame({"trace_id": [trace_id], "lo_ns": [lo], "hi_ns": [hi]},
                              schema={"trace_id": pl.Int64, "lo_ns": pl.Int64, "hi_ns": pl.Int64})
         self.con.register("traceq_path_bounds", table.to_arrow())
         try:
-            text = query.statement(self.con, "path_activity", {"path_bounds": "traceq_path_bounds",
-                                                                "comm_instances": self.instances})
-            self.con.execute(f"create or replace temp table {STAGED} as select * from ({text}) order by trace_id, start_ns",
-                             query.params_of(text, query_params()))
+            rows = to_polars(query.run(
+                self.con, "path_activity", query_params(),
+                bind={"path_bounds": "traceq_path_bounds", "comm_instances": self.instances},
+            ))
         finally:
             self.con.unregister("traceq_path_bounds")
-        self.staged = dict(bounds)
+        return rows.with_columns(
+            pl.col("stream").fill_null(-1), pl.col("wait_ns").fill_null(0), pl.col("launch_ns").fill_null(_FAR),
+            pl.col("instance_id").fill_null(0), pl.col("to_trace_id", "to_rank", "to_device", "to_start_ns").fill_null(-1),
+        ).sort("start_ns")
 
     def _read(self, trace_id: int, lo: int, hi: int) -> None:
-        """Read the activity of one trace over [lo, hi): from the batch's staged rows where they cover it,
-        else from the warehouse (sql/path_activity.sql)."""
+        """The activity of one trace over [lo, hi), as rows to build its timelines from: out of the rows of
+        the trace over the batch's range (read from the warehouse the first time the walk reaches the
+        trace in the batch), or from the warehouse where [lo, hi) reaches beyond that range."""
         import polars as pl
 
         self.reads += 1
@@ -254,33 +257,15 @@ class Walker:
         for held in (self.timelines, self.pending):
             for key in [k for k in held if k[0] == trace_id]:
                 del held[key]
-        staged = self.staged.get(trace_id)
-        if staged is not None and staged[0] <= lo and hi <= staged[1]:
-            rows = to_polars(self.con.table(STAGED).filter(
-                duckdb.ColumnExpression("trace_id") == duckdb.ConstantExpression(trace_id)).filter(
-                duckdb.ColumnExpression("end_ns") > duckdb.ConstantExpression(lo)).filter(
-                duckdb.ColumnExpression("start_ns") < duckdb.ConstantExpression(hi)))
+        batch = self.batch_bounds.get(trace_id)
+        if batch is not None and batch[0] <= lo and hi <= batch[1]:
+            if trace_id not in self.sources:
+                self.sources[trace_id] = self._query(trace_id, *batch)
+            rows = self.sources[trace_id].filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
         else:
-            table = pl.DataFrame({"trace_id": [trace_id], "lo_ns": [lo], "hi_ns": [hi]},
-                                 schema={"trace_id": pl.Int64, "lo_ns": pl.Int64, "hi_ns": pl.Int64})
-            self.con.register("traceq_path_bounds", table.to_arrow())
-            try:
-                rows = to_polars(query.run(
-                    self.con, "path_activity", query_params(),
-                    bind={"path_bounds": "traceq_path_bounds", "comm_instances": self.instances},
-                ))
-            finally:
-                self.con.unregister("traceq_path_bounds")
-        rows = rows.with_columns(
-            pl.col("stream").fill_null(-1), pl.col("wait_ns").fill_null(0), pl.col("launch_ns").fill_null(_FAR),
-            pl.col("instance_id").fill_null(0), pl.col("to_trace_id", "to_rank", "to_device", "to_start_ns").fill_null(-1),
-        )
+            rows = self._query(trace_id, lo, hi)
         for (_, rank, device), part in rows.partition_by("trace_id", "rank", "device", as_dict=True).items():
             self.pending[(trace_id, int(rank), int(device))] = part
-
-    def close(self) -> None:
-        """Drop the staged rows."""
-        self.con.execute(f"drop table if exists {STAGED}")
 
     def _build(self, key: TimelineKey) -> Timeline | None:
         import numpy as np
@@ -335,24 +320,30 @@ class Walker:
         return max(lo, -_FAR), min(hi, _FAR)
 
     def _evict(self) -> None:
-        """Beyond ``held_rows``, drop what was read of the least recently walked traces (their timelines
-        and the rows not built yet), never the trace walked now; a trace dropped is read again if the walk
-        comes back to it."""
+        """Beyond ``held_rows``, drop all that is held of the least recently walked traces (their rows over
+        the batch, timelines, rows not built yet), never the trace walked now; a trace dropped is read again
+        if the walk comes back to it."""
         rows: dict[int, int] = {}
-        for key, tl in self.timelines.items():  # least recently walked first
-            rows[key[0]] = rows.get(key[0], 0) + tl.rows
-        for key, part in self.pending.items():
-            rows[key[0]] = rows.get(key[0], 0) + part.height
+        for store in (self.timelines, self.pending):
+            for key, held in store.items():
+                rows[key[0]] = rows.get(key[0], 0) + (held.rows if isinstance(held, Timeline) else held.height)
+        for trace_id, source in self.sources.items():
+            rows[trace_id] = rows.get(trace_id, 0) + source.height
         held = sum(rows.values())
-        current = next(reversed(self.timelines))[0] if self.timelines else None
-        for trace_id in [t for t in dict.fromkeys(k[0] for k in self.timelines) if t != current] + \
-                [t for t in rows if t != current and not any(k[0] == t for k in self.timelines)]:
+        if held <= self.held_rows:
+            return
+        current = next(reversed(self.timelines))[0]
+        recent = list(dict.fromkeys(k[0] for k in reversed(self.timelines)))  # most recently walked first
+        for trace_id in [t for t in rows if t not in recent] + recent[:0:-1]:
             if held <= self.held_rows:
                 break
-            held -= rows.pop(trace_id, 0)
+            if trace_id == current:
+                continue
+            held -= rows.pop(trace_id)
             for store in (self.timelines, self.pending):
                 for key in [k for k in store if k[0] == trace_id]:
                     del store[key]
+            self.sources.pop(trace_id, None)
             self.read.pop(trace_id, None)
 
     # ---------------------------------------------------------------------------------------------- the walk
@@ -362,10 +353,11 @@ class Walker:
         ``bounds``: per trace, the time range to read first ({trace_id: (lo, hi)}); a trace is read when
         the walk first reaches it (most ranks of a large run never are)."""
         self.window = max([s.end_ns - s.start_ns for s in steps] + [1])
+        self.batch_bounds = dict(bounds)
         self.read.clear()
         self.timelines.clear()
         self.pending.clear()
-        self._stage(bounds)
+        self.sources.clear()
         pieces: list[pl.DataFrame] = []  # a frame per step: the timelines it read may be dropped after it
         jumps: list[dict[str, Any]] = []
         for step in steps:
