@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -306,10 +308,11 @@ def critical_path(
 
     if sum((segments, ranks, kernels)) > 1:
         raise ConfigError("give one of --segments, --ranks and --kernels")
-    if segments and html is None:
-        _stream_segments(db, run, selection, fmt)
-        return
-    result = compute(db, runs=run, selection=selection, segments=segments)
+    with steps_walked() as progress:
+        if segments and html is None:
+            _stream_segments(db, run, selection, fmt, progress)
+            return
+        result = compute(db, runs=run, selection=selection, segments=segments, progress=progress)
     drawn = write_critical_path_html(str(html), result) if html is not None else None
     show(result.report("segments" if segments else "ranks" if ranks else "kernels" if kernels else "steps", top), fmt)
     if drawn is not None:
@@ -319,14 +322,27 @@ def critical_path(
 SCREEN_ROWS = 40  # segments a table shows (the rest: --format csv or json)
 
 
-def _stream_segments(db: Path, run: list[str] | None, selection: Any, fmt: Format) -> None:
+@contextmanager
+def steps_walked() -> Iterator[Callable[[int, int], None]]:
+    """A progress bar of the steps walked, on stderr where it is a terminal, gone when the block ends."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("critical path"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+                  TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("walk", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def _stream_segments(db: Path, run: list[str] | None, selection: Any, fmt: Format,
+                     progress: Callable[[int, int], None]) -> None:
     """``critical-path --segments``: every segment as CSV or JSON, batch by batch as the walk makes them;
     as a table the first screen, and how many there are."""
     import polars as pl
 
     from traceq.report.critical_path import NARROW, path_title, walking
 
-    with walking(db, runs=run, selection=selection) as (notes, batches):
+    with walking(db, runs=run, selection=selection, progress=progress) as (notes, batches):
         frames = (b.segments.drop("instance_id", "trace_id") for b in batches)
         if fmt is not Format.table:
             for note in notes:

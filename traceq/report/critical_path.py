@@ -11,7 +11,7 @@ memory does not grow with the steps or ranks selected. :func:`write_critical_pat
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -52,7 +52,7 @@ class PathBatch:
 @contextmanager
 def walking(
     db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = None, selection: StepSelection = StepSelection(),
-    batch_rows: int | None = None, held_rows: int | None = None,
+    batch_rows: int | None = None, held_rows: int | None = None, progress: Callable[[int, int], None] | None = None,
 ) -> Iterator[tuple[list[str], Iterator[PathBatch]]]:
     """The critical paths of the selected steps of ``runs`` (None: every run), for the block: (notes,
     batches). The batches come in run and step order; each is walked when the iterator reaches it.
@@ -62,7 +62,8 @@ def walking(
     recently walked ranks are dropped beyond it, and read again if the walk comes back); ``batch_rows``:
     a batch holds as many consecutive steps as make about this many activity rows on a rank (at least
     one step; default: held_rows / :data:`BATCH_PARTS`): a rank the walk reaches is read over the batch
-    in one statement. Neither changes the paths, only the memory and the number of reads."""
+    in one statement. Neither changes the paths, only the memory and the number of reads. ``progress``:
+    called after each batch with (steps walked, steps selected)."""
     from traceq.report.metrics import nothing_selected, require_runs
     from traceq.report.notes import selection_notes
 
@@ -78,7 +79,7 @@ def walking(
         walked = [r for r in chosen if r in set(windows["run"].to_list())]
         with crossrank.matched(con, walked) as table:
             notes = [*crossrank.matching_notes(con, walked), *selection_notes(con, selection, chosen)]
-            yield notes, _batches(con, walked, windows, table, batch_rows, held_rows)
+            yield notes, _batches(con, walked, windows, table, batch_rows, held_rows, progress)
 
 
 def default_held_rows() -> int:
@@ -101,8 +102,10 @@ def _bytes(size: str) -> int:
 
 
 def _batches(con: duckdb.DuckDBPyConnection, runs: list[str], windows: pl.DataFrame, instances: str,
-             batch_rows: int, held_rows: int) -> Iterator[PathBatch]:
+             batch_rows: int, held_rows: int, progress: Callable[[int, int], None] | None) -> Iterator[PathBatch]:
     import polars as pl
+
+    total, done = windows.select("run", "step").n_unique(), 0
 
     for run in runs:
         mine = windows.filter(pl.col("run") == run)
@@ -114,6 +117,9 @@ def _batches(con: duckdb.DuckDBPyConnection, runs: list[str], windows: pl.DataFr
                 [{"run": run, "step": s.step, "last_rank": s.key[1], "span_ms": round((s.end_ns - s.start_ns) / 1e6, 6)}
                  for s in starts],
                 schema={"run": pl.String, "step": pl.Int64, "last_rank": pl.Int64, "span_ms": pl.Float64})
+            done += steps.height
+            if progress is not None:
+                progress(done, total)
             yield PathBatch(run, steps, segments, walker.jump_names(jumps))
 
 
@@ -322,6 +328,7 @@ def critical_path(
     runs: Sequence[str] | None = None,
     selection: StepSelection = StepSelection(),
     segments: bool = False,
+    progress: Callable[[int, int], None] | None = None,
     **sizes: int,
 ) -> CriticalPath:
     """The critical path of every selected step of ``runs`` (None: every run; README: The critical path).
@@ -332,6 +339,7 @@ def critical_path(
         selection: which steps (the open last step is left out by default, as everywhere).
         segments: keep every segment (:attr:`CriticalPath.segments`): memory then grows with the steps
             selected; without it only what the views need is kept.
+        progress: called after each batch of steps with (steps walked, steps selected).
         sizes: ``batch_rows`` and ``held_rows`` of :func:`walking`.
     """
     import polars as pl
@@ -339,7 +347,7 @@ def critical_path(
     parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("steps", "jumps", "blame", "ranks", "kernels", "kept")}
     sentences: dict[tuple[str, int], str] = {}
     longest: dict[str, tuple[float, pl.DataFrame]] = {}
-    with walking(db, runs=runs, selection=selection, **sizes) as (notes, batches):
+    with walking(db, runs=runs, selection=selection, progress=progress, **sizes) as (notes, batches):
         for b in batches:
             summary = _summarise(b)
             for key in ("steps", "blame", "ranks", "kernels"):
