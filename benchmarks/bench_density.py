@@ -23,13 +23,14 @@ time on the path (``top_rank``) is the step's late rank of ``truth.json``, and t
 step: in ``order``, each starts (``path_start_ns``) where the one before ended, none is empty or negative,
 and their ``dur_ns`` sum to the step's ``span_ms``. Exits 1 if a step fails (or a command failed).
 
-``--big``: 2048 ranks x 3 steps, every 8th template device event kept (~160 kernels + 25 collectives a
-rank-step, ~2,100 ranks-steps' worth of the full density's events, about a sixth of 64 x 50's JSON),
-ingest once, every other command once. Chosen for this 2-core, 24 GB machine: the full density would be
-~7.8 GB of JSON per step at 2048 ranks (ingest alone ~2 minutes a step here); 3 steps keep 2 whole steps
-after the open last one for the path and the check; the sparser step keeps the step's length, its 25
-collectives per rank (51,200 matched collective kernels a step, the part of the path that grows with
-ranks) and its kernels' real names. Results: the table on stdout, all figures in
+``--big``: 2048 ranks x 6 steps, every 4th template device event kept (~310 kernels + 25 collectives a
+rank-step; ~11 M events, 4.2 GB of JSON: as many events as 64 ranks x 50 steps at full density), ingest
+once, every other command once. Chosen for this 2-core, 24 GB machine: at full density one step of 2048
+ranks is ~2.5 GB of JSON, so 50 steps would be ~125 GB (~2 hours of ingest here); 6 steps keep 5 whole
+steps after the open last one for the path and the check; the sparser step keeps the step's length, its
+25 collectives per rank (51,200 matched collective kernels a step: the part of the path's work that grows
+with ranks) and its kernels' real names. (2048 x 3 steps x every 8th event, 1.2 GB, ran in 90 s here.)
+Results: the table on stdout, all figures in
 ``benchmarks/out/bench_density_<time>.json``.
 """
 
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, nargs="*", default=[1, 8, 64])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--keep-every", type=int, default=1, help="density: keep every k-th template device event")
-    ap.add_argument("--big", action="store_true", help="2048 ranks x 3 steps, --keep-every 8 (instead of --ranks)")
+    ap.add_argument("--big", action="store_true", help="2048 ranks x 6 steps, --keep-every 4 (instead of --ranks)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ingest-repeats", type=int, help="default: --repeats, 1 from 64 ranks up")
     ap.add_argument("--only", nargs="*", choices=COMMANDS, default=list(COMMANDS))
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmp", type=Path, default=OUT / "density_db", help="where the warehouses go")
     args = ap.parse_args(argv)
     args.tmp.mkdir(parents=True, exist_ok=True)
-    runs = [(2048, 3, 8)] if args.big else [(r, args.steps, args.keep_every) for r in args.ranks]
+    runs = [(2048, 6, 4)] if args.big else [(r, args.steps, args.keep_every) for r in args.ranks]
     results = {"cores": os.cpu_count(), "loadavg_start": os.getloadavg(), "timeout_s": args.timeout, "runs": []}
     for ranks, steps, keep in runs:
         results["runs"].append(bench_run(ranks, steps, keep, args))
