@@ -41,6 +41,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -242,8 +243,11 @@ def bench_run(ranks: int, steps: int, keep_every: int, args) -> dict:
         got["stdout_lines"] = got["stdout"].count("\n")
         got["stdout_head"] = got["stdout"][:300]
         del got["stdout"]
+    pftrace = work / "density.pftrace"
+    if pftrace.exists():
+        result["pftrace_mb"] = round(pftrace.stat().st_size / 1e6, 1)
     if not args.keep_db:
-        fresh(0)
+        shutil.rmtree(work, ignore_errors=True)
     return result
 
 
@@ -277,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=600, help="seconds a command may run")
     ap.add_argument("--max-rss-gb", type=float, default=12.0, help="kill a command whose tree RSS passes this")
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--keep-db", action="store_true", help="keep each run's warehouse (printed)")
+    ap.add_argument("--keep-db", action="store_true", help="keep each run's warehouse and Perfetto file (under --tmp)")
     ap.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1), help="for building the runs")
     ap.add_argument("--seed", type=int, default=48)
     ap.add_argument("--tmp", type=Path, default=OUT / "density_db", help="where the warehouses go")
