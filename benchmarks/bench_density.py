@@ -7,10 +7,11 @@ late rank of every step.
     python benchmarks/bench_density.py --ranks 8 --only critical-path critical-path-segments
     python benchmarks/bench_density.py --big                            # 2048 ranks, sparser (below)
 
-Per run (built, or reused when its ``truth.json`` says the same ranks, steps, density and seed): a fresh
+Per run (built, or reused when its ``.truth.json`` says the same ranks, steps, density and seed): a fresh
 warehouse per ingest repeat (the last one kept), then on it ``traceq report --metric exposed_comm``,
 ``summary``, ``stragglers``, ``critical-path`` (every selected step, csv), ``critical-path --segments``
-(csv) and ``export --perfetto``. Each command: wall seconds, CPU seconds (user + sys of the process tree)
+(csv) and ``export --perfetto``; then ``critical-path`` over the first 5 and 25 steps (``--steps 2:6``,
+``2:26``: its memory does not grow with the steps) and under ``TRACEQ_MEMORY_LIMIT=1GB``. Each command: wall seconds, CPU seconds (user + sys of the process tree)
 and peak RSS of the tree (sampled every 50 ms by ``proc_measure.py``, at least ``ru_maxrss``), medians
 of ``--repeats`` (peaks: the largest), each also as a ratio to ``traceq report`` on the same warehouse.
 Ingest runs ``--ingest-repeats`` times (default: ``--repeats``, 1 from 64 ranks up). A command is run
@@ -19,7 +20,7 @@ under ``timeout --timeout`` and a watchdog that kills it (by pid) when the tree'
 
 Check (``--no-check`` skips it): from ``critical-path --format csv`` and ``--segments --format csv``, in
 every step reported (the open last step is left out, as traceq does by default) the rank with the most
-time on the path (``top_rank``) is the step's late rank of ``truth.json``, and the segments tile the
+time on the path (``top_rank``) is the step's late rank of its ``.truth.json``, and the segments tile the
 step: in ``order``, each starts (``path_start_ns``) where the one before ended, none is empty or negative,
 and their ``dur_ns`` sum to the step's ``span_ms``. Exits 1 if a step fails (or a command failed).
 
@@ -58,8 +59,16 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out"
 PY = sys.executable
 TRACEQ = str(Path(PY).with_name("traceq"))
-COMMANDS = ("ingest", "report", "summary", "stragglers", "critical-path", "critical-path-segments", "export-perfetto")
+COMMANDS = ("ingest", "report", "summary", "stragglers", "critical-path", "critical-path-segments", "export-perfetto",
+            "critical-path-5-steps", "critical-path-25-steps", "critical-path-1GB")
 SAMPLE_S = 0.05
+
+
+def _command(name: str, db: Path, tmp: Path) -> list[str]:
+    """The command line of a command other than ingest, on warehouse ``db``."""
+    if name == "critical-path-1GB":  # TRACEQ_MEMORY_LIMIT honoured: the walk holds less beside DuckDB's 1 GB
+        return ["env", "TRACEQ_MEMORY_LIMIT=1GB", TRACEQ, *_args("critical-path", db, tmp)]
+    return [TRACEQ, *_args(name, db, tmp)]
 
 
 def _args(name: str, db: Path, tmp: Path) -> list[str]:
@@ -70,6 +79,9 @@ def _args(name: str, db: Path, tmp: Path) -> list[str]:
         "stragglers": ["stragglers", "--format", "csv"],
         "critical-path": ["critical-path", "--format", "csv"],
         "critical-path-segments": ["critical-path", "--segments", "--format", "csv"],
+        # memory flat in steps: the first 5 and 25 steps against every step (critical-path)
+        "critical-path-5-steps": ["critical-path", "--steps", "2:6", "--format", "csv"],
+        "critical-path-25-steps": ["critical-path", "--steps", "2:26", "--format", "csv"],
         "export-perfetto": ["export", "--perfetto", str(tmp / "density.pftrace"), "--overwrite"],
     }[name] + ["--db", str(db)]
 
@@ -136,7 +148,7 @@ def repeated(make_cmd, repeats: int, timeout_s: int, max_rss_gb: float, cleanup=
 def ensure_run(ranks: int, steps: int, keep_every: int, seed: int, processes: int) -> tuple[Path, dict, bool]:
     """The run's folder and truth (built unless one with the same parameters is there); built or not."""
     out = make_density.default_out(ranks, steps, keep_every)
-    truth_path = out / "truth.json"
+    truth_path = make_density.truth_path(out)
     if truth_path.exists():
         truth = json.loads(truth_path.read_text())
         same = (truth.get("ranks"), truth.get("steps"), truth.get("keep_every"), truth.get("seed")) == \
@@ -219,7 +231,7 @@ def bench_run(ranks: int, steps: int, keep_every: int, args) -> dict:
         if name == "ingest":
             continue
         reps = 1 if ranks >= 2048 else args.repeats
-        got = repeated(lambda i, n=name: [TRACEQ, *_args(n, db, work)], reps, args.timeout, args.max_rss_gb)
+        got = repeated(lambda i, n=name: _command(n, db, work), reps, args.timeout, args.max_rss_gb)
         result["commands"][name] = got
         _line(name, got)
     cmds = result["commands"]

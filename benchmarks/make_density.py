@@ -50,7 +50,8 @@ every step (no warm-up) and names the run after the folder or --name.
 ``--keep-every k`` keeps every k-th template device event (with its launch; positions and durations
 unchanged, so the step is as long, only sparser): for runs too large at full density (2048 ranks).
 
-Writes ``OUT/rank{r}.trace.json.gz`` (gzip level 1) and ``OUT/truth.json``: the late rank of every step,
+Writes ``OUT/rank{r}.trace.json.gz`` (gzip level 1) and ``OUT.truth.json`` beside the folder (so that
+``traceq ingest OUT`` reads the traces alone): the late rank of every step,
 each rank's clock offset, device events and kernels per rank-step, the collectives, sizes and times.
 Memory: one step of one rank at a time per process (plus the plan: ranks x steps x 26 floats).
 """
@@ -410,7 +411,7 @@ def _work(rank: int) -> tuple[int, int]:
 def build(source: Path, out: Path, ranks: int, steps: int, *, layers: int = 12, lateness: float = 0.25,
           jitter: float = 0.01, seed: int = 48, processes: int = 2, keep_every: int = 1,
           template_step: int | None = None) -> dict:
-    """Write the run (``ranks`` files) and its truth.json under ``out``; the truth as a dict."""
+    """Write the run (``ranks`` files) under ``out`` and its truth beside it (:func:`truth_path`); the truth as a dict."""
     started = time.perf_counter()
     t = load_template(source, layers, template_step)
     loaded = time.perf_counter() - started
@@ -450,8 +451,13 @@ def build(source: Path, out: Path, ranks: int, steps: int, *, layers: int = 12, 
         "events": sum(e for _, e in written),
         "load_s": round(loaded, 2), "seconds": round(seconds, 2), "processes": processes,
     }
-    (out / "truth.json").write_text(json.dumps(truth, indent=1))
+    truth_path(out).write_text(json.dumps(truth, indent=1))
     return truth
+
+
+def truth_path(out: Path) -> Path:
+    """Where the known answer of the run in ``out`` is written: ``OUT.truth.json`` beside the folder."""
+    return out.with_name(out.name + ".truth.json")
 
 
 def default_out(ranks: int, steps: int, keep_every: int = 1) -> Path:
