@@ -340,7 +340,8 @@ def _stream_segments(db: Path, run: list[str] | None, selection: Any, fmt: Forma
     as a table the first screen, and how many there are."""
     import polars as pl
 
-    from traceq.report.critical_path import NARROW, path_title, walking
+    from traceq.report.critical_path import NARROW, path_title
+    from traceq.report.path_batches import walking
 
     with walking(db, runs=run, selection=selection, progress=progress) as (notes, batches):
         frames = (b.segments.drop("instance_id", "trace_id") for b in batches)

@@ -330,7 +330,7 @@ def _place(by_key: dict[tuple[str, int], _Process], windows: pl.DataFrame, steps
 def _place_paths(con: duckdb.DuckDBPyConnection, plan: _Plan, selection: StepSelection) -> list[str]:
     """Each run's critical paths onto its processes (:attr:`_Process.path`), a segment at its own rank's
     place on the timeline; a flow joins the two segments around each jump. Returns notes."""
-    from traceq.report.critical_path import walking
+    from traceq.report.path_batches import walking
 
     by_key = {(p.run, p.rank): p for p in plan.processes}
     flows = itertools.count(1)
