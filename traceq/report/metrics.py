@@ -121,7 +121,8 @@ def step_metrics(
     name = "trace_metrics" if whole_trace else "step_metrics"
     with crossrank.matched(con, runs) if cross_rank else nullcontext(None) as table:
         rows = query.run(con, name, query_params(selection, runs), bind=_bind(whole_trace, idle_parts, table))
-        frame = _asked(to_polars(rows), idle_parts, cross_rank)
+        # run now (materialized; to_polars waits for polars): polars may still be importing meanwhile (metric_report)
+        frame = _asked(to_polars(rows.materialize()), idle_parts, cross_rank)
     import polars as pl
 
     return frame.with_columns(
@@ -147,7 +148,7 @@ def breakdown_metrics(
     dimension, key = BREAKDOWNS[metric]
     bind = {"windows": "trace_windows" if whole_trace else "selected_windows"}
     rows = query.run(con, "breakdown_metrics", {**query_params(selection, runs), "dimension": dimension}, bind=bind)
-    frame = to_polars(rows).rename({"key": key})
+    frame = to_polars(rows.materialize()).rename({"key": key})  # materialized: as in step_metrics
     import polars as pl
 
     return frame.with_columns(
