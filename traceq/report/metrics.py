@@ -1,10 +1,13 @@
 """Metrics per (run, rank, step) from the warehouse, and their aggregation across steps, ranks and runs.
 
-The interval figures come from ``sql/interval_breakdown.sql`` (integer ns); throughput, FLOPs and power
-from ``sql/step_throughput.sql`` (with ``sql/step_power.sql`` and ``sql/run_metadata.sql``); the
-per-collective breakdown from ``sql/exposed_comm_by_collective.sql``. This module selects steps,
-converts to the units in the metric names and aggregates: steps first (mean, median, p10, p90),
-then ranks (mean, min, max and the slowest rank), then runs (grouped by metadata columns).
+A report's step rows are one statement that leaves DuckDB once: ``sql/step_metrics.sql`` (per selected
+step; ``sql/trace_metrics.sql`` over the whole trace) composes the interval figures of each window
+(``sql/window_metrics.sql``: ``sql/interval_breakdown.sql`` with, where asked, idle by cause and the
+split across ranks), throughput, FLOPs and power (``sql/step_throughput.sql``) and the run's metadata
+(``sql/run_metadata.sql``); a breakdown's rows are ``sql/breakdown_metrics.sql``. Every join happens in
+DuckDB, over the selected runs alone. This module then converts to the units in the metric names and
+aggregates the step rows: steps first (mean, median, p10, p90), then ranks (mean, min, max and the
+slowest rank), then runs (grouped by metadata columns).
 """
 
 from __future__ import annotations
@@ -43,12 +46,6 @@ if TYPE_CHECKING:  # imported where used: a report imports it while DuckDB runs 
     import polars as pl
 
 
-# the columns of sql/step_throughput.sql a step row takes: the per-step metrics, then where each comes from
-_THROUGHPUT_COLUMNS = (
-    *(name for name in PER_STEP_METRICS if name != "step_time_ms"),
-    "power_tokens", "power_source", "power_gpu_count", "energy_source", "flops_per_step", "flops_source", "peak_tflops",
-    "peak_tflops_source", "peak_gpu",
-)
 def list_metrics() -> pl.DataFrame:
     """Every metric with its unit and one-line definition."""
     import polars as pl
@@ -72,32 +69,32 @@ def interval_breakdown(
     traces without any, CPU-side gloo communication and operators (``activity`` cpu, device -1).
     ``idle_parts``: with idle split by cause (``sql/idle_breakdown.sql``; null on CPU-only traces).
     ``cross_rank``: with communication split into wait and transfer by collectives matched within
-    ``runs`` (``sql/split_activity.sql``), and the stragglers (``sql/stragglers.sql``; README: Across ranks)."""
-    windows = "trace_windows" if whole_trace else "selected_windows"
+    ``runs`` (``sql/split_activity.sql``), and the stragglers (``sql/stragglers.sql``; README: Across ranks).
+    One statement, ``sql/window_metrics.sql``."""
     with crossrank.matched(con, runs) if cross_rank else nullcontext(None) as table:
-        bind = {"windows": windows, **({"device_activity": "split_activity", "comm_instances": table} if table else {})}
-        # run now (materialized): polars may still be importing meanwhile (metric_report)
-        rows = query.run(con, "interval_breakdown", query_params(selection, runs), bind=bind).materialize()
-        stragglers = crossrank.straggler_rows(con, windows, selection, runs) if table else None
-    activity = con.sql("select trace_id, case when n_gpu_events > 0 then 'gpu' else 'cpu' end as activity from traces")
-    rows = rows.join(activity, "trace_id")
-    if idle_parts:
-        parts = query.run(con, "idle_breakdown", query_params(selection, runs), bind={"windows": windows}).set_alias("p")
-        rows = rows.set_alias("r").join(
-            parts, "r.trace_id = p.trace_id and r.rank = p.rank and r.device = p.device and r.step = p.step", "left"
-        ).select("r.*, p.idle_sync_ns, p.idle_host_bound_ns, p.idle_other_ns")
-    frame = to_polars(rows)
-    if stragglers is None:  # without matching, nothing is known to be waiting
-        return frame.drop(*_SPLIT_NS)
-    import polars as pl
-
-    keys = ["trace_id", "rank", "device", "step"]
-    return frame.join(stragglers, on=keys, how="left").with_columns(
-        pl.col(c).fill_null(0) for c in ("matched_count", "arrived_last_count", "wait_caused_ns")
-    )
+        rows = query.run(con, "window_metrics", query_params(selection, runs), bind=_bind(whole_trace, idle_parts, table))
+        return _asked(to_polars(rows), idle_parts, cross_rank)
 
 
+_IDLE_NS = ("idle_sync_ns", "idle_host_bound_ns", "idle_other_ns")
 _SPLIT_NS = ("comm_wait_ns", "comm_transfer_ns", "exposed_comm_wait_ns", "exposed_comm_transfer_ns")
+_STRAGGLER_COLUMNS = ("matched_count", "arrived_last_count", "wait_caused_ns", "wait_ns")
+
+
+def _bind(whole_trace: bool, idle_parts: bool, instances: str | None) -> dict[str, str]:
+    """The inputs of ``sql/window_metrics.sql`` for a report: the windows it measures, the idle split where
+    asked, and the split across ranks over the matched collectives in the table ``instances`` (None: none)."""
+    return {
+        "windows": "trace_windows" if whole_trace else "selected_windows",
+        **({} if idle_parts else {"idle_breakdown": "no_idle_breakdown"}),
+        **({"device_activity": "split_activity", "comm_instances": instances} if instances else {"stragglers": "no_stragglers"}),
+    }
+
+
+def _asked(frame: pl.DataFrame, idle_parts: bool, cross_rank: bool) -> pl.DataFrame:
+    """``frame`` without the columns of the parts a report did not ask for (null or 0 there: nothing measured
+    them; without matching, nothing is known to be waiting)."""
+    return frame.drop(*(() if idle_parts else _IDLE_NS), *(() if cross_rank else (*_SPLIT_NS, *_STRAGGLER_COLUMNS)))
 
 
 def step_metrics(
@@ -116,23 +113,18 @@ def step_metrics(
     interval metrics are null (device null) and its throughput metrics are filled. Throughput and
     power metrics are null over the whole trace. Every row carries the run's metadata columns
     (:data:`~traceq.catalog.META_COLUMNS`).
+
+    The rows are one statement (``sql/step_metrics.sql``, or ``sql/trace_metrics.sql`` over the whole
+    trace) and leave DuckDB once; here they only get the units of the metric names.
     """
     require_side_tables(con)
-    frame = interval_breakdown(con, whole_trace, selection, idle_parts, cross_rank, runs)
+    name = "trace_metrics" if whole_trace else "step_metrics"
+    with crossrank.matched(con, runs) if cross_rank else nullcontext(None) as table:
+        rows = query.run(con, name, query_params(selection, runs), bind=_bind(whole_trace, idle_parts, table))
+        # run now (materialized; to_polars waits for polars): polars may still be importing meanwhile (metric_report)
+        frame = _asked(to_polars(rows.materialize()), idle_parts, cross_rank)
     import polars as pl
 
-    meta = run_metadata_frame(con)
-    if whole_trace:
-        traces = to_polars(con.sql("select trace_id, run from traces"))
-        frame = frame.join(traces, on="trace_id", how="left").with_columns(
-            *[pl.lit(None).alias(c) for c in (*_THROUGHPUT_COLUMNS, "step_time_ns")]
-        )
-    else:
-        throughput = to_polars(query.run(con, "step_throughput", query_params(selection, runs))).select(
-            "trace_id", "rank", "step", "run", "step_time_ns", *_THROUGHPUT_COLUMNS
-        )
-        frame = throughput.join(frame, on=["trace_id", "rank", "step"], how="left")
-    frame = frame.join(meta, on="run", how="left")
     return frame.with_columns(
         *[(pl.col(ns) / 1000).round(3).alias(us) for us, ns in NS_COLUMN_OF.items() if ns in frame.columns],
         (pl.col("step_time_ns") / 1e6).round(6).alias("step_time_ms"),
@@ -151,20 +143,14 @@ def breakdown_metrics(
 ) -> pl.DataFrame:
     """Rows of ``exposed_comm_by_collective_us`` (key column collective_type) or
     ``exposed_comm_by_pg_us`` (key column process_group): one per (run, rank, device, step, key),
-    with comm_us of that key, step_time_ms and the run's metadata columns."""
+    with comm_us of that key, step_time_ms and the run's metadata columns. One statement
+    (``sql/breakdown_metrics.sql``) over the runs of ``runs`` alone."""
+    dimension, key = BREAKDOWNS[metric]
+    bind = {"windows": "trace_windows" if whole_trace else "selected_windows"}
+    rows = query.run(con, "breakdown_metrics", {**query_params(selection, runs), "dimension": dimension}, bind=bind)
+    frame = to_polars(rows.materialize()).rename({"key": key})  # materialized: as in step_metrics
     import polars as pl
 
-    dimension, key = BREAKDOWNS[metric]
-    windows = "trace_windows" if whole_trace else "selected_windows"
-    frame = to_polars(query.run(con, "exposed_comm_by_collective", query_params(selection, runs), bind={"windows": windows}))
-    frame = frame.filter(pl.col("dimension") == dimension).drop("dimension").rename({"key": key})
-    extra = to_polars(con.sql("select trace_id, rank, step, step_time_ns from steps"))
-    traces = to_polars(con.sql("select trace_id, run from traces"))
-    frame = (
-        frame.join(traces, on="trace_id", how="left")
-        .join(extra, on=["trace_id", "rank", "step"], how="left")
-        .join(run_metadata_frame(con), on="run", how="left")
-    )
     return frame.with_columns(
         (pl.col("exposed_comm_ns") / 1000).round(3).alias(metric),
         (pl.col("comm_ns") / 1000).round(3).alias("comm_us"),

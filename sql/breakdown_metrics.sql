@@ -1,0 +1,40 @@
+-- inputs: exposed_comm_by_collective, run_metadata
+-- breakdown_metrics: the rows of a breakdown report (exposed_comm_by_collective_us, exposed_comm_by_pg_us),
+-- one per window of `windows` and key of the dimension $dimension seen on its device
+-- (sql/exposed_comm_by_collective.sql):
+--   trace_id, rank, device, step
+--   key                            the collective type ($dimension 'collective') or process group ('process_group')
+--   comm_ns, exposed_comm_ns       |U(comm of key)|, |U(comm of key) − U(compute)| in the window, ns
+--   run
+--   step_time_ns                   the step's CPU span, ns (null over the whole trace, step -1)
+--   world_size .. tokens_per_step  the run's metadata (sql/run_metadata.sql), for grouping
+with final as (
+    select
+        b.trace_id,
+        b.rank,
+        b.device,
+        b.step,
+        b.key,
+        b.comm_ns,
+        b.exposed_comm_ns,
+        t.run,
+        s.step_time_ns,
+        m.world_size,
+        m.nodes,
+        m.gpus_per_node,
+        m.tp,
+        m.pp,
+        m.cp,
+        m.dp,
+        m.model,
+        m.seq_len,
+        m.gpu_model,
+        m.tokens_per_step
+    from exposed_comm_by_collective as b
+    left join traces as t on t.trace_id = b.trace_id
+    left join steps as s on s.trace_id = b.trace_id and s.rank = b.rank and s.step = b.step
+    left join run_metadata as m on m.run = t.run
+    where b.dimension = $dimension
+)
+
+select * from final
