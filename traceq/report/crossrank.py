@@ -1,7 +1,7 @@
 """Across ranks: collective kernels matched over the ranks of each run (``sql/comm_instances.sql``), the
-stragglers per window (``sql/stragglers.sql``; the wait/transfer split itself is part of
-``sql/interval_breakdown.sql`` over ``sql/split_activity.sql``), and the notes that say how much could
-be matched and why the rest could not (README: Across ranks).
+stragglers per window (``sql/stragglers.sql``, read by ``sql/window_metrics.sql``; the wait/transfer
+split itself is part of ``sql/interval_breakdown.sql`` over ``sql/split_activity.sql``), and the notes
+that say how much could be matched and why the rest could not (README: Across ranks).
 
 Matching runs once per report: :func:`matched` keeps its result in a temporary table for the block, and
 every query of the block reads it from there.
@@ -11,16 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import duckdb
 
 from traceq import query
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
-
-if TYPE_CHECKING:
-    import polars as pl
 
 INSTANCES_TABLE = "traceq_comm_instances"
 SPLIT_NOTE = (
@@ -50,18 +46,6 @@ def matched(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -
         yield INSTANCES_TABLE
     finally:
         con.execute(f"drop table if exists {INSTANCES_TABLE}")
-
-
-def straggler_rows(
-    con: duckdb.DuckDBPyConnection, windows: str, selection: StepSelection = StepSelection(),
-    runs: Sequence[str] | None = None,
-) -> pl.DataFrame:
-    """``sql/stragglers.sql`` per window of ``windows`` (selected_windows or trace_windows) that holds a
-    matched kernel, collectives matched within ``runs`` (None: every run)."""
-    with matched(con, runs) as table:
-        params = {**query_params(selection, runs), "shared_steps": False}
-        rows = query.run(con, "stragglers", params, bind={"windows": windows, "comm_instances": table})
-        return to_polars(rows)
 
 
 def shared_steps_notes(

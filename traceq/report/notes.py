@@ -182,10 +182,10 @@ def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, select
     for run, ranks in whole.sort("run").iter_rows():
         notes.append(f"run {run}: rank {', '.join(map(str, ranks))} has no step marker: reported over its whole "
                      "trace as one window (step -1); name its steps with `traceq ingest --step-marker REGEX`")
-    outside = to_polars(query.run(con, "outside_steps", query_params(selection, runs)))
-    traces = to_polars(con.sql("select trace_id, run from traces"))
-    outside = outside.join(traces, on="trace_id").filter(pl.col("n_before") + pl.col("n_after") > 0)
-    for r in outside.sort("run", "rank", "device").iter_rows(named=True):
+    outside = (query.run(con, "outside_steps", query_params(selection, runs))
+               .join(con.table("traces").select("trace_id, run"), "trace_id")
+               .filter("n_before + n_after > 0").order("run, rank, device"))
+    for r in to_polars(outside).iter_rows(named=True):
         where = "CPU" if r["device"] < 0 else f"device {r['device']}"
         parts = [f"{r[f'{p}_ns'] / 1e6:,.3f} ms ({r[f'n_{p}']} events) {p} the {'first' if p == 'before' else 'last'} "
                  f"step's window" for p in ("before", "after") if r[f"n_{p}"]]
