@@ -20,6 +20,7 @@ from traceq.catalog import META_COLUMNS, columns
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
 from traceq.report.metrics import nothing_selected, require_runs, run_metadata_frame, steps_selected
+from traceq.report.notes import selection_notes
 from traceq.report.result import Report
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
@@ -108,7 +109,8 @@ def _collectives_table(
             if not whole_trace:
                 if not steps_selected(con, selection, runs):
                     raise EmptySelection(nothing_selected(con, selection, runs))
-                raise EmptySelection("no communication kernel in the selected steps")
+                left = [n for n in shared if "no step left by the selection" in n]  # runs the selection took out
+                raise EmptySelection("; ".join(["no communication kernel in the selected steps", *left]))
             raise EmptySelection("no communication kernel in the warehouse's traces")
     rows = rows.with_columns(
         # a kernel without element counts or dtype has no size: its bucket is unknown
@@ -167,7 +169,8 @@ def _shared_step_rows(
     with crossrank.matched(con, runs) as table:
         rows = to_polars(query.run(con, name, {**query_params(selection, runs), "shared_steps": True},
                                    bind={"windows": windows, "comm_instances": table}))
-        return rows, crossrank.matching_notes(con, runs), crossrank.shared_steps_notes(con, windows, selection, runs)
+        left = selection_notes(con, selection, runs) if windows == "selected_windows" else []  # runs left out, named
+        return rows, crossrank.matching_notes(con, runs), [*left, *crossrank.shared_steps_notes(con, windows, selection, runs)]
 
 
 def _positive(expr: pl.Expr) -> pl.Expr:
@@ -201,8 +204,10 @@ def stragglers_report(
         if rows.height == 0:
             if not whole_trace and not steps_selected(con, selection, runs):
                 raise EmptySelection(nothing_selected(con, selection, runs))
+            left = [n for n in shared if "no step left by the selection" in n]  # runs the selection took out
             raise EmptySelection("no collective matched across ranks in the selected steps; "
-                                 + "; ".join([n for n in matching if n != crossrank.SPLIT_NOTE] or ["no communication kernels"]))
+                                 + "; ".join([*left, *[n for n in matching if n != crossrank.SPLIT_NOTE]]
+                                             or ["no communication kernels"]))
     keys = ["run", "rank", *(["step"] if by_step else [])]
     table = rows.group_by(keys).agg(
         pl.col("matched_count").sum(), pl.col("arrived_last_count").sum(),

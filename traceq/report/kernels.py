@@ -11,6 +11,7 @@ from traceq import query
 from traceq.catalog import columns
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report.metrics import nothing_selected, require_runs
+from traceq.report.notes import selection_notes
 from traceq.report.result import Report
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
@@ -56,10 +57,11 @@ def kernel_report(
         raise ConfigError(f"must be at most {MAX_TOP:,} (rows per group)", param="top", value=top)
     with opened(db) as con:
         require_runs(con, runs)
-        rows = to_polars(query.run(con, "kernel_times", query_params(selection, runs)))
-        rows = rows.join(to_polars(con.sql("select trace_id, run from traces")), on="trace_id")
+        rows = to_polars(query.run(con, "kernel_times", query_params(selection, runs))
+                         .join(con.table("traces").select("trace_id, run"), "trace_id"))
         if rows.height == 0:
             raise EmptySelection(nothing_selected(con, selection, runs))
+        notes = selection_notes(con, selection, runs)  # a run the selection leaves out is named, never dropped silently
     keys = ["class", "category", *(["name"] if level == "kernel" else [])]
     table = rows.group_by([*grain, *keys]).agg(
         pl.col("count").sum(), pl.col("total_ns").sum(), pl.col("min_ns").min(), pl.col("max_ns").max(),
@@ -81,4 +83,4 @@ def kernel_report(
     what = ("unclassified " if unclassified else "") + ("categories" if level == "category" else "kernels")
     title = f"{'every' if top is None else f'top {top}'} {what} by device time, by {','.join(grain)} ({selection.describe()})"
     # on a narrow terminal: the name, its total and its share stay longest
-    return Report(table, (), title, narrow=("min_us", "max_us", "mean_us", "class", "count"))
+    return Report(table, notes, title, narrow=("min_us", "max_us", "mean_us", "class", "count"))
