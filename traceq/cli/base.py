@@ -72,6 +72,7 @@ RunOption = Annotated[Optional[list[str]], typer.Option("--run", help="Only this
 NameOption = Annotated[Optional[str], typer.Option("--name", metavar="RUN", help="The run the traces go to (default: each file's directory's name).")]
 FormatOption = Annotated[Format, typer.Option("--format", help="Output format.")]
 WholeTraceOption = Annotated[bool, typer.Option("--whole-trace", help="Every collective of the trace, not only the selected steps'.")]
+FullNamesOption = Annotated[bool, typer.Option("--full-names", help="Kernel names whole in the table (by default a table shows them short: at most 60 characters, unique within the table; CSV, JSON and HTML keep them whole).")]
 
 
 def selecting_steps(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -138,21 +139,27 @@ def fail(error: str | TraceqError) -> None:
     raise typer.Exit(code=1)
 
 
-def show(report: Any, fmt: Format) -> None:
+def show(report: Any, fmt: Format, full_names: bool = False) -> None:
     """A :class:`~traceq.report.result.Report` as every command shows one: its title (for a table) and
-    notes on stderr, its table on stdout as ``fmt`` says."""
+    notes on stderr, its table on stdout as ``fmt`` says; a table shows the kernel names of the report's
+    ``names`` columns short, unless ``full_names`` (CSV and JSON keep them whole)."""
     if fmt is Format.table and report.title:
         echo(report.title, err=True)
     for note in report.notes:
         echo(f"note: {note}", err=True)
-    emit(report.table, fmt, report.narrow)
+    emit(report.table, fmt, report.narrow, () if full_names else report.names)
 
 
-def emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
-    """``frame`` as CSV, JSON or a table; a table wider than the terminal leaves columns out (the
-    ``drop_first`` ones first, then as :func:`_fit` says) and says which."""
+def emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> None:
+    """``frame`` as CSV, JSON or a table; a table shows the kernel names of the columns ``names`` short
+    (:func:`~traceq.report.result.with_short_names`), and, wider than the terminal, leaves columns out
+    (the ``drop_first`` ones first, then as :func:`_fit` says) and says which."""
     if fmt in (Format.csv, Format.json):
         frame = _without_float_noise(frame)
+    elif names:
+        from traceq.report.result import with_short_names
+
+        frame = with_short_names(frame, names)
     if fmt is Format.csv:
         typer.echo(_csv(frame), nl=False)
     elif fmt is Format.json:
@@ -167,21 +174,25 @@ def emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = ()) -> None:
         full = _widths(frame.columns, rows)
         widths = list(full)
         text = [i for i, name in enumerate(frame.columns) if not frame.schema[name].is_numeric()]
-        if room is not None and sum(widths) + 3 * len(widths) + 1 > room:
+        empty = {i for i in range(len(frame.columns)) if not any(r[i] for r in rows)}
+        shown, same = _one_line(frame.columns, full, room, empty, drop_first, text, rows, names)
+        if shown is None and room is not None and sum(widths) + 3 * len(widths) + 1 > room:
             # text (a kernel's name, a path, a finding) is what names a row: it is wrapped, never cut,
             # in at least _TEXT_CELL characters, and figures are left out before it is narrowed further
             for i in text:
                 widths[i] = min(full[i], max(_TEXT_CELL, len(frame.columns[i])))
-        empty = {i for i in range(len(frame.columns)) if not any(r[i] for r in rows)}
-        shown = _fit(frame.columns, widths, room, empty, drop_first, set(text))
+        if shown is None:
+            shown, same = _fit(frame.columns, widths, room, empty, drop_first, set(text)), set()
+        for i in sorted(same):
+            echo(f"note: {frame.columns[i]} is {rows[0][i]} on every row (left out to fit the terminal)", err=True)
         if room is not None:  # the room left goes back to the wrapped columns, the longest first
             spare = room - (sum(widths[i] for i in shown) + 3 * len(shown) + 1)
             for i in sorted((i for i in shown if i in text), key=lambda i: widths[i] - full[i]):
                 grow = min(max(spare, 0), full[i] - widths[i])
                 widths[i] += grow
                 spare -= grow
-        if len(shown) < len(frame.columns):
-            left = [c for i, c in enumerate(frame.columns) if i not in shown]
+        if len(shown) + len(same) < len(frame.columns):
+            left = [c for i, c in enumerate(frame.columns) if i not in shown and i not in same]
             echo(f"note: {len(left)} column(s) left out to fit the terminal: {', '.join(left)} "
                        "(--format csv or json gives every column)", err=True)
         for i in shown:
@@ -279,6 +290,33 @@ def _fit(
             break
         shown.remove(i)
     return shown
+
+
+def _one_line(
+    columns: list[str], widths: list[int], room: int | None, empty: set[int], drop_first: tuple[str, ...],
+    text: list[int], rows: list[list[str]], names: tuple[str, ...],
+) -> tuple[list[int] | None, set[int]]:
+    """(The columns to show, the text columns left out for holding one value on every row) where a table
+    of kernel names (``names``, short) fits ``room`` a line a row by leaving out only what matters least:
+    empty columns, text with one value on every row (said in a note), the ``drop_first`` ones; (None,
+    set()) where it does not (then text wraps, :func:`_fit`)."""
+    if room is None or not any(c in names for c in columns):
+        return None, set()
+    same = {i for i in text if len(rows) > 1 and rows[0][i] and all(r[i] == rows[0][i] for r in rows)}
+    shown = [i for i in range(len(columns)) if i not in empty and i not in same]
+    left = set(empty) | same
+    for i in [columns.index(c) for c in drop_first if c in columns]:
+        if sum(widths[j] for j in shown) + 3 * len(shown) + 1 <= room:
+            break
+        if i in shown:
+            shown.remove(i)
+            left.add(i)
+    if sum(widths[j] for j in shown) + 3 * len(shown) + 1 > room:
+        return None, set()
+    for i in sorted(left, key=lambda i: widths[i]):  # what fits again comes back, the narrowest first
+        if i not in empty and sum(widths[j] for j in shown) + 3 * (len(shown) + 1) + 1 + widths[i] <= room:
+            shown = sorted([*shown, i])
+    return shown, {i for i in same if i not in shown}
 
 
 def _terminal_width() -> int | None:

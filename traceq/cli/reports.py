@@ -17,6 +17,7 @@ from traceq.cli.base import (
     EngineOption,
     Format,
     FormatOption,
+    FullNamesOption,
     IncludeLastOption,
     RunOption,
     TraceProcessorOption,
@@ -184,11 +185,14 @@ def kernels(
     unclassified: Annotated[bool, typer.Option("--unclassified", help="Only kernels no rule classifies (category other): candidates for `traceq rules --add`.")] = False,
     run: RunOption = None,
     fmt: FormatOption = Format.table,
+    full_names: FullNamesOption = False,
     selection: Any = None,
 ) -> None:
     """The kernels (or categories) the device time goes to, over the selected steps: count, total,
     share of the group's kernel time, mean, min and max duration. A kernel counts in the step that
-    launched it; durations are summed (kernels side by side count twice).
+    launched it; durations are summed (kernels side by side count twice). The table shows kernel
+    names short (at most 60 characters, unique within the table); --full-names, CSV and JSON keep
+    them whole.
 
     Examples:
 
@@ -201,7 +205,8 @@ def kernels(
     """
     from traceq.report.kernels import kernel_report
 
-    show(kernel_report(db, by=by, level=level, top=top, selection=selection, runs=run, unclassified=unclassified), fmt)
+    show(kernel_report(db, by=by, level=level, top=top, selection=selection, runs=run, unclassified=unclassified), fmt,
+         full_names)
 
 
 @app.command()
@@ -277,6 +282,7 @@ def critical_path(
     top: Annotated[int, typer.Option(help="Rows of --kernels.", min=1, max=10_000_000)] = 20,
     html: Annotated[Optional[Path], typer.Option(help="Also write the path of one run as a self-contained HTML page: ranks as lanes, the path across them in the longest selected step (--steps 12:12 draws step 12).")] = None,
     fmt: FormatOption = Format.table,
+    full_names: FullNamesOption = False,
     selection: Any = None,
 ) -> None:
     """Which rank, and which of its work, made each step as long as it was: the critical path across ranks.
@@ -310,11 +316,12 @@ def critical_path(
         raise ConfigError("give one of --segments, --ranks and --kernels")
     with steps_walked() as progress:
         if segments and html is None:
-            _stream_segments(db, run, selection, fmt, progress)
+            _stream_segments(db, run, selection, fmt, progress, full_names)
             return
         result = compute(db, runs=run, selection=selection, segments=segments, progress=progress)
     drawn = write_critical_path_html(str(html), result) if html is not None else None
-    show(result.report("segments" if segments else "ranks" if ranks else "kernels" if kernels else "steps", top), fmt)
+    show(result.report("segments" if segments else "ranks" if ranks else "kernels" if kernels else "steps", top), fmt,
+         full_names)
     if drawn is not None:
         echo(f"wrote {html} (step {drawn})", err=True)
 
@@ -335,12 +342,12 @@ def steps_walked() -> Iterator[Callable[[int, int], None]]:
 
 
 def _stream_segments(db: Path, run: list[str] | None, selection: Any, fmt: Format,
-                     progress: Callable[[int, int], None]) -> None:
+                     progress: Callable[[int, int], None], full_names: bool = False) -> None:
     """``critical-path --segments``: every segment as CSV or JSON, batch by batch as the walk makes them;
     as a table the first screen, and how many there are."""
     import polars as pl
 
-    from traceq.report.critical_path import NARROW, path_title
+    from traceq.report.critical_path import NAMES, NARROW, path_title
     from traceq.report.path_batches import walking
 
     with walking(db, runs=run, selection=selection, progress=progress) as (notes, batches):
@@ -364,7 +371,7 @@ def _stream_segments(db: Path, run: list[str] | None, selection: Any, fmt: Forma
     echo(path_title(runs, "segments", selection.describe()), err=True)
     for note in notes:
         echo(f"note: {note}", err=True)
-    emit(shown, fmt, NARROW)
+    emit(shown, fmt, NARROW, () if full_names else NAMES)
 
 
 @app.command()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from traceq.errors import ConfigError
+from traceq.kernel_names import short_name
 from traceq.report.path_batches import PathBatch, walking
 from traceq.report.path_timeline import KINDS
 from traceq.report.result import Report
@@ -84,7 +85,7 @@ class CriticalPath:
         else:
             table = self.ranks() if view == "ranks" else self.kernels(top)
         return Report(table, notes, path_title(self.steps["run"].unique(maintain_order=True).to_list(), view,
-                                               self.selection), narrow=NARROW)
+                                               self.selection), narrow=NARROW, names=NAMES)
 
     def blame(self, by: Sequence[str] = ("rank", "kind")) -> pl.DataFrame:
         """Time on the path per step and ``by`` (``rank``, ``kind`` or both), in ms, largest first."""
@@ -143,6 +144,7 @@ class CriticalPath:
         return self.sentences[(run, step)]
 
 
+NAMES = ("name", "top_kernel")  # the columns of kernel names, shown short in tables (traceq.kernel_names)
 NARROW = ("path_start_ns", "category", "process_group", "top_kernel_ms", "copy_ms", "wait_ms", "compute_ms",
           "waited_for", "steps")
 
@@ -161,10 +163,6 @@ def _ms(ns: pl.Expr) -> pl.Expr:
 def _ms_text(ms: float) -> str:
     """ms for a sentence: one decimal from 1 ms, three below (a 3 us segment is not '0.0 ms')."""
     return f"{ms:.1f}" if ms >= 1 else f"{ms:.3f}"
-
-
-def _short(name: str, width: int = 60) -> str:
-    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def critical_path(
@@ -270,7 +268,7 @@ def _sentences(b: PathBatch, blame: pl.DataFrame) -> dict[tuple[str, int], str]:
             text = f"{_ms_text(ms)} ms is rank {rank}'s {kind.replace('_', ' ')}"
             if (step, rank, kind) in named:
                 name, ns = named[(step, rank, kind)]
-                text += f" (mostly {_short(name or '')}, {_ms_text(ns / 1e6)} ms)"
+                text += f" (mostly {short_name(name or '')}, {_ms_text(ns / 1e6)} ms)"
             words.append(text)
         tail = ""
         if step in jumps:
@@ -303,9 +301,9 @@ def write_critical_path_html(path: str, result: CriticalPath) -> int:
     sections = [
         _section(f"Step {step}", _figure(plots.critical_path_figure(drawn, result.jumps, step, start), "path")
                  + html_notes([result.sentence(step), KIND_NOTE])),
-        _section("Every step", html_table(steps) + html_notes([result.sentence(s) for s in steps["step"].to_list()[:50]])),
+        _section("Every step", html_table(steps, NAMES) + html_notes([result.sentence(s) for s in steps["step"].to_list()[:50]])),
         _section("Ranks on the path", html_table(result.ranks())),
-        _section("Kernels and collectives on the path", html_table(result.kernels(30)) + html_notes(result.notes)),
+        _section("Kernels and collectives on the path", html_table(result.kernels(30), NAMES) + html_notes(result.notes)),
     ]
     write_page(path, f"traceq critical path: {run}", "traceq critical path", f"run {run} · {steps.height} step(s)",
                sections)

@@ -83,4 +83,5 @@ def kernel_report(
     what = ("unclassified " if unclassified else "") + ("categories" if level == "category" else "kernels")
     title = f"{'every' if top is None else f'top {top}'} {what} by device time, by {','.join(grain)} ({selection.describe()})"
     # on a narrow terminal: the name, its total and its share stay longest
-    return Report(table, notes, title, narrow=("min_us", "max_us", "mean_us", "class", "count"))
+    return Report(table, notes, title, narrow=("min_us", "max_us", "mean_us", "class", "count"),
+                  names=("name",) if level == "kernel" else ())

@@ -4,6 +4,8 @@ The command line, the HTML pages and the Python API show a report the same way: 
 what the table is and over which steps, the ``table`` holds the figures, the ``notes`` say what a
 reader needs beside them (steps used, conventions, what is missing). ``rows`` are the finer rows the
 table aggregates, where the report has them (one per rank and step), for a caller that shows them again.
+``names`` are the columns that hold kernel names: a terminal table shows them short and an HTML table
+short with the full name on hover (:mod:`traceq.kernel_names`); the data, CSV and JSON keep them whole.
 """
 
 from __future__ import annotations
@@ -21,18 +23,21 @@ if TYPE_CHECKING:
 class Report:
     """A report: ``table`` (a polars DataFrame), ``notes`` (lines to read beside it), ``title`` (what the
     table is, e.g. 'exposed_comm_us by run,rank (...)'), ``rows`` (what the table aggregates, or None),
-    and ``narrow``: the columns a terminal too narrow for the table leaves out first, the least
-    important first (the rest follow the command line's general order)."""
+    ``narrow``: the columns a terminal too narrow for the table leaves out first, the least important
+    first (the rest follow the command line's general order), and ``names``: the columns that hold
+    kernel names, shown short in terminal and HTML tables (:func:`with_short_names`)."""
 
     table: pl.DataFrame
     notes: tuple[str, ...] = ()
     title: str = ""
     rows: pl.DataFrame | None = field(default=None, repr=False)
     narrow: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", tuple(self.notes))  # a list given is kept as it was when made
         object.__setattr__(self, "narrow", tuple(self.narrow))
+        object.__setattr__(self, "names", tuple(self.names))
 
     @classmethod
     def of_query(cls, rows: pl.DataFrame, notes: Sequence[str] = (), max_rows: int | None = None) -> Report:
@@ -45,7 +50,7 @@ class Report:
 
     def html(self) -> str:
         """The table and its notes as an HTML fragment (what the pages put in a section)."""
-        return html_table(self.table) + html_notes(self.notes)
+        return html_table(self.table, self.names) + html_notes(self.notes)
 
     def _repr_html_(self) -> str:  # a notebook shows the report as the pages do
         return (f"<p><b>{escape(self.title)}</b></p>" if self.title else "") + self.html()
@@ -58,11 +63,40 @@ class Report:
         return "\n".join([*([self.title] if self.title else []), table, *(f"note: {n}" for n in self.notes)])
 
 
-def html_table(frame: pl.DataFrame) -> str:
-    """``frame`` as an HTML table in a box that scrolls sideways where the page is narrower."""
+def html_table(frame: pl.DataFrame, names: Sequence[str] = ()) -> str:
+    """``frame`` as an HTML table in a box that scrolls sideways where the page is narrower; the kernel
+    names of the columns ``names`` short (:mod:`traceq.kernel_names`), the full name on hover."""
     head = "".join(f"<th>{escape(c)}</th>" for c in frame.columns)
-    body = "".join("<tr>" + "".join(f"<td>{escape(_cell(v))}</td>" for v in row) + "</tr>" for row in frame.iter_rows())
+    short = _short_names(frame, names)
+    shown = [i for i, c in enumerate(frame.columns) if c in names]
+
+    def cell(i: int, v: object) -> str:
+        if i in shown and isinstance(v, str) and short.get(v, v) != v:
+            return f"<td title=\"{escape(v)}\">{escape(short[v])}</td>"
+        return f"<td>{escape(_cell(v))}</td>"
+
+    body = "".join("<tr>" + "".join(cell(i, v) for i, v in enumerate(row)) + "</tr>" for row in frame.iter_rows())
     return f"<div class=\"scroll\"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+
+
+def with_short_names(frame: pl.DataFrame, names: Sequence[str]) -> pl.DataFrame:
+    """``frame`` with the kernel names of its columns ``names`` short: at most 60 characters, unique
+    within the table (:func:`traceq.kernel_names.short_names`); what a terminal table shows."""
+    import polars as pl
+
+    short = _short_names(frame, names)
+    if not short:
+        return frame
+    return frame.with_columns(pl.col(c).replace(short) for c in names if c in frame.columns)
+
+
+def _short_names(frame: pl.DataFrame, names: Sequence[str]) -> dict[str, str]:
+    """{full name: short name} for the distinct names in the columns ``names`` of ``frame``, unique
+    across them all."""
+    from traceq.kernel_names import short_names
+
+    full = list(dict.fromkeys(v for c in names if c in frame.columns for v in frame[c].to_list() if isinstance(v, str)))
+    return dict(zip(full, short_names(full)))
 
 
 def html_notes(lines: Sequence[str]) -> str:
