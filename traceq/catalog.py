@@ -159,6 +159,27 @@ def peak_for(device_name: str | None) -> GpuPeak | None:
     return None
 
 
+_VENDOR = re.compile(r"^\s*(nvidia|amd(\s+instinct)?)\s+", re.IGNORECASE)
+
+
+def peak_candidates(gpu_model: str) -> tuple[GpuPeak, ...]:
+    """The peak table's rows a GPU name a user gives could mean (``runs set --gpu-model``): the row it
+    names ('H100 SXM', 'NVIDIA H100 PCIe'); else, where it names a family whose members' peaks
+    differ, every member ('H100': H100 NVL 835, H100 PCIe 756, H100 SXM 989); else the row
+    :func:`peak_for` matches (a device name as torch gives it, 'NVIDIA H100 80GB HBM3'); () for a GPU
+    the table does not know. More than one row: the name alone gives no peak."""
+    bare = _VENDOR.sub("", gpu_model).strip()
+    named = [p for p in gpu_peaks() if p.gpu.casefold() == bare.casefold()]
+    if named:
+        return (named[0],)
+    word = re.compile(rf"(?<![\w-]){re.escape(bare)}(?![\w-])", re.IGNORECASE) if bare else None
+    family = tuple(p for p in gpu_peaks() if word and word.search(p.gpu))
+    if len({p.peak_tflops for p in family}) > 1:
+        return family
+    peak = peak_for(gpu_model)
+    return (peak,) if peak else ()
+
+
 # ------------------------------------------------------------------------------------- metrics
 
 

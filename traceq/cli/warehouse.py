@@ -75,7 +75,8 @@ def runs(
 
     Metadata comes from the collectors' rank<r>.run.json files; for traces recorded without them,
     set it here (values set here win over the collector's and survive later ingests). The peak of
-    --gpu-model comes from traceq's table; a GPU the table does not know needs --peak-tflops with it.
+    --gpu-model comes from traceq's table; a GPU the table does not know, or a name that could mean
+    several of its GPUs (H100: SXM, PCIe, NVL), needs --peak-tflops with it (or the full model).
     Removing and renaming are one transaction each; a name another run has is refused.
 
     Examples:

@@ -4,8 +4,9 @@ it belongs to.
 - Rank: ``distributedInfo.rank``, else the events' ``args.rank`` (a file merging ranks), else the
   user's ``--rank``, else ``rank<N>`` in the file name, else unknown.
 - Run: ``--name`` where given; else a file that says it belongs to a job (a ``distributedInfo``, a
-  collector's ``rank<N>.run.json`` beside it, a rank it names or its events name) is in the run named
-  after its directory; a file that names no rank and no job is a run of its own, named after its
+  collector's ``rank<N>.run.json`` beside it, a rank it names or its events name) is in the run its
+  run.json names (``"run"``), else in the run named after its directory (as the path gives it: links
+  are not followed for names); a file that names no rank and no job is a run of its own, named after its
   directory and file (two unrelated traces in one folder are never averaged as two ranks of one job).
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 from traceq.catalog import check_run_name
 from traceq.errors import ConfigError
-from traceq.ingest.inputs import run_name_of
+from traceq.ingest.inputs import folder_name, run_name_of
 from traceq.ingest.sidecar import find_side_file
 from traceq.kineto import to_int
 
@@ -63,7 +64,7 @@ def own_run_name(path: Path) -> str:
     endings (``runs/x/worker0.pt.trace.json.gz`` -> ``x/worker0``), so that files of one name in other
     directories (TensorBoard's ``worker0``) stay apart."""
     stem = _TRACE_ENDINGS.sub("", path.name) or path.name
-    folder = path.resolve().parent.name
+    folder = folder_name(path)
     return f"{folder}/{stem}" if folder else stem
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from traceq.catalog import check_run_name
 from traceq.errors import ConfigError
+from traceq.ingest.sidecar import collector_run_name
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 SIDE_FILE_SUFFIXES = (".run.json", ".power.jsonl")
@@ -127,11 +128,26 @@ def json_size(path: Path) -> int:
 
 
 def run_name_of(path: Path, run: str | None) -> str:
-    """The run a file belongs to: ``run`` if given, else the name of the file's directory."""
+    """The run a file belongs to: ``run`` if given; else the run its collector's run.json names (its
+    ``"run"``: README, trace identity); else the name of the file's directory as the path gives it (a link is
+    not followed: a trace reached through a linked folder is in the run of the link's name, as its side
+    files are the link's folder's)."""
     if run is not None:
         return check_run_name(run)
-    name = path.resolve().parent.name or "default"
+    named = collector_run_name(path)
+    if named is not None:
+        try:
+            return check_run_name(named[0])
+        except ConfigError as exc:
+            raise ConfigError(f'{named[1]}: its "run" is no run name ({exc.message}); give the run a name') from None
+    name = folder_name(path) or "default"
     try:
         return check_run_name(name)
     except ConfigError as exc:
         raise ConfigError(f"{path}: its directory's name is no run name ({exc.message}); give the run a name") from None
+
+
+def folder_name(path: Path) -> str:
+    """The name of ``path``'s directory as the path gives it, made absolute without following links
+    (``runs/x/rank0.json`` -> ``x``, also where ``runs/x`` links to ``/data/job-17``)."""
+    return Path(os.path.abspath(path)).parent.name

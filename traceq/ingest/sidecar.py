@@ -54,6 +54,21 @@ def find_side_file(trace_path: Path, suffix: str) -> Path | None:
     return None
 
 
+def collector_run_name(trace_path: Path) -> tuple[str, Path] | None:
+    """The run the collector's run.json beside ``trace_path`` names (its ``"run"``, a string), and the
+    run.json; None without one. A run.json that cannot be read names no run here: loading it
+    (:func:`load_side_files`) says what is wrong with it."""
+    meta_path = find_side_file(trace_path, ".run.json")
+    if meta_path is None:
+        return None
+    try:
+        meta = read_run_file(meta_path)
+    except TraceFormatError:
+        return None
+    run = meta.get("run")
+    return (run, meta_path) if isinstance(run, str) else None
+
+
 def load_side_files(
     con: duckdb.DuckDBPyConnection, trace_id: int, trace_path: Path, run: str, file_rank: int | None, base_ns: int | None
 ) -> tuple[int, str]:

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from traceq import catalog
 from traceq.catalog import StepMarker, check_run_name
@@ -50,7 +50,8 @@ EXACT_US = 2**42
 @dataclass
 class TraceResult:
     """What the Perfetto engine computed for one file: its steps, the interval metrics of every
-    window (scope 'step' and 'trace'), and the notes on how Perfetto read it."""
+    window (scope 'step' and 'trace'), and the notes on how Perfetto read it; ``metadata``: the
+    run-level part of the collector's run.json beside it (None without one), as ingest stores it."""
 
     path: Path
     run: str
@@ -58,6 +59,7 @@ class TraceResult:
     windows: pl.DataFrame
     notes: list[str] = field(default_factory=list)
     slice_counts: dict[str, int] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = None
 
 
 def analyse_trace(path: Path, run: str, file_rank: int, binary: Path | None,
@@ -149,6 +151,28 @@ def named_identity(path: Path, rank: int | None = None) -> tuple[int | None, boo
     return rank_of_file(path, header.leading, rank)[0], names_job(path, header.leading)
 
 
+def run_file_metadata(path: Path) -> dict[str, Any] | None:
+    """The run-level part of the collector's run.json beside ``path`` (None without one), read as
+    ingest reads it: TraceFormatError naming the file when it is not a run.json."""
+    from traceq.ingest.sidecar import find_side_file, read_run_file
+    from traceq.store.run_metadata import run_level
+
+    meta_path = find_side_file(path, ".run.json")
+    return None if meta_path is None else run_level(read_run_file(meta_path))
+
+
+def run_metadata(results: Sequence[TraceResult]) -> dict[str, dict[str, Any]]:
+    """Per run, its files' run.json metadata merged in the order of the files, as ingest merges it
+    into ``runs.metadata`` (runs without one are absent)."""
+    from traceq.store.run_metadata import merged_metadata
+
+    merged: dict[str, dict[str, Any]] = {}
+    for result in results:
+        if result.metadata is not None:
+            merged[result.run] = merged_metadata(merged.get(result.run, {}), result.metadata)
+    return merged
+
+
 def analyse_files(
     inputs: Sequence[str | Path], *, name: str | None = None, rank: int | None = None,
     binary: Path | None = None, marker: StepMarker = StepMarker(), processors: int | None = None,
@@ -158,7 +182,8 @@ def analyse_files(
     :func:`traceq.ingest.ingest_traces` takes it. Ranks as the DuckDB engine gives them: distributedInfo, else
     the events' args.rank, else ``rank``, else the file name, else -1, -2, ... within the run; runs as
     ingest gives them (:mod:`traceq.ingest.identity`): a file that names no rank and no job is a run of its
-    own, unless its events name ranks."""
+    own, unless its events name ranks. Each file's run.json (beside it, as ingest finds it) is read
+    into its result's ``metadata``: its warmup_steps is the run's default warm-up, as on DuckDB."""
     from traceq.ingest.identity import check_rank, no_rank_note, run_of
     from traceq.ingest.inputs import expand_inputs
 
@@ -169,6 +194,7 @@ def analyse_files(
         raise ConfigError("no trace files found", param="inputs", value=" ".join(map(str, inputs)))
     jobs = []
     unknown: dict[str, int] = {}
+    metadata = [run_file_metadata(path) for path in paths]  # a run.json that is none fails before the work
     for path in paths:
         file_rank, job = named_identity(path, rank)
         named = file_rank is not None
@@ -180,7 +206,8 @@ def analyse_files(
     processors = processors or min(len(jobs), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=processors) as pool:  # the work runs in the trace processors
         results = list(pool.map(lambda job: analyse_trace(*job[:3], binary=binary, marker=marker), jobs))
-    for (path, run_name, file_rank, named, job_run, alone), result in zip(jobs, results):
+    for (path, run_name, file_rank, named, job_run, alone), result, meta in zip(jobs, results, metadata):
+        result.metadata = meta
         if named:
             continue
         if (result.steps["rank"] == file_rank).any():
@@ -209,9 +236,11 @@ def _refuse_shared_steps(results: Sequence[TraceResult]) -> None:
 def step_rows(results: Sequence[TraceResult], *, whole_trace: bool, selection: StepSelection) -> pl.DataFrame:
     """One row per (run, rank, device, step) of the selected steps' windows (or per device over the
     whole trace, step -1), shaped like :func:`traceq.report.metrics.step_metrics`'s interval columns;
-    the steps are selected by ``sql/selected_steps.sql`` over the steps Perfetto found."""
+    the steps are selected by ``sql/selected_steps.sql`` over the steps Perfetto found, the warm-up
+    by default each run's warmup_steps (:func:`run_metadata`)."""
     import polars as pl
 
+    metadata = run_metadata(results)
     frames = []
     for trace_id, result in enumerate(results, start=1):
         if not sum(result.slice_counts.values()):
@@ -220,7 +249,8 @@ def step_rows(results: Sequence[TraceResult], *, whole_trace: bool, selection: S
         if whole_trace:
             frame = windows.with_columns(pl.lit(None, pl.Int64).alias("step_time_ns"))
         else:  # a selected step that launched nothing keeps its row (null interval metrics), as on DuckDB
-            steps = result.steps.join(selected_steps(result.steps, selection), on=["rank", "step"], how="semi")
+            chosen = selected_steps(result.steps, selection, metadata.get(result.run))
+            steps = result.steps.join(chosen, on=["rank", "step"], how="semi")
             frame = steps.select("rank", "step", "step_time_ns").join(windows, on=["rank", "step"], how="left")
         frames.append(frame.with_columns(pl.lit(result.run).alias("run"), pl.lit(trace_id).alias("trace_id")))
     rows = pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
@@ -234,10 +264,13 @@ def step_rows(results: Sequence[TraceResult], *, whole_trace: bool, selection: S
     ).sort("run", "rank", "device", "step")
 
 
-def selected_steps(steps: pl.DataFrame, selection: StepSelection) -> pl.DataFrame:
+def selected_steps(steps: pl.DataFrame, selection: StepSelection, metadata: dict[str, Any] | None = None) -> pl.DataFrame:
     """(rank, step) of the steps ``selection`` keeps, by ``sql/selected_steps.sql`` itself (run in an
-    in-memory DuckDB over Perfetto's steps: one definition of the selection for both engines). The
-    run metadata is not read here: the warm-up skip is ``--skip-steps``, else 0."""
+    in-memory DuckDB over Perfetto's steps: one definition of the selection for both engines).
+    ``metadata``: the run's (:func:`run_metadata`; its warmup_steps is the warm-up skip unless
+    ``selection`` gives one), None for a run without."""
+    import json
+
     import duckdb
 
     from traceq import query
@@ -248,7 +281,8 @@ def selected_steps(steps: pl.DataFrame, selection: StepSelection) -> pl.DataFram
         frame = steps.with_columns(trace_id=1)
         con.register("steps", frame.to_arrow())
         con.execute("create table traces as select 1 as trace_id, 'run' as run, 1 as n_gpu_events")  # GPU traces only
-        con.execute("create table runs as select 'run' as run, null::json as metadata")
+        con.execute("create table runs as select 'run' as run, ?::json as metadata",
+                    [None if metadata is None else json.dumps(metadata)])
         return query.run(con, "selected_steps", query_params(selection)).select("rank, step").pl()
     finally:
         con.close()
@@ -322,13 +356,37 @@ def perfetto_report(
     if rows.height == 0:
         raise EmptySelection(f"no step is selected ({selection.describe()}); " + (
             "no trace has device activity" if len(cpu_only) == len(results) else _steps_held(results)))
+    metadata = run_metadata(results)
     if not whole_trace:
         notes.extend(steps_used(rows))
         if selection.skip_steps is None:
-            notes.append("trace files carry no run metadata: no warm-up step is skipped unless --skip-steps")
-    used = "whole trace, every kernel" if whole_trace else selection.describe(metadata=False)
+            notes.extend(warmup_notes(rows, metadata))
+    used = "whole trace, every kernel" if whole_trace else selection.describe(metadata=bool(metadata))
     return Report(side_by_side(rows, names, grain), notes, f"{','.join(names)} by {','.join(grain)} ({used}; Perfetto engine)",
                   rows)
+
+
+def warmup_notes(rows: pl.DataFrame, metadata: dict[str, dict[str, Any]]) -> list[str]:
+    """What the default warm-up skip was for the runs of ``rows``: the warmup_steps of each run's run.json;
+    a run without one skips none (said once for all such runs)."""
+    runs = sorted(set(rows["run"].to_list()))
+    if not metadata:
+        return ["trace files carry no run metadata: no warm-up step is skipped unless --skip-steps"]
+    notes = [f"run {run}: {_warmup(metadata[run])} warm-up step(s) skipped (the warmup_steps of its run.json; "
+             "--skip-steps overrides)" for run in runs if run in metadata]
+    bare = [run for run in runs if run not in metadata]
+    if bare:
+        notes.append(f"run{'s' if len(bare) > 1 else ''} {', '.join(bare)}: no run.json beside the trace files, "
+                     "so no warm-up step is skipped unless --skip-steps")
+    return notes
+
+
+def _warmup(metadata: dict[str, Any]) -> int:
+    """warmup_steps as ``sql/selected_steps.sql`` reads it (a value that is no integer: 0)."""
+    try:
+        return int(metadata.get("warmup_steps") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def trace_sql(

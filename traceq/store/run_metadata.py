@@ -21,7 +21,7 @@ from traceq.catalog import (
     RUN_KEYS,
     RunKey,
     gpu_peaks,
-    peak_for,
+    peak_candidates,
 )
 from traceq.errors import ConfigError
 from traceq.kineto import INT64_MAX
@@ -42,14 +42,19 @@ def settings(con: duckdb.DuckDBPyConnection, run: str) -> dict[str, Any]:
     return {key: json.loads(value) for key, value in rows}
 
 
+def merged_metadata(current: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """``current`` run-level metadata with a later rank file's ``values`` over it (a null value does
+    not undo a known one): how the run.json files of a run add up, for both engines."""
+    return {**current, **{k: v for k, v in values.items() if v is not None or k not in current}}
+
+
 def merge_run_metadata(con: duckdb.DuckDBPyConnection, run: str, values: Mapping[str, Any]) -> dict[str, Any]:
     """Merge collector ``values`` into ``runs.metadata`` of ``run``; user settings stay on top.
 
     Returns the effective metadata. The run row must exist.
     """
     row = fetch_one(con, "select metadata from runs where run = ?", [run])
-    current = json.loads(row[0]) if row and row[0] else {}
-    merged = {**current, **{k: v for k, v in values.items() if v is not None or k not in current}}
+    merged = merged_metadata(json.loads(row[0]) if row and row[0] else {}, values)
     merged.update(settings(con, run))
     con.execute("update runs set metadata = ? where run = ?", [json.dumps(merged), run])
     return merged
@@ -79,14 +84,33 @@ def _coerce(key: RunKey, value: Any) -> Any:
 _MAY_BE_ZERO = frozenset({"warmup_steps"})  # 0 resets a warm-up
 
 
+def check_peak_known(gpu_model: str) -> None:
+    """ConfigError unless the peak table gives ``gpu_model`` one peak: a GPU it does not know, or a
+    name several of its rows could mean (``H100``: SXM 989, PCIe 756, NVL 835), needs the peak given
+    with it (or, for the second, the full model)."""
+    candidates = peak_candidates(gpu_model)
+    if not candidates:
+        raise ConfigError(
+            "not in the peak table, so MFU would have no peak; give its dense BF16 peak (peak_tflops) with it; "
+            f"the table knows: {', '.join(p.gpu for p in gpu_peaks())}", param="gpu_model", value=gpu_model
+        )
+    if len(candidates) > 1:
+        raise ConfigError(
+            f"names {len(candidates)} GPUs of the peak table ({', '.join(f'{p.gpu} {p.peak_tflops:g}' for p in candidates)} "
+            "TFLOP/s), so it gives no one peak; give its dense BF16 peak (peak_tflops) with it, or the full model: "
+            f"{' or '.join(repr(p.gpu) for p in candidates)}", param="gpu_model", value=gpu_model
+        )
+
+
 def set_run_metadata(
     db: Warehouse, run: str, values: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Set (or correct) metadata of ``run``: keys from :data:`RUN_KEY_NAMES`; None values are ignored.
 
     Reports look the peak of ``gpu_model`` up in the peak table (:func:`traceq.catalog.peak_for`) unless
-    ``peak_tflops`` is set; a GPU the table does not know needs ``peak_tflops`` with it (ConfigError),
-    so that setting a GPU never silently leaves MFU without a peak. Returns the effective metadata.
+    ``peak_tflops`` is set; a GPU the table does not know, or a name that could mean several of its
+    GPUs ('H100'), needs ``peak_tflops`` with it (ConfigError, :func:`check_peak_known`), so that setting a
+    GPU never silently leaves MFU without a peak nor takes one variant's. Returns the effective metadata.
     """
     known = {k.key: k for k in RUN_KEYS}
     bad = sorted(set(values) - set(known))
@@ -98,11 +122,8 @@ def set_run_metadata(
             names = [r for (r,) in con.execute("select run from runs order by run").fetchall()]
             raise ConfigError(f"no run {run!r} in the warehouse; it holds: {', '.join(names) or 'none'}")
         peak_by_hand = settings(con, run).get("peak_tflops_source") == "user"
-        if "gpu_model" in given and "peak_tflops" not in given and not peak_by_hand and peak_for(given["gpu_model"]) is None:
-            raise ConfigError(
-                "not in the peak table, so MFU would have no peak; give its dense BF16 peak (peak_tflops) with it; "
-                f"the table knows: {', '.join(p.gpu for p in gpu_peaks())}", param="gpu_model", value=given["gpu_model"]
-            )
+        if "gpu_model" in given and "peak_tflops" not in given and not peak_by_hand:
+            check_peak_known(given["gpu_model"])
         if "peak_tflops" in given:
             given["peak_tflops_source"] = "user"
         con.begin()
