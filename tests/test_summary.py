@@ -45,7 +45,7 @@ def test_summary_by_hand(tmp_path: Path) -> None:
     row = table.row(0, named=True)
     window = 140  # us, over both steps
     expected = {
-        "run": "job", "rank": 0, "steps": 2, "step_time_ms": 0.1,
+        "run": "job", "rank": 0, "steps": 2, "step_range": "1..2", "step_time_ms": 0.1,
         "compute_ms": 0.035, "compute_pct": 70 / window * 100,
         "overlapped_comm_ms": 0.005, "overlapped_comm_pct": 10 / window * 100,
         "exposed_comm_ms": 0.010, "exposed_comm_pct": 20 / window * 100,
@@ -100,7 +100,10 @@ def test_shares_of_the_window_add_up_on_every_corpus_trace(corpus_db: Path) -> N
     total = measured["compute_pct"] + measured["exposed_comm_pct"] + measured["exposed_memcpy_pct"] + measured["idle_pct"]
     assert ((total - 100).abs() < 1e-9).all(), measured.filter((total - 100).abs() >= 1e-9)
     assert (measured["overlapped_comm_pct"] <= measured["compute_pct"] + 1e-9).all()
-    assert any(n.startswith("steps used") for n in notes)
+    # the steps used are a column, not a note per run
+    assert not any(n.startswith("steps used") for n in notes)
+    ddp = table.filter(pl.col("run") == "h200-ddp")
+    assert ddp["step_range"].to_list() == ["1..20"] and ddp["steps"].to_list() == [20]
 
 
 def test_several_metrics_side_by_side(tmp_path: Path) -> None:

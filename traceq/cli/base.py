@@ -145,9 +145,19 @@ def show(report: Any, fmt: Format, full_names: bool = False) -> None:
     ``names`` columns short, unless ``full_names`` (CSV and JSON keep them whole)."""
     if fmt is Format.table and report.title:
         echo(report.title, err=True)
-    for note in report.notes:
-        echo(f"note: {note}", err=True)
+    show_notes(report.notes, fmt)
     emit(report.table, fmt, report.narrow, () if full_names else report.names)
+
+
+def show_notes(notes: Any, fmt: Format) -> None:
+    """Notes on stderr: with a table, each kind of note about runs once, naming the runs
+    (:func:`~traceq.report.result.grouped_notes`); with CSV or JSON, every note whole."""
+    if fmt is Format.table:
+        from traceq.report.result import grouped_notes
+
+        notes = grouped_notes(notes)
+    for note in notes:
+        echo(f"note: {note}", err=True)
 
 
 def emit(frame: Any, fmt: Format, drop_first: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> None:

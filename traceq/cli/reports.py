@@ -26,6 +26,7 @@ from traceq.cli.base import (
     echo,
     emit,
     emit_stream,
+    show_notes,
     selecting_steps,
     show,
 )
@@ -353,8 +354,7 @@ def _stream_segments(db: Path, run: list[str] | None, selection: Any, fmt: Forma
     with walking(db, runs=run, selection=selection, progress=progress) as (notes, batches):
         frames = (b.segments.drop("instance_id", "trace_id") for b in batches)
         if fmt is not Format.table:
-            for note in notes:
-                echo(f"note: {note}", err=True)
+            show_notes(notes, fmt)
             emit_stream(frames, fmt)
             return
         first: list[pl.DataFrame] = []
@@ -369,8 +369,7 @@ def _stream_segments(db: Path, run: list[str] | None, selection: Any, fmt: Forma
         notes.append(f"{total:,} segments: the first {shown.height} are shown; --format csv (or json) writes "
                      "all of them, as the walk makes them")
     echo(path_title(runs, "segments", selection.describe()), err=True)
-    for note in notes:
-        echo(f"note: {note}", err=True)
+    show_notes(notes, fmt)
     emit(shown, fmt, NARROW, () if full_names else NAMES)
 
 

@@ -16,6 +16,7 @@ import duckdb
 
 from traceq import query
 from traceq.catalog import BREAKDOWN_NOTE, BREAKDOWNS, WHOLE_TRACE_STEP, gpu_peaks
+from traceq.report.result import RunNote
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
 
@@ -32,6 +33,9 @@ NVML_NOTE = (
     "NVML power is a ~1 s moving average on A100/H100 and the sensor samples only part of the time: "
     "steps much shorter than 1 s smear into their neighbours; energy from the NVML energy counter is the better source"
 )
+NO_MARKER_KIND = ("no step marker: reported over the whole trace as one window (step -1); name the steps with "
+                  "`traceq ingest --step-marker REGEX`")
+FLOPS_PEAK_KIND = "model FLOPs per step and GPU peak behind tflops and mfu (a run that lacks one has them empty)"
 TOKENS_METRICS = ("tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "tokens_per_j")
 FLOPS_METRICS = ("tflops", "mfu")
 POWER_METRICS = ("power_w", "energy_j", "tokens_per_j")
@@ -54,13 +58,16 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
     runs = _run_facts(rows)
     if metric in TOKENS_METRICS and metric not in FLOPS_METRICS:
         for run in runs.filter(pl.col("tokens_per_step").is_null())["run"].to_list():
-            notes.append(f"run {run}: tokens_per_step unknown, so {metric} is empty; "
-                         f"set it: traceq runs set {run} --tokens-per-step N")
+            notes.append(RunNote(f"tokens_per_step unknown, so {metric} is empty; set it: traceq runs set RUN "
+                                 "--tokens-per-step N", f"run {run}",
+                                 f"run {run}: tokens_per_step unknown, so {metric} is empty; "
+                                 f"set it: traceq runs set {run} --tokens-per-step N"))
     if metric in FLOPS_METRICS:
         notes.append(FLOPS_CONVENTION)
         notes.append(PEAK_NOTE.format(table=peak_table_text()))
         for r in runs.iter_rows(named=True):
-            notes.append(f"run {r['run']}: {flops_text(r)}; {peak_text(r)}")
+            notes.append(RunNote(FLOPS_PEAK_KIND, f"run {r['run']}: {flops_text(r)}; {peak_text(r)}",
+                                 f"run {r['run']}: {flops_text(r)}; {peak_text(r)}"))
     if metric in POWER_METRICS:
         notes.extend(power_notes(con, runs["run"].to_list()))
         notes.extend(energy_notes(rows))
@@ -85,7 +92,7 @@ def energy_notes(rows: pl.DataFrame) -> list[str]:
         if moved < counter.height:
             line += (f"; the counter moved on {moved} of them: it ticks coarsely (about every 100 ms on H100/H200), "
                      "so one step's energy means little alone; a run's tokens_per_j is Σ tokens / Σ energy")
-        notes.append(line)
+        notes.append(RunNote("where energy_j comes from", line, line))
     return notes
 
 
@@ -103,7 +110,9 @@ def steps_used(rows: pl.DataFrame) -> list[str]:
         .sort("run")
         .iter_rows(named=True)
     ):
-        out.append(f"steps used: run {r['run']}: steps {r['lo']}..{r['hi']}, {r['n']} rank-steps over {r['ranks']} rank(s)")
+        out.append(RunNote("steps used", f"run {r['run']}: steps {r['lo']}..{r['hi']}, {r['n']} rank-steps over "
+                                          f"{r['ranks']} rank(s)",
+                           f"steps used: run {r['run']}: steps {r['lo']}..{r['hi']}, {r['n']} rank-steps over {r['ranks']} rank(s)"))
     return out
 
 
@@ -123,15 +132,19 @@ def power_notes(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str
     for run in sorted(set(runs)):
         mine = logs.filter(pl.col("run") == run)
         if mine.height == 0:
-            notes.append(f"run {run}: power unavailable: no power log was ingested (record with traceq.collectors)")
+            notes.append(RunNote("power unavailable: no power log was ingested (record with traceq.collectors)",
+                                 f"run {run}"))
             continue
         for r in mine.iter_rows(named=True):
             if r["source"] == "nvml":
-                notes.append(f"run {run}: power from NVML ({r['logs']} log(s), {r['samples']} samples, "
-                             f"{r['energy_reads']} energy counter reads)")
+                detail = (f"run {run} ({r['logs']} log(s), {r['samples']} samples, {r['energy_reads']} energy "
+                          "counter reads)")
+                notes.append(RunNote("power from NVML", detail, f"run {run}: power from NVML {detail[len(run) + 5:]}"))
             else:
-                notes.append(f"run {run}: power unavailable ({r['reason'] or 'the log says NVML was absent'}); "
-                             "power_w, energy_j and tokens_per_j are empty, not zero")
+                why = r["reason"] or "the log says NVML was absent"
+                notes.append(RunNote("power unavailable: power_w, energy_j and tokens_per_j are empty, not zero",
+                                     f"run {run} ({why})", f"run {run}: power unavailable ({why}); "
+                                     "power_w, energy_j and tokens_per_j are empty, not zero"))
     if any(logs.filter(pl.col("run").is_in(list(runs)) & (pl.col("source") == "nvml")).rows()):
         notes.append(NVML_NOTE)
     return notes
@@ -180,8 +193,9 @@ def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, select
     runs = rows["run"].unique().to_list()
     whole = rows.filter(pl.col("step") == WHOLE_TRACE_STEP).group_by("run").agg(pl.col("rank").unique().sort())
     for run, ranks in whole.sort("run").iter_rows():
-        notes.append(f"run {run}: rank {', '.join(map(str, ranks))} has no step marker: reported over its whole "
-                     "trace as one window (step -1); name its steps with `traceq ingest --step-marker REGEX`")
+        notes.append(RunNote(NO_MARKER_KIND, f"run {run} rank {', '.join(map(str, ranks))}",
+                             f"run {run}: rank {', '.join(map(str, ranks))} has no step marker: reported over its "
+                             "whole trace as one window (step -1); name its steps with `traceq ingest --step-marker REGEX`"))
     outside = (query.run(con, "outside_steps", query_params(selection, runs))
                .join(con.table("traces").select("trace_id, run"), "trace_id")
                .filter("n_before + n_after > 0").order("run, rank, device"))
@@ -189,8 +203,10 @@ def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, select
         where = "CPU" if r["device"] < 0 else f"device {r['device']}"
         parts = [f"{r[f'{p}_ns'] / 1e6:,.3f} ms ({r[f'n_{p}']} events) {p} the {'first' if p == 'before' else 'last'} "
                  f"step's window" for p in ("before", "after") if r[f"n_{p}"]]
-        notes.append(f"run {r['run']} rank {r['rank']} {where}: activity outside every step: {' and '.join(parts)}; "
-                     "no step counts it (--whole-trace does)")
+        detail = f"run {r['run']} rank {r['rank']} {where}: {' and '.join(parts)}"
+        notes.append(RunNote("activity outside every step, which no step counts (--whole-trace does)", detail,
+                             f"run {r['run']} rank {r['rank']} {where}: activity outside every step: "
+                             f"{' and '.join(parts)}; no step counts it (--whole-trace does)"))
     if "compute_kernel_us" in rows.columns:
         lone = (
             rows.filter(pl.col("device") >= 0)
@@ -200,8 +216,12 @@ def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, select
             .sort("run", "rank", "device")
         )
         for r in lone.iter_rows(named=True):
-            notes.append(f"run {r['run']} rank {r['rank']} device {r['device']}: communication but no compute kernel "
-                         "in the selected steps, so all of it is exposed (did the trace keep only NCCL kernels?)")
+            notes.append(RunNote("communication but no compute kernel in the selected steps, so all of it is exposed "
+                                 "(did the trace keep only NCCL kernels?)",
+                                 f"run {r['run']} rank {r['rank']} device {r['device']}",
+                                 f"run {r['run']} rank {r['rank']} device {r['device']}: communication but no compute "
+                                 "kernel in the selected steps, so all of it is exposed (did the trace keep only NCCL "
+                                 "kernels?)"))
     return notes
 
 
@@ -239,8 +259,9 @@ def selection_notes(
             steps = [r for r in ranks if r["n_steps"]]
             held = (f"it has steps {min(r['first_step'] for r in steps)}..{max(r['last_step'] for r in steps)}" if steps
                     else "it has no step marker (one whole-trace window per rank)")
-            notes.append(f"run {run}: no step left by the selection ({selection.describe()}); {held}: "
-                         "it is not in this report")
+            notes.append(RunNote(f"no step left by the selection ({selection.describe()}): not in this report",
+                                 f"run {run} ({held})", f"run {run}: no step left by the selection "
+                                 f"({selection.describe()}); {held}: it is not in this report"))
             continue
         if selection.include_last or selection.drop_last:
             continue
@@ -249,11 +270,17 @@ def selection_notes(
         if left_out:
             lasts = sorted({r["last_step"] for r in left_out})
             which = f"step {lasts[0]}" if len(lasts) == 1 else f"steps {lasts[0]}..{lasts[-1]}"
-            notes.append(f"run {run}: the last step of each rank ({which}) is left out: its device window is open "
-                         "(it ends with the GPU's drain); --include-last keeps it")
+            notes.append(RunNote("the last step of each rank is left out: its device window is open (it ends with the "
+                                 "GPU's drain); --include-last keeps it", f"run {run} ({which})",
+                                 f"run {run}: the last step of each rank ({which}) is left out: its device window is "
+                                 "open (it ends with the GPU's drain); --include-last keeps it"))
         alone = [r for r in ranks if r["n_steps"] == 1 and r["last_selected"] and r["open_last"]]
         if alone:
-            notes.append(f"run {run}: rank {', '.join(str(r['rank']) for r in alone)} has one step, also its last, "
-                         "kept: its device window is open (it ends with the GPU's drain, so it may hold work "
-                         "launched before it, or lack its trailing idle)")
+            ranks_text = ", ".join(str(r["rank"]) for r in alone)
+            notes.append(RunNote("a rank whose one step is also its last keeps it: its device window is open (it ends "
+                                 "with the GPU's drain, so it may hold work launched before it, or lack its trailing "
+                                 "idle)", f"run {run} rank {ranks_text}",
+                                 f"run {run}: rank {ranks_text} has one step, also its last, kept: its device window "
+                                 "is open (it ends with the GPU's drain, so it may hold work launched before it, or "
+                                 "lack its trailing idle)"))
     return notes

@@ -99,6 +99,54 @@ def _short_names(frame: pl.DataFrame, names: Sequence[str]) -> dict[str, str]:
     return dict(zip(full, short_names(full)))
 
 
+class RunNote(str):
+    """A note about one run of a kind that several runs share. It is its whole text (what ``str`` gives,
+    what the API, CSV and JSON keep), and ``kind`` (the sentence every note of the kind says) with
+    ``detail`` (this run's part, naming it), by which a terminal shows each kind once
+    (:func:`grouped_notes`)."""
+
+    kind: str
+    detail: str
+
+    def __new__(cls, kind: str, detail: str, text: str | None = None) -> RunNote:
+        note = super().__new__(cls, text if text is not None else f"{detail}: {kind}")
+        note.kind, note.detail = kind, detail
+        return note
+
+    def __reduce__(self) -> tuple:  # kept whole through pickling (a Dask worker's report)
+        return (RunNote, (self.kind, self.detail, str(self)))
+
+
+GROUP_SHOWN = 6  # runs a grouped note names before 'and N more'
+
+
+def grouped_notes(notes: Sequence[str], shown: int = GROUP_SHOWN) -> list[str]:
+    """``notes`` with the :class:`RunNote` of each kind as one line at the place of its first, 'KIND:
+    DETAIL; DETAIL; ... and N more', or whole where a kind has one; other notes as they are. What a
+    terminal shows; ``--format csv`` and ``json`` keep every note whole."""
+    kinds: dict[str, list[RunNote]] = {}
+    for note in notes:
+        if isinstance(note, RunNote):
+            kinds.setdefault(note.kind, []).append(note)
+    out: list[str] = []
+    done: set[str] = set()
+    for note in notes:
+        if not isinstance(note, RunNote):
+            out.append(note)
+            continue
+        if note.kind in done:
+            continue
+        done.add(note.kind)
+        group = list(dict.fromkeys(kinds[note.kind]))
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        details = "; ".join(n.detail for n in group[:shown])
+        more = len(group) - shown
+        out.append(f"{note.kind}: {details}" + (f"; and {more} more (--format csv or json says each)" if more > 0 else ""))
+    return out
+
+
 def html_notes(lines: Sequence[str]) -> str:
     """``lines`` as the list of notes under a table ('' for none)."""
     if not lines:

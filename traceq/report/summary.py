@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from traceq.catalog import GROUP_COLUMNS, columns
+from traceq.catalog import GROUP_COLUMNS, WHOLE_TRACE_STEP, columns
 from traceq.report.metrics import mean_of, selected_step_rows
-from traceq.report.notes import metric_notes, selection_notes, step_window_notes, steps_used
+from traceq.report.notes import metric_notes, selection_notes, step_window_notes
 from traceq.report.result import Report
 from traceq.report.selection import StepSelection
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
@@ -34,7 +34,8 @@ def summary(
     """One row per group of ``by`` (default run and rank; with ``step``, per step) over the selected
     steps, with the notes a reader needs beside it and the step rows behind it.
 
-    Columns: ``steps`` (device-steps averaged), ``step_time_ms`` (mean), for each part of the window
+    Columns: ``steps`` (device-steps averaged), ``step_range`` (the steps used: 'a..b', or 'whole trace'),
+    ``step_time_ms`` (mean), for each part of the window
     ``<part>_ms`` (mean per step) and ``<part>_pct`` (its share of the device window: the part summed
     over the steps over the windows summed, so that compute, exposed comm, exposed memcpy and idle add
     up to 100), then ``tokens_per_s``, ``mfu`` and ``power_w`` (ratios of sums over the steps, as every report
@@ -45,16 +46,20 @@ def summary(
     grain = columns(by, GROUP_COLUMNS)
     with opened(db) as con:
         rows = selected_step_rows(con, selection, runs)
-        notes = steps_used(rows) + selection_notes(con, selection, runs) + step_window_notes(con, rows, selection)
+        notes = selection_notes(con, selection, runs) + step_window_notes(con, rows, selection)  # steps: a column
         for name in ("mfu", "power_w"):  # their full notes where they have values, else one line for all
             if rows[name].is_not_null().any():
-                notes += [n for n in metric_notes(con, rows, name) if n not in notes]
+                notes += [n for n in metric_notes(con, rows, name) if n not in notes and not n.startswith("steps used")]
         if rows["mfu"].is_null().all() or rows["power_w"].is_null().all():
             notes.append("tokens_per_s, mfu and power_w are empty where a run lacks tokens_per_step, its model FLOPs "
                          "or GPU peak, or a power log; `traceq report --metric mfu` (or power_w) says what is missing")
     window = pl.col("window_us").sum()
+    numbered = pl.col("step").filter(pl.col("step") != WHOLE_TRACE_STEP)
     table = rows.group_by(grain).agg(
         pl.col("window_us").is_not_null().sum().alias("steps"),  # the device-steps the means are over
+        # the steps used, as a range ('whole trace' for a rank without step markers)
+        pl.when(numbered.count() > 0).then(pl.format("{}..{}", numbered.min(), numbered.max()))
+        .otherwise(pl.lit("whole trace")).alias("step_range"),
         pl.col("step_time_ms").mean(),
         *[expr for part in PARTS for expr in (
             (pl.col(f"{part}_us").mean() / 1000).alias(f"{part}_ms"),
@@ -64,7 +69,7 @@ def summary(
     )
     title = f"summary by {','.join(grain)} ({selection.describe()}); ms per step, % of the device window"
     # on a narrow terminal: step time and the shares of compute, exposed comm and idle stay longest
-    narrow = (*(f"{p}_ms" for p in PARTS), "overlapped_comm_pct", "exposed_memcpy_pct", "steps")
+    narrow = (*(f"{p}_ms" for p in PARTS), "overlapped_comm_pct", "exposed_memcpy_pct", "step_range", "steps")
     return Report(table.sort(grain, nulls_last=True), notes, title, rows, narrow)
 
 
