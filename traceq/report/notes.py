@@ -181,7 +181,8 @@ def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, select
     whole = rows.filter(pl.col("step") == WHOLE_TRACE_STEP).group_by("run").agg(pl.col("rank").unique().sort())
     for run, ranks in whole.sort("run").iter_rows():
         notes.append(f"run {run}: rank {', '.join(map(str, ranks))} has no step marker: reported over its whole "
-                     "trace as one window (step -1); name its steps with `traceq ingest --step-marker REGEX`")
+                     "trace as one window (step -1), whose span is not a step time, so no slowest rank is named from "
+                     "it; name its steps with `traceq ingest --step-marker REGEX`")
     outside = (query.run(con, "outside_steps", query_params(selection, runs))
                .join(con.table("traces").select("trace_id, run"), "trace_id")
                .filter("n_before + n_after > 0").order("run, rank, device"))
