@@ -8,5 +8,6 @@ select
     null::bigint as step,
     null::bigint as idle_sync_ns,
     null::bigint as idle_host_bound_ns,
-    null::bigint as idle_other_ns
+    null::bigint as idle_other_ns,
+    null::bigint as idle_unknown_ns
 where false

@@ -5,7 +5,8 @@
 --   comm_kernel_ns .. exposed_comm_transfer_ns   the interval metrics of sql/interval_breakdown.sql (ns)
 --   activity                                     gpu: device activity; cpu: the trace has no GPU event, so
 --                                                its windows hold CPU-side communication and operators
---   idle_sync_ns, idle_host_bound_ns, idle_other_ns   idle split by cause (sql/idle_breakdown.sql; ns); null
+--   idle_sync_ns, idle_host_bound_ns, idle_other_ns, idle_unknown_ns   idle split by cause
+--                                                (sql/idle_breakdown.sql; ns); null
 --                                                where the windows have none (CPU-only traces), and where
 --                                                the report asks for no split (`idle_breakdown` bound to
 --                                                sql/no_idle_breakdown.sql)
@@ -19,6 +20,7 @@ with final as (
         p.idle_sync_ns,
         p.idle_host_bound_ns,
         p.idle_other_ns,
+        p.idle_unknown_ns,
         coalesce(s.matched_count, 0) as matched_count,
         coalesce(s.arrived_last_count, 0) as arrived_last_count,
         coalesce(s.wait_caused_ns, 0) as wait_caused_ns,

@@ -26,9 +26,11 @@ Rules implemented (the brief's precise spec of the critical path, with DESIGN §
     stream, smallest name). Where no piece runs: idle, split as the idle breakdown: inside a gap [g0, g1)
     (between the timeline's first start and last end, with no activity): ``idle_sync`` if a sync island
     (union of the rank's runtime events matching their category's sync pattern, dur > 0, any thread) holds
-    x, else ``idle_host_bound`` if x < h, else ``idle_other``; h = the earliest runtime event with the same
-    (rank, correlation) as any activity starting exactly at g1, clamped to [g0, g1], g0 without one.
-    Outside every gap (before the first activity, after the last): ``idle_other``.
+    x, else ``idle_unknown`` if no activity starting exactly at g1 has a launch (DESIGN §4: the trace has
+    no launch event to tell; never guess), else ``idle_host_bound`` if x < h, else ``idle_other``; h = the
+    earliest runtime event with the same (rank, correlation) as any activity starting exactly at g1,
+    clamped to [g0, g1]. Outside every gap (before the first activity, after the last): ``idle_unknown``
+    (no activity ends it, or none that the timeline holds: nothing tells a cause).
   * Implementation: every boundary of a timeline (piece starts/ends, gap ends, h, sync-island edges) is
     sorted; on each elementary interval between two consecutive boundaries "what the timeline is doing"
     is constant and is computed once (a heap of the running pieces ordered by the rule above); runs of
@@ -97,8 +99,8 @@ Points the spec leaves open, and how they are resolved here (none silently):
      the jump. Segment start_ns / end_ns are on the segment's own timeline's clock (the file's ts, without
      the file's offset).
  18. "The maximal run of the same idle kind" is taken over instants: two idle stretches of the same kind
-     separated only by a zero-length activity are one run, and the idle_other before a timeline's first
-     activity / after its last one merges with an idle_other gap it touches (possible only through
+     separated only by a zero-length activity are one run, and the idle_unknown before a timeline's first
+     activity / after its last one merges with an idle_unknown gap it touches (possible only through
      zero-length activities).
  19. "Smallest name" compares Python strings (code points). Windows with end == start never take part in
      choosing A (nor make a step).
@@ -129,10 +131,10 @@ US = 1000
 
 CATEGORIES_CSV = Path(__file__).resolve().parent.parent / "sql" / "event_categories.csv"
 PRIORITY = {"compute": 4, "comm_transfer": 3, "comm_wait": 2, "memcpy": 1, "memset": 1}
-IDLE_KINDS = ("idle_host_bound", "idle_sync", "idle_other")
+IDLE_KINDS = ("idle_host_bound", "idle_sync", "idle_other", "idle_unknown")
 KINDS = tuple(PRIORITY) + IDLE_KINDS
 GLOO_PREFIX = "gloo:"
-IDLE_OTHER = ("idle", "idle_other")
+OUTSIDE = ("idle", "idle_unknown")  # idle outside every gap
 NEG_INF, POS_INF = float("-inf"), float("inf")
 
 
@@ -398,7 +400,7 @@ class Timeline:
         self.pieces = pieces
 
         # gaps, exactly as the idle breakdown's sweep (zero-length activities included)
-        gaps = []  # (g0, g1, h)
+        gaps = []  # (g0, g1, h); h None: no activity ending the gap has a launch
         busy = None
         i = 0
         while i < len(acts):
@@ -409,7 +411,7 @@ class Timeline:
             if busy is not None and s > busy:
                 launches = [a.launch for a in acts[i:j] if a.launch is not None]
                 lch = min(launches) if launches else None
-                h = busy if lch is None else min(s, max(busy, lch))
+                h = None if lch is None else min(s, max(busy, lch))
                 gaps.append((busy, s, h))
             for a in acts[i:j]:
                 busy = a.end if busy is None else max(busy, a.end)
@@ -420,8 +422,8 @@ class Timeline:
         self.islands = sr.union(islands)
 
         self.runs: list[tuple] = []
-        if self.first is None or self.last <= self.first:  # nothing but idle_other, everywhere
-            self.runs = [(NEG_INF, POS_INF, IDLE_OTHER)]
+        if self.first is None or self.last <= self.first:  # nothing but idle outside every gap, everywhere
+            self.runs = [(NEG_INF, POS_INF, OUTSIDE)]
             self.run_starts = [NEG_INF]
             return
         bounds = {self.first, self.last}
@@ -429,7 +431,7 @@ class Timeline:
             bounds.add(p.start)
             bounds.add(p.end)
         for g0, g1, h in gaps:
-            bounds.update((g0, g1, h))
+            bounds.update((g0, g1) if h is None else (g0, g1, h))
         for s, e in self.islands:
             bounds.update((s, e))
         xs = sorted(x for x in bounds if self.first <= x <= self.last)
@@ -457,6 +459,8 @@ class Timeline:
                     ii += 1
                 if ii < len(self.islands) and self.islands[ii][0] <= x:
                     kind = "idle_sync"
+                elif gaps[gi][2] is None:
+                    kind = "idle_unknown"
                 elif x < gaps[gi][2]:
                     kind = "idle_host_bound"
                 else:
@@ -466,16 +470,16 @@ class Timeline:
                 self.runs[-1] = (self.runs[-1][0], y, thing)
             else:
                 self.runs.append((x, y, thing))
-        # outside [first, last): idle_other, merged with an idle_other run it touches (a zero-length
+        # outside [first, last): idle_unknown, merged with an idle_unknown run it touches (a zero-length
         # activity can make the first or last run an idle gap)
-        if self.runs[0][2] == IDLE_OTHER:
-            self.runs[0] = (NEG_INF, self.runs[0][1], IDLE_OTHER)
+        if self.runs[0][2] == OUTSIDE:
+            self.runs[0] = (NEG_INF, self.runs[0][1], OUTSIDE)
         else:
-            self.runs.insert(0, (NEG_INF, self.first, IDLE_OTHER))
-        if self.runs[-1][2] == IDLE_OTHER:
-            self.runs[-1] = (self.runs[-1][0], POS_INF, IDLE_OTHER)
+            self.runs.insert(0, (NEG_INF, self.first, OUTSIDE))
+        if self.runs[-1][2] == OUTSIDE:
+            self.runs[-1] = (self.runs[-1][0], POS_INF, OUTSIDE)
         else:
-            self.runs.append((self.last, POS_INF, IDLE_OTHER))
+            self.runs.append((self.last, POS_INF, OUTSIDE))
         for r0, r1 in zip(self.runs, self.runs[1:]):
             assert r0[1] == r1[0] and r0[2] != r1[2]
         self.run_starts = [r[0] for r in self.runs]
@@ -986,29 +990,29 @@ EXPECTED: dict[str, dict[int, list[tuple]]] = {
         # transfer [85,90) beats the AR's wait: 5; at 84 the AR's wait -> jump to rank 1 (t_w = 90 = its AR
         # start): t = 85, o = 0; rank 1 at 84 is in its AG's wait [60,95) -> jump to rank 0 (t_w = 95, AG
         # start 85): t = 75, o = +10; rank 0 at 74 is in the AR's wait again: cycle rule -> comm_wait segment
-        # [40,75) 35 (path [50,85)); then before rank 0's first activity (40): idle_other [30,40) (path
-        # [40,50)) 10. 10+35+5+10+40 = 100.
-        1: [(0, "idle_other", None, 10 * US), (0, "comm_wait", AR, 35 * US), (0, "comm_transfer", AG, 5 * US),
+        # [40,75) 35 (path [50,85)); then before rank 0's first activity (40): idle_unknown [30,40) (path
+        # [40,50)) 10: nothing in the trace says why the device had not started. 10+35+5+10+40 = 100.
+        1: [(0, "idle_unknown", None, 10 * US), (0, "comm_wait", AR, 35 * US), (0, "comm_transfer", AG, 5 * US),
             (0, "comm_transfer", AR, 10 * US), (0, "idle_other", None, 40 * US)],
         # The same in [140,240); before 140 rank 0 is in the gap [100,140) (idle_other).
         2: [(0, "idle_other", None, 10 * US), (0, "comm_wait", AR, 35 * US), (0, "comm_transfer", AG, 5 * US),
             (0, "comm_transfer", AR, 10 * US), (0, "idle_other", None, 40 * US)],
     },
     "gloo_cpu_only": {
-        # Windows = the step spans [0,100): A = rank 0 (tie). Idle [90,100) other 10 (copy_ on the gloo
+        # Windows = the step spans [0,100): A = rank 0 (tie). Idle [90,100) unknown 10 (copy_ on the gloo
         # thread is no compute); add_ [70,90) 20; gloo r0 [32,70): durations 38/18 -> transfer [52,70) 18,
-        # wait [32,52) -> rank 1 at 52; rank 1 at 51: c10d::allreduce_ [50,52) is no activity: other 2;
+        # wait [32,52) -> rank 1 at 52; rank 1 at 51: c10d::allreduce_ [50,52) is no activity: unknown 2;
         # aten::mm [0,50) 50 (resize_ nested in it loses the tie-break).
-        1: [(1, "compute", "aten::mm", 50 * US), (1, "idle_other", None, 2 * US),
+        1: [(1, "compute", "aten::mm", 50 * US), (1, "idle_unknown", None, 2 * US),
             (0, "comm_transfer", "gloo:all_reduce", 18 * US), (0, "compute", "aten::add_", 20 * US),
-            (0, "idle_other", None, 10 * US)],
+            (0, "idle_unknown", None, 10 * US)],
         # Rank 0 is late (last arriver, no wait): all on rank 0.
-        2: [(0, "compute", "aten::mm", 50 * US), (0, "idle_other", None, 2 * US),
+        2: [(0, "compute", "aten::mm", 50 * US), (0, "idle_unknown", None, 2 * US),
             (0, "comm_transfer", "gloo:all_reduce", 18 * US), (0, "compute", "aten::add_", 20 * US),
-            (0, "idle_other", None, 10 * US)],
-        3: [(1, "compute", "aten::mm", 50 * US), (1, "idle_other", None, 2 * US),
+            (0, "idle_unknown", None, 10 * US)],
+        3: [(1, "compute", "aten::mm", 50 * US), (1, "idle_unknown", None, 2 * US),
             (0, "comm_transfer", "gloo:all_reduce", 18 * US), (0, "compute", "aten::add_", 20 * US),
-            (0, "idle_other", None, 10 * US)],
+            (0, "idle_unknown", None, 10 * US)],
     },
 }
 
@@ -1030,10 +1034,11 @@ EXPECTED_LAST: dict[str, dict[int, list[tuple]]] = {
                            (0, "compute", GEMM_B, 15 * US), (0, "comm_transfer", AR, 10 * US)]},
     "cycle": {3: [(0, "idle_other", None, 10 * US), (0, "comm_wait", AR, 35 * US), (0, "comm_transfer", AG, 5 * US),
                   (0, "comm_transfer", AR, 10 * US)]},
-    # The last CPU window is its span [300,400): as step 2.
-    "gloo_cpu_only": {4: [(0, "compute", "aten::mm", 50 * US), (0, "idle_other", None, 2 * US),
+    # The last CPU window is its span [300,400): as step 2 (its last 10 after the rank's last activity:
+    # unknown, as every idle stretch without a launch).
+    "gloo_cpu_only": {4: [(0, "compute", "aten::mm", 50 * US), (0, "idle_unknown", None, 2 * US),
                           (0, "comm_transfer", "gloo:all_reduce", 18 * US), (0, "compute", "aten::add_", 20 * US),
-                          (0, "idle_other", None, 10 * US)]},
+                          (0, "idle_unknown", None, 10 * US)]},
 }
 
 # (from_rank, to_rank, path_ns, name, start_ns of the waiting kernel on its own clock, wait_on_path_ns),
@@ -1092,15 +1097,18 @@ def _idle_split(tl: Timeline, w0: int, w1: int) -> dict:
     def overlap(lo, hi, spans):
         return sum(max(0, min(hi, b) - max(lo, a)) for a, b in spans)
 
-    sync = host = other = 0
+    sync = host = other = unknown = 0
     covered = 0
     for g0, g1, h in tl.gaps:
         a, b = max(g0, w0), min(g1, w1)
         if a >= b:
             continue
         covered += b - a
-        c = min(b, max(a, h))
         s = overlap(a, b, tl.islands)
+        if h is None:  # no launch of the gap's ending activity: the rest of the gap is unknown
+            sync, unknown = sync + s, unknown + (b - a) - s
+            continue
+        c = min(b, max(a, h))
         hb = max(0, c - a) - overlap(a, max(a, c), tl.islands)
         sync, host, other = sync + s, host + hb, other + (b - a) - s - hb
     outside = 0  # idle outside every gap: before the first activity, after the last
@@ -1108,7 +1116,7 @@ def _idle_split(tl: Timeline, w0: int, w1: int) -> dict:
         outside = w1 - w0
     else:
         outside += max(0, min(w1, tl.first) - w0) + max(0, w1 - max(w0, tl.last))
-    return {"idle_sync": sync, "idle_host_bound": host, "idle_other": other + outside}
+    return {"idle_sync": sync, "idle_host_bound": host, "idle_other": other, "idle_unknown": unknown + outside}
 
 
 def check_single_rank(paths, result: dict) -> int:
@@ -1161,7 +1169,7 @@ def _check_timelines_instant_by_instant(n_cases: int = 3000) -> None:
         spans = [(s, s + rnd.randint(0, 6)) for s in (rnd.randint(-5, 50) for _ in range(rnd.randint(0, 3)))]
         tl = Timeline(0, 0, acts, spans)
         if not acts:
-            assert tl.runs == [(NEG_INF, POS_INF, IDLE_OTHER)]
+            assert tl.runs == [(NEG_INF, POS_INF, OUTSIDE)]
             continue
         first = min(a.start for a in acts)
         last = max(a.end for a in acts)
@@ -1176,7 +1184,7 @@ def _check_timelines_instant_by_instant(n_cases: int = 3000) -> None:
                 best = min(running, key=key)
                 want = (best.kind, best.act.name, best)
             elif x < first or x >= last:
-                want = ("idle_other", None, None)
+                want = ("idle_unknown", None, None)
             else:
                 g0 = max(a.end for a in acts if a.end <= x)
                 g1 = min(a.start for a in acts if a.start > x)
@@ -1184,6 +1192,8 @@ def _check_timelines_instant_by_instant(n_cases: int = 3000) -> None:
                 h = g0 if not launches else min(g1, max(g0, min(launches)))
                 if any(s <= x < e for s, e in spans):
                     want = ("idle_sync", None, None)
+                elif not launches:
+                    want = ("idle_unknown", None, None)
                 elif x < h:
                     want = ("idle_host_bound", None, None)
                 else:

@@ -197,3 +197,26 @@ def test_a_cpu_only_trace_keeps_its_last_step_its_windows_are_its_cpu_spans(tmp_
     table, notes = report.table, report.notes
     assert table.select("step", "window_us", "idle_us").rows() == [(1, 100.0, 100.0), (2, 100.0, 100.0), (3, 100.0, 100.0)]
     assert not any("left out" in n or "also its last" in n for n in notes)
+
+
+def test_a_step_less_multi_rank_run_names_no_slowest_rank(tmp_path: Path) -> None:
+    """Four ranks with no step marker and no launch event (NCCL kernels only): each is one whole-trace
+    window (step -1), whose span is no step time. Rank 2's span is the longest (it starts first), yet
+    `report --by run` names no slowest rank from it, and a note says why; by rank the spans still show."""
+    spans = {0: (20, 100), 1: (15, 100), 2: (0, 100), 3: (30, 110)}
+    for rank, (s, e) in spans.items():
+        t = TraceBuilder(rank=rank)
+        t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", s * US, (s + 5) * US)
+        t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", (e - 5) * US, e * US)
+        t.write(tmp_path / "stepless" / f"rank{rank}.json",
+                distributedInfo={"backend": "nccl", "rank": rank, "world_size": 4})
+    db = tmp_path / "w.duckdb"
+    assert ingest_traces([tmp_path / "stepless"], db, threads=1).ok
+    report = metric_report(db, "step_time_ms", by="run")
+    row = report.table.row(0, named=True)
+    assert row["ranks"] == 4 and row["slowest_rank"] is None and row["slowest_step_time_ms"] is None
+    assert any("whose span is not a step time, so no slowest rank is named" in n for n in report.notes), report.notes
+    by_rank = compute_metric(db, "step_time_ms", by="run,rank")
+    assert by_rank.sort("rank")["step_time_ms"].to_list() == [0.08, 0.085, 0.1, 0.08]
+    result = CliRunner().invoke(app, ["report", "--db", str(db), "--metric", "idle_unknown", "--by", "run"])
+    assert result.exit_code == 0, result.output

@@ -23,7 +23,8 @@ from traceq.store.warehouse import connect
 
 EVERY_STEP = StepSelection(skip_steps=0, include_last=True, drop_incomplete=False)
 BREAKDOWN = {"compute": ("compute",), "exposed_comm": ("comm_transfer",), "exposed_memcpy": ("memcpy", "memset"),
-             "idle_host_bound": ("idle_host_bound",), "idle_sync": ("idle_sync",), "idle_other": ("idle_other",)}
+             "idle_host_bound": ("idle_host_bound",), "idle_sync": ("idle_sync",), "idle_other": ("idle_other",),
+             "idle_unknown": ("idle_unknown",)}
 
 
 def path_of(result, step: int) -> list[tuple]:
@@ -101,6 +102,28 @@ def test_idle_is_split_host_bound_sync_and_other_on_the_path(tmp_path: Path) -> 
         (0, "compute", GEMM, 20 * US), (0, "idle_sync", None, 10 * US), (0, "idle_host_bound", None, 15 * US),
         (0, "idle_other", None, 15 * US), (0, "compute", GEMM, 40 * US),
     ]
+
+
+def test_idle_without_a_launch_is_unknown_on_the_path(tmp_path: Path) -> None:
+    """As above, but the gemm ending the gap [20, 60) has no launch event (the other two do): the gap is
+    [20, 30) sync (the host's synchronize is evidence) and [30, 60) unknown, never host-bound or other;
+    the step's sentence says so. Worked by hand."""
+    t = TraceBuilder(rank=0)
+    t.step(1, 0, 100 * US)
+    t.step(2, 100 * US, 200 * US)
+    t.kernel(GEMM, 0, 20 * US, launch_ns=0)
+    t.kernel(GEMM, 60 * US, 100 * US)
+    t.kernel(GEMM, 100 * US, 150 * US, launch_ns=100 * US)
+    t.events.append(t._span("cuda_runtime", "cudaStreamSynchronize", 10 * US, 30 * US, None))
+    db = tmp_path / "one.duckdb"
+    assert ingest_traces([t.write(tmp_path / "one" / "rank0.json")], db, threads=1).ok
+    result = critical_path(db, selection=StepSelection(skip_steps=0, step_min=1, step_max=1), segments=True)
+    assert path_of(result, 1) == [
+        (0, "compute", GEMM, 20 * US), (0, "idle_sync", None, 10 * US), (0, "idle_unknown", None, 30 * US),
+        (0, "compute", GEMM, 40 * US),
+    ]
+    sentence = result.sentence(1)
+    assert "rank 0's idle unknown" in sentence and "idle other" not in sentence and "host bound" not in sentence
 
 
 def test_choices_and_errors(tmp_path: Path) -> None:
@@ -187,7 +210,7 @@ def test_a_single_rank_path_is_the_interval_and_idle_breakdown(corpus_db: Path) 
         intervals, idle = (query.statement(con, name, bind) for name in ("interval_breakdown", "idle_breakdown"))
         breakdown = con.sql(
             "select b.trace_id, b.rank, b.device, b.step, b.compute_ns, b.exposed_comm_ns, b.exposed_memcpy_ns, "
-            "i.idle_host_bound_ns, i.idle_sync_ns, i.idle_other_ns "
+            "i.idle_host_bound_ns, i.idle_sync_ns, i.idle_other_ns, i.idle_unknown_ns "
             f"from ({intervals}) as b inner join ({idle}) as i using (trace_id, rank, device, step)",
             params=query.params_of(intervals + idle, params),
         ).pl()

@@ -225,8 +225,11 @@ METRICS: tuple[Metric, ...] = (
            "sync) was in flight on the rank's host", source="idle"),
     Metric("idle_host_bound_us", "us", "idle_us not in a sync and before the launch of the work that ends the idle gap: "
            "nothing was queued, the CPU launched late", source="idle"),
-    Metric("idle_other_us", "us", "the rest of idle_us: work was launched but had not started (launch latency, a stream "
-           "waiting on an event); idle_sync_us + idle_host_bound_us + idle_other_us = idle_us", source="idle"),
+    Metric("idle_other_us", "us", "idle_us not in a sync and from the launch of the work that ends the idle gap on: it was "
+           "launched but had not started (launch latency, a stream waiting on an event)", source="idle"),
+    Metric("idle_unknown_us", "us", "idle_us not in a sync in a gap whose ending work has no launch event (a trace of device "
+           "events only, e.g. NCCL kernels alone): no cause is guessed; idle_sync_us + idle_host_bound_us + idle_other_us "
+           "+ idle_unknown_us = idle_us", source="idle"),
     Metric("comm_wait_us", "us", "the part of comm_us where every running communication kernel is still waiting for its "
            "last peer (each matched kernel's first duration − transfer; README: Across ranks)", source="cross_rank"),
     Metric("comm_transfer_us", "us", "the rest of comm_us: some kernel moves data (an instance's transfer = its shortest "

@@ -313,7 +313,7 @@ def write_critical_path_html(path: str, result: CriticalPath) -> int:
 KIND_NOTE = (
     "the path walks back from the end of the step on the rank whose window ends last: its time goes to what the "
     "device was doing (compute over comm transfer over comm wait over memcpy/memset; idle split host-bound / "
-    "sync / other), and where a rank waited at a matched collective it jumps to the rank that arrived last, at "
-    "the moment that rank's kernel started; device-level: it does not see CPU-side dependencies inside a rank "
-    "beyond the idle split"
+    "sync / other / unknown, unknown where the work ending the idle has no launch event in the trace), and where "
+    "a rank waited at a matched collective it jumps to the rank that arrived last, at the moment that rank's "
+    "kernel started; device-level: it does not see CPU-side dependencies inside a rank beyond the idle split"
 )

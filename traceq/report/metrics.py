@@ -30,6 +30,7 @@ from traceq.catalog import (
     PER_STEP_METRICS,
     RATE_NUMERATORS,
     RATE_WEIGHTS,
+    WHOLE_TRACE_STEP,
     columns,
     resolve_metric,
 )
@@ -76,7 +77,7 @@ def interval_breakdown(
         return _asked(to_polars(rows), idle_parts, cross_rank)
 
 
-_IDLE_NS = ("idle_sync_ns", "idle_host_bound_ns", "idle_other_ns")
+_IDLE_NS = ("idle_sync_ns", "idle_host_bound_ns", "idle_other_ns", "idle_unknown_ns")
 _SPLIT_NS = ("comm_wait_ns", "comm_transfer_ns", "exposed_comm_wait_ns", "exposed_comm_transfer_ns")
 _STRAGGLER_COLUMNS = ("matched_count", "arrived_last_count", "wait_caused_ns", "wait_ns")
 
@@ -392,14 +393,16 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
         value.quantile(0.1, "linear").alias(f"{metric}_p10"),
         value.quantile(0.9, "linear").alias(f"{metric}_p90"),
         pl.col("step_time_ms").mean().alias("step_time_ms_mean"),
+        # the slowest rank is named from step times: a step-less rank's whole-trace span is none (README: Steps)
+        pl.col("step_time_ms").filter(pl.col("step") != WHOLE_TRACE_STEP).mean().alias("_step_ms"),
     )
     if "rank" in by:  # runs apart within a rank: group_by's order is not the same every time
-        return per_rank.drop("_num", "_den", strict=False).sort(list(dict.fromkeys([*by, "run"])))
+        return per_rank.drop("_num", "_den", "_step_ms", strict=False).sort(list(dict.fromkeys([*by, "run"])))
     # a rate over ranks and runs is still the ratio of all their sums; other metrics: the mean of the means
     mean = ratio_of_sums(pl.col("_num"), pl.col("_den")) if rate else pl.col(metric).mean()
     per_run = (
         # ties go to the lowest rank, so the answer does not change between runs
-        per_rank.sort(["step_time_ms_mean", "rank"], descending=[True, False], nulls_last=True)
+        per_rank.sort(["_step_ms", "rank"], descending=[True, False], nulls_last=True)
         .group_by(["run", *others], maintain_order=True)
         .agg(
             pl.len().alias("ranks"),
@@ -407,8 +410,8 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
             *([pl.col("_num").sum(), pl.col("_den").sum()] if rate else []),
             pl.col(metric).min().alias(f"{metric}_min"),
             pl.col(metric).max().alias(f"{metric}_max"),
-            pl.col("rank").first().alias("slowest_rank"),
-            pl.col("step_time_ms_mean").first().alias("slowest_step_time_ms"),
+            pl.col("rank").filter(pl.col("_step_ms").is_not_null()).first().alias("slowest_rank"),
+            pl.col("_step_ms").first().alias("slowest_step_time_ms"),
         )
     )
     if "run" in by or not others:

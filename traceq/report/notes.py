@@ -33,8 +33,8 @@ NVML_NOTE = (
     "NVML power is a ~1 s moving average on A100/H100 and the sensor samples only part of the time: "
     "steps much shorter than 1 s smear into their neighbours; energy from the NVML energy counter is the better source"
 )
-NO_MARKER_KIND = ("no step marker: reported over the whole trace as one window (step -1); name the steps with "
-                  "`traceq ingest --step-marker REGEX`")
+NO_MARKER_KIND = ("no step marker: reported over the whole trace as one window (step -1), whose span is not a step "
+                  "time (no slowest rank is named from it); name the steps with `traceq ingest --step-marker REGEX`")
 FLOPS_PEAK_KIND = "model FLOPs per step and GPU peak behind tflops and mfu (a run that lacks one has them empty)"
 TOKENS_METRICS = ("tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "tokens_per_j")
 FLOPS_METRICS = ("tflops", "mfu")
@@ -195,7 +195,8 @@ def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, select
     for run, ranks in whole.sort("run").iter_rows():
         notes.append(RunNote(NO_MARKER_KIND, f"run {run} rank {', '.join(map(str, ranks))}",
                              f"run {run}: rank {', '.join(map(str, ranks))} has no step marker: reported over its "
-                             "whole trace as one window (step -1); name its steps with `traceq ingest --step-marker REGEX`"))
+                             "whole trace as one window (step -1), whose span is not a step time, so no slowest rank "
+                             "is named from it; name its steps with `traceq ingest --step-marker REGEX`"))
     outside = (query.run(con, "outside_steps", query_params(selection, runs))
                .join(con.table("traces").select("trace_id, run"), "trace_id")
                .filter("n_before + n_after > 0").order("run, rank, device"))

@@ -5,8 +5,8 @@
 What the device was doing at an instant: compute over communication transfer over communication wait
 over memcpy/memset (the order of the interval breakdown: compute hides comm, comm hides copies, moving
 data wins over waiting), and among activities of one kind the one that started first (then: ended last,
-lowest stream, smallest name); where nothing ran, idle split host-bound / sync / other as
-``sql/idle_breakdown.sql`` does.
+lowest stream, smallest name); where nothing ran, idle split host-bound / sync / other / unknown as
+``sql/idle_breakdown.sql`` does (unknown: a gap whose ending activity has no launch event).
 
 Sized for real steps (1,000-2,000 kernels a rank): a timeline is numpy arrays built without a Python
 loop per kernel; only kernels that overlap another are painted one by one.
@@ -20,9 +20,10 @@ if TYPE_CHECKING:
     import numpy as np
     import polars as pl
 
-# what a timeline is doing, by code: a piece's kind (0-4) or an idle kind (5-7)
-KINDS = ("compute", "comm_transfer", "comm_wait", "memcpy", "memset", "idle_host_bound", "idle_sync", "idle_other")
-COMPUTE, TRANSFER, WAIT, MEMCPY, MEMSET, IDLE_HOST_BOUND, IDLE_SYNC, IDLE_OTHER = range(8)
+# what a timeline is doing, by code: a piece's kind (0-4) or an idle kind (5-8)
+KINDS = ("compute", "comm_transfer", "comm_wait", "memcpy", "memset", "idle_host_bound", "idle_sync", "idle_other",
+         "idle_unknown")
+COMPUTE, TRANSFER, WAIT, MEMCPY, MEMSET, IDLE_HOST_BOUND, IDLE_SYNC, IDLE_OTHER, IDLE_UNKNOWN = range(9)
 _PRIORITY = (0, 1, 2, 3, 3)  # a piece's priority by kind (lower wins)
 _CLASS_KIND = {"compute": COMPUTE, "memcpy": MEMCPY, "memset": MEMSET}
 FAR = 2**62  # "no bound": before or after every time of a trace
@@ -79,24 +80,29 @@ class Timeline:
 
         gaps = _gaps(start, end, col["launch_ns"].astype(np.int64))
         isl_start, isl_end = islands
-        bounds = np.unique(np.concatenate([ps, pe, *gaps, isl_start, isl_end]))
+        bounds = np.unique(np.concatenate([ps, pe, *gaps[:3], isl_start, isl_end]))
         owner = _paint(bounds, ps, pe, order)
         idle = np.flatnonzero(owner < 0)
         code = np.where(owner >= 0, pk[np.maximum(owner, 0)], IDLE_OTHER)
         act_of = np.where(owner >= 0, pa[np.maximum(owner, 0)], n)
         if len(idle):
             x0, x1 = bounds[idle], bounds[idle + 1]
-            g0, g1, h = gaps if len(gaps[0]) else (np.array([FAR]), np.array([FAR]), np.array([FAR]))
+            g0, g1, h, known = gaps if len(gaps[0]) else (np.array([FAR]), np.array([FAR]), np.array([FAR]),
+                                                          np.array([True]))
             j = np.searchsorted(g0, x0, side="right") - 1
             in_gap = (j >= 0) & (x1 <= g1[np.maximum(j, 0)])
             host = in_gap & (x1 <= h[np.maximum(j, 0)])
+            # other: the ending activity was launched; no launch (h = g0: nothing host-bound) or outside every
+            # gap (before the first activity, after the last: nothing ends it): unknown, no cause guessed
+            other = in_gap & known[np.maximum(j, 0)]
             k = np.searchsorted(isl_start, x0, side="right") - 1
             in_sync = in_gap & (k >= 0) & (x0 < isl_end[np.maximum(k, 0)]) if len(isl_start) else np.zeros(len(idle), bool)
-            code[idle] = np.where(in_sync, IDLE_SYNC, np.where(host, IDLE_HOST_BOUND, IDLE_OTHER))
+            code[idle] = np.where(in_sync, IDLE_SYNC, np.where(host, IDLE_HOST_BOUND,
+                                                               np.where(other, IDLE_OTHER, IDLE_UNKNOWN)))
         # runs of one owner (a piece, or an idle kind), with idle before and after everything
         ident = np.where(owner >= 0, owner, -code)
-        ident = np.concatenate([[-IDLE_OTHER], ident, [-IDLE_OTHER]])
-        code = np.concatenate([[IDLE_OTHER], code, [IDLE_OTHER]])
+        ident = np.concatenate([[-IDLE_UNKNOWN], ident, [-IDLE_UNKNOWN]])
+        code = np.concatenate([[IDLE_UNKNOWN], code, [IDLE_UNKNOWN]])
         act_of = np.concatenate([[n], act_of, [n]])
         edges = np.concatenate([[-FAR], bounds, [FAR]])
         if not len(bounds):
@@ -153,15 +159,16 @@ def _paint(bounds: np.ndarray, ps: np.ndarray, pe: np.ndarray, order: np.ndarray
     return owner
 
 
-def _gaps(start: np.ndarray, end: np.ndarray, launch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The idle gaps between a timeline's activities (sql/idle_breakdown.sql): (g0, g1, h) arrays, h = the
-    launch of the activity that ends the gap (the earliest of those starting at g1) clamped to [g0, g1],
-    g0 without one: before h the host had launched nothing (host-bound)."""
+def _gaps(start: np.ndarray, end: np.ndarray, launch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The idle gaps between a timeline's activities (sql/idle_breakdown.sql): (g0, g1, h, known) arrays,
+    h = the launch of the activity that ends the gap (the earliest of those starting at g1) clamped to
+    [g0, g1]: before h the host had launched nothing (host-bound), after it the work waited (other);
+    ``known`` false where no activity starting at g1 has a launch (h = g0): the gap's cause is unknown."""
     import numpy as np
 
     if len(start) < 2:
         empty = np.array([], dtype=np.int64)
-        return empty, empty, empty
+        return empty, empty, empty, np.array([], dtype=bool)
     order = np.lexsort((end, start))
     s, e, launch = start[order], end[order], launch[order]
     busy = np.maximum.accumulate(e)[:-1]
@@ -175,8 +182,9 @@ def _gaps(start: np.ndarray, end: np.ndarray, launch: np.ndarray) -> tuple[np.nd
         launched = np.minimum.reduceat(padded, np.ravel(np.column_stack([first, stop])))[::2]
     else:
         launched = np.array([], np.int64)
-    h = np.where(launched >= FAR, g0, np.minimum(np.maximum(launched, g0), g1))
-    return g0, g1, h
+    known = launched < FAR
+    h = np.where(known, np.minimum(np.maximum(launched, g0), g1), g0)
+    return g0, g1, h, known
 
 
 def empty_timeline(key: TimelineKey) -> Timeline:

@@ -245,6 +245,7 @@ def diff_figure(changes: pl.DataFrame, a: str, b: str) -> Any:
 PATH_COLOURS = {
     "compute": "#4C78A8", "comm_transfer": "#E45756", "comm_wait": "#FF9DA6", "memcpy": "#F58518",
     "memset": "#FFBF79", "idle_host_bound": "#B279A2", "idle_sync": "#9D755D", "idle_other": "#BAB0AC",
+    "idle_unknown": "#E0DCD8",
 }
 
 
