@@ -106,11 +106,14 @@ def test_steps_then_ranks_then_runs(two_runs: Path) -> None:
     assert (job["ranks"], job["tokens_per_s"], job["tokens_per_s_min"], job["tokens_per_s_max"]) == (
         2, pytest.approx(10_000), pytest.approx(8_000), pytest.approx(4000 / 0.3))
     assert (job["slowest_rank"], job["slowest_step_time_ms"]) == (1, pytest.approx(250.0))
-    # --by a metadata column: job (10,000) and job2 (2 x 2000 / 0.2 s = 20,000) over world size 2:
-    # 6 rank-steps x 2000 tokens / (0.8 + 0.2 s)
-    by_ws = compute_metric(two_runs, "tokens_per_s", by=["world_size"], selection=EVERY).row(0, named=True)
+    # --by a metadata column: job (10,000) and job2 (2 x 2000 / 0.2 s = 20,000) over world size 2. A group's
+    # row is its runs: per rank-step, job has 2000 tokens in 0.2 s and job2 2000 in 0.1 s, so the group
+    # 2000 tokens in 0.15 s (its step_time_ms row: 150 ms) = 13,333 tokens/s, and 13,333 x 0.15 s = 2000
+    # tokens; pooling its 6 rank-steps (6 x 2000 / 1.0 s = 12,000) contradicted the row's 150 ms
+    by_ws = compute_metric(two_runs, "tokens_per_s,step_time", by=["world_size"], selection=EVERY).row(0, named=True)
     assert (by_ws["world_size"], by_ws["runs"], by_ws["ranks"]) == (2, 2, 3)
-    assert by_ws["tokens_per_s"] == pytest.approx(12_000)
+    assert by_ws["tokens_per_s"] == pytest.approx(2000 / 0.15)
+    assert by_ws["step_time_ms"] == pytest.approx(150.0)
     assert (by_ws["tokens_per_s_min"], by_ws["tokens_per_s_max"]) == (pytest.approx(10_000), pytest.approx(20_000))
     assert (by_ws["slowest_run"], by_ws["slowest_rank"]) == ("job", 1)
     with_meta = compute_metric(two_runs, "step_time_ms", by=["run", "model", "tp"], selection=EVERY)
@@ -123,7 +126,7 @@ def test_report_by_metadata_from_the_cli_and_bad_columns(two_runs: Path) -> None
     ok = runner.invoke(app, ["report", "--include-last", "--metric", "tokens_per_s", "--by", "world_size,model", "--format", "json",
                              "--db", str(two_runs)])
     assert ok.exit_code == 0, ok.output
-    assert json.loads(ok.stdout)[0]["tokens_per_s"] == pytest.approx(12_000)  # as test_steps_then_ranks_then_runs
+    assert json.loads(ok.stdout)[0]["tokens_per_s"] == pytest.approx(2000 / 0.15)  # as test_steps_then_ranks_then_runs
     assert "steps used: run job: steps 1..2" in ok.stderr
     bad = runner.invoke(app, ["report", "--by", "colour", "--db", str(two_runs)])
     assert bad.exit_code == 1 and "unknown column(s) ['colour']" in bad.stderr

@@ -6,8 +6,9 @@ step; ``sql/trace_metrics.sql`` over the whole trace) composes the interval figu
 split across ranks), throughput, FLOPs and power (``sql/step_throughput.sql``) and the run's metadata
 (``sql/run_metadata.sql``); a breakdown's rows are ``sql/breakdown_metrics.sql``. Every join happens in
 DuckDB, over the selected runs alone. This module then converts to the units in the metric names and
-aggregates the step rows: steps first (mean, median, p10, p90), then ranks (mean, min, max and the
-slowest rank), then runs (grouped by metadata columns).
+aggregates the step rows: a rank's row over its steps (mean, median, p10, p90), a run's over its
+rank-steps (with min, max and the slowest rank of its ranks' rows), a group's over its runs (grouped by
+metadata columns).
 """
 
 from __future__ import annotations
@@ -177,9 +178,10 @@ def compute_metric(
         by: column names, as a sequence or a comma-separated string, from
             :data:`~traceq.catalog.GROUP_COLUMNS` (run, rank, device, step and run metadata columns
             such as world_size, tp, gpu_model). Steps are aggregated when ``step`` is not in ``by``
-            (mean, median, p10, p90 over steps); ranks when ``rank`` is not (mean, min, max of the
-            per-rank means, and the slowest rank by step time); runs when ``run`` is not either (mean,
-            min, max of the run means, and the slowest run).
+            (mean, median, p10, p90 over steps); ranks when ``rank`` is not (the mean over the run's
+            rank-steps, min and max of the per-rank means, and the slowest rank by step time); runs
+            when ``run`` is not either (mean, min, max of the run means, and the slowest run). A rate
+            is a ratio of sums at every grain (:func:`aggregate`).
         whole_trace: the whole timeline and every kernel instead of the selected steps' windows.
         selection: which steps (warm-up skip, range, incomplete last step).
         runs: only these runs.
@@ -365,16 +367,26 @@ def rate_parts(metric: str, value: str | None = None, weight: str | None = None)
     return pl.when(known).then(n), pl.when(known).then(w)
 
 
-def _sums_of(metric: str) -> list[pl.Expr]:
-    """Σ numerator and Σ denominator of a rate metric (as _num, _den), for aggregating further up."""
+def _per_step_parts(metric: str) -> list[pl.Expr]:
+    """A rate's Σ numerator and Σ denominator over a run's rank-steps, each divided by the rank-steps its
+    denominator is measured over (as _num, _den): the run's mean numerator and denominator per rank-step,
+    which a group of runs averages like any other figure of its runs."""
+    import polars as pl
+
     num, den = rate_parts(metric)
-    return [num.sum().alias("_num"), den.sum().alias("_den")]
+    measured = pl.col(RATE_WEIGHTS[metric]).count()
+    return [pl.when(measured > 0).then(num.sum() / measured).alias("_num"),
+            pl.when(measured > 0).then(den.sum() / measured).alias("_den")]
 
 
 def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFrame:
-    """Aggregate step rows of :func:`step_metrics` for ``metric`` to the grain ``by``.
+    """Aggregate step rows of :func:`step_metrics` for ``metric`` to the grain ``by`` (README: Aggregation).
 
-    Steps -> ranks (per run) -> runs (per group of ``by`` columns other than run and rank).
+    Every figure of a row comes from one aggregation, by :func:`mean_of`: a rank's row pools its steps,
+    a run's row pools its rank-steps (a rank cut short weighs by the steps it has; the min, max and
+    slowest rank describe its ranks' rows), a group's row (``by`` columns other than run and rank) its
+    runs: the mean of their values, a rate the ratio of the means of their numerators and denominators.
+    So on every row a rate × its denominator = its numerator. The spread (median, p10, p90) is per step.
     """
     import polars as pl
 
@@ -388,7 +400,6 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
     per_rank = rows.group_by(["run", "rank", *others]).agg(
         pl.len().alias("steps"),
         mean_of(metric).alias(metric),
-        *(_sums_of(metric) if rate else []),
         value.median().alias(f"{metric}_median"),
         value.quantile(0.1, "linear").alias(f"{metric}_p10"),
         value.quantile(0.9, "linear").alias(f"{metric}_p90"),
@@ -397,28 +408,31 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
         pl.col("step_time_ms").filter(pl.col("step") != WHOLE_TRACE_STEP).mean().alias("_step_ms"),
     )
     if "rank" in by:  # runs apart within a rank: group_by's order is not the same every time
-        return per_rank.drop("_num", "_den", "_step_ms", strict=False).sort(list(dict.fromkeys([*by, "run"])))
-    # a rate over ranks and runs is still the ratio of all their sums; other metrics: the mean of the means
-    mean = ratio_of_sums(pl.col("_num"), pl.col("_den")) if rate else pl.col(metric).mean()
+        return per_rank.drop("_step_ms").sort(list(dict.fromkeys([*by, "run"])))
+    # a run's value pools its rank-steps, by the formula a rank's row uses over its steps
+    pooled = rows.group_by(["run", *others]).agg(mean_of(metric).alias(metric),
+                                                  *(_per_step_parts(metric) if rate else []))
     per_run = (
         # ties go to the lowest rank, so the answer does not change between runs
         per_rank.sort(["_step_ms", "rank"], descending=[True, False], nulls_last=True)
         .group_by(["run", *others], maintain_order=True)
         .agg(
             pl.len().alias("ranks"),
-            mean.alias(metric),
-            *([pl.col("_num").sum(), pl.col("_den").sum()] if rate else []),
             pl.col(metric).min().alias(f"{metric}_min"),
             pl.col(metric).max().alias(f"{metric}_max"),
             pl.col("rank").filter(pl.col("_step_ms").is_not_null()).first().alias("slowest_rank"),
             pl.col("_step_ms").first().alias("slowest_step_time_ms"),
         )
+        .join(pooled, on=["run", *others], how="left", nulls_equal=True, maintain_order="left")
+        .select("run", *others, "ranks", metric, pl.exclude("run", *others, "ranks", metric))
     )
     if "run" in by or not others:
         per_run = per_run.drop("_num", "_den", strict=False)
         return per_run.select([c for c in by if c in per_run.columns] + [c for c in per_run.columns if c not in by]).sort(
             [c for c in by if c in per_run.columns] or ["run"]
         )
+    # a group's row averages its runs; a rate there is the ratio of its runs' mean numerators and denominators
+    mean = ratio_of_sums(pl.col("_num"), pl.col("_den")) if rate else pl.col(metric).mean()
     return (
         per_run.sort(["slowest_step_time_ms", "run"], descending=[True, False], nulls_last=True)
         .group_by(others, maintain_order=True)
