@@ -1,4 +1,4 @@
--- inputs: step_throughput, window_metrics, run_metadata
+-- inputs: step_throughput, window_metrics, run_groups
 -- step_metrics: the step rows of a report, one per (trace_id, rank, device, step) of the selected steps
 -- (sql/selected_steps.sql; `windows` bound to sql/selected_windows.sql). A selected step that launched
 -- nothing on any device has one row, its device and window figures null.
@@ -7,7 +7,7 @@
 --                                  tokens/s, TFLOP/s, W, J, tokens/J, and where each comes from)
 --   device .. wait_ns              the figures of its window on that device (sql/window_metrics.sql: ns,
 --                                  counts, activity)
---   world_size .. tokens_per_step  the run's metadata (sql/run_metadata.sql), for grouping
+--   world_size .. tokens_per_step  the run's metadata for grouping (sql/run_groups.sql)
 with final as (
     select
         t.trace_id,
@@ -32,20 +32,10 @@ with final as (
         t.peak_tflops_source,
         t.peak_gpu,
         w.* exclude (trace_id, rank, step),
-        m.world_size,
-        m.nodes,
-        m.gpus_per_node,
-        m.tp,
-        m.pp,
-        m.cp,
-        m.dp,
-        m.model,
-        m.seq_len,
-        m.gpu_model,
-        m.tokens_per_step
+        m.* exclude (run)
     from step_throughput as t
     left join window_metrics as w on w.trace_id = t.trace_id and w.rank = t.rank and w.step = t.step
-    left join run_metadata as m on m.run = t.run
+    left join run_groups as m on m.run = t.run
 )
 
 select * from final

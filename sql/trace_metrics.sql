@@ -1,10 +1,10 @@
--- inputs: window_metrics, run_metadata
+-- inputs: window_metrics, run_groups
 -- trace_metrics: the rows of a whole-trace report, one per (trace_id, rank, device) over its whole timeline
 -- and every kernel (step -1; `windows` bound to sql/trace_windows.sql), shaped as sql/step_metrics.sql's:
 --   trace_id, rank, device, step .. wait_ns   the window's figures (sql/window_metrics.sql: ns, counts, activity)
 --   run
 --   tokens_per_s .. peak_gpu, step_time_ns    null: measured over a step's CPU span, they have no whole-trace value
---   world_size .. tokens_per_step             the run's metadata (sql/run_metadata.sql), for grouping
+--   world_size .. tokens_per_step             the run's metadata for grouping (sql/run_groups.sql)
 with final as (
     select
         w.*,
@@ -26,20 +26,10 @@ with final as (
         null as peak_tflops_source,
         null as peak_gpu,
         null as step_time_ns,
-        m.world_size,
-        m.nodes,
-        m.gpus_per_node,
-        m.tp,
-        m.pp,
-        m.cp,
-        m.dp,
-        m.model,
-        m.seq_len,
-        m.gpu_model,
-        m.tokens_per_step
+        m.* exclude (run)
     from window_metrics as w
     inner join traces as t on t.trace_id = w.trace_id
-    left join run_metadata as m on m.run = t.run
+    left join run_groups as m on m.run = t.run
 )
 
 select * from final
