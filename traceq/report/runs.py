@@ -16,6 +16,12 @@ from traceq.store.schema import require_side_tables
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
 
+# the runs' columns a narrow terminal leaves out first, the least read first: run, traces, ranks, world
+# size, GPU, peak, tokens and FLOPs stay longest (--format csv or json gives them all)
+RUN_COLUMNS_LAST = ("set_by_user", "device_type", "peak_tflops_source", "flops_source", "peak_gpu", "cp", "pp", "tp",
+                    "dp", "gpus_per_node", "nodes", "model_flops_per_token", "warmup_steps", "seq_len", "model")
+
+
 def run_metadata(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per run: its metadata as typed columns (see ``sql/run_metadata.sql``)."""
 
@@ -37,7 +43,7 @@ def runs_report(db: Warehouse = DEFAULT_DB, *, traces: bool = False, runs: Seque
     title = f"{table.height} trace file(s)" if traces else f"{table.height} run(s)"
     # the path is what a listing of traces is for: it stays, and the figures and labels beside it go first
     narrow = ("step_marker", "device_events", "events", "first_step", "last_step", "rank_source", "gpu_model",
-              "steps") if traces else ()
+              "steps") if traces else RUN_COLUMNS_LAST
     return Report(table, (), title, narrow=narrow)
 
 
