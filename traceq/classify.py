@@ -77,6 +77,8 @@ def ensure(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) ->
     if names:
         _classify(con, names)
     cats = event_categories()
+    # one row per launch, or sql/gpu_classified.sql would count a kernel twice
+    con.execute(f"delete from {OPTIMIZER_TABLE} where trace_id in (select unnest($1))", [trace_ids])
     con.execute(f"insert into {OPTIMIZER_TABLE} select * from ({data_text('optimizer_launches.sql')})", {
         "trace_ids": trace_ids, "runtime_cats": list(cats.cats("runtime")),
         "device_annotation_cats": list(cats.cats("device_annotation")),
