@@ -8,15 +8,29 @@
 --                  until the next one or the log's end record, for at most max(2 intervals, 1 s): NVML's
 --                  reading is itself a ~1 s average, and a longer gap is not bridged by a guess;
 --                  null unless samples cover the whole window for every GPU
---   energy_j       J: energy counter at the start of step N+1 minus at the start of step N, summed over
---                  the GPUs (energy_source 'energy counter'); else power_w × window (energy_source
---                  'power integral'); else null
+--   energy_j       J: the energy counter interpolated linearly to the step's start and to the next step's
+--                  start (the last step: its end), the difference summed over the GPUs (energy_source
+--                  'energy counter'); else power_w × window (energy_source 'power integral'); else null.
+--                  The counter is read at step boundaries but ticks only about every 100 ms (H100/H200):
+--                  a step between two ticks reads the same value at both ends. So the counter is the line
+--                  through the reads where it shows a new value (the first read of each value: by then it
+--                  had reached it), evaluated between the two such reads around each boundary; a boundary
+--                  outside them has no counter value. Boundaries are shared by consecutive steps, so the
+--                  sum over steps a..b is the interpolated counter's difference from a's start to b+1's.
 --   window_s       s, length of the wall-clock window
 -- NVML power is a ~1 s moving average on A100/H100 (power_logs.note): steps much shorter than 1 s
 -- smear into each other; the energy counter is the better source for joules.
-with windows as (
-    select w.trace_id, w.rank, w.step, w.start_wall_ns, w.end_wall_ns
-    from step_wall_times as w
+with all_windows as (
+    select
+        trace_id, rank, step, start_wall_ns, end_wall_ns,
+        lead(start_wall_ns) over (partition by trace_id, rank order by step) as next_start_wall_ns
+    from step_wall_times
+),
+
+windows as (
+    select w.trace_id, w.rank, w.step, w.start_wall_ns, w.end_wall_ns,
+           coalesce(w.next_start_wall_ns, w.end_wall_ns) as energy_end_wall_ns
+    from all_windows as w
     semi join selected_steps as s on s.trace_id = w.trace_id and s.rank = w.rank and s.step = w.step
 ),
 
@@ -73,20 +87,55 @@ step_gpu_power as (
     group by all
 ),
 
-energy_marks as (
-    select trace_id, rank, gpu, step, arg_min(energy_mj, wall_ns) as energy_mj
+energy_reads as (
+    select
+        trace_id, rank, gpu, wall_ns, energy_mj,
+        lag(energy_mj) over (partition by trace_id, rank, gpu order by wall_ns) as previous_mj
     from power_samples
     where kind = 'energy' and energy_mj is not null
-    group by all
+),
+
+-- the reads where the counter shows a new value, each with the next such read: the segments of the line
+knots as (
+    select
+        trace_id, rank, gpu, wall_ns, energy_mj,
+        lead(wall_ns) over (partition by trace_id, rank, gpu order by wall_ns) as next_ns,
+        lead(energy_mj) over (partition by trace_id, rank, gpu order by wall_ns) as next_mj
+    from energy_reads
+    where previous_mj is distinct from energy_mj
+),
+
+boundaries as (
+    select w.trace_id, w.rank, w.step, g.gpu, w.start_wall_ns as at_ns, false as is_end
+    from windows as w
+    inner join (select distinct trace_id, rank, gpu from knots) as g on g.trace_id = w.trace_id and g.rank = w.rank
+    union all
+    select w.trace_id, w.rank, w.step, g.gpu, w.energy_end_wall_ns, true
+    from windows as w
+    inner join (select distinct trace_id, rank, gpu from knots) as g on g.trace_id = w.trace_id and g.rank = w.rank
+),
+
+-- the counter at each boundary (mJ), on the segment that holds it; none before the first knot, after
+-- the last, or on a segment where the counter went down (reset)
+counter_at as (
+    select
+        b.trace_id, b.rank, b.step, b.gpu, b.is_end,
+        case
+            when b.at_ns = k.wall_ns then k.energy_mj::double
+            else k.energy_mj + (k.next_mj - k.energy_mj) * ((b.at_ns - k.wall_ns) / (k.next_ns - k.wall_ns)::double)
+        end as energy_mj
+    from boundaries as b
+    asof inner join knots as k
+        on k.trace_id = b.trace_id and k.rank = b.rank and k.gpu = b.gpu and b.at_ns >= k.wall_ns
+    where b.at_ns = k.wall_ns or (b.at_ns <= k.next_ns and k.next_mj >= k.energy_mj)
 ),
 
 gpu_energy as (
-    select w.trace_id, w.rank, w.step, e0.gpu, (e1.energy_mj - e0.energy_mj) / 1000.0 as energy_j
-    from windows as w
-    inner join energy_marks as e0 on e0.trace_id = w.trace_id and e0.rank = w.rank and e0.step = w.step
-    inner join energy_marks as e1
-        on e1.trace_id = w.trace_id and e1.rank = w.rank and e1.gpu = e0.gpu and e1.step = w.step + 1
-    where e1.energy_mj >= e0.energy_mj
+    select e0.trace_id, e0.rank, e0.step, e0.gpu, (e1.energy_mj - e0.energy_mj) / 1000.0 as energy_j
+    from counter_at as e0
+    inner join counter_at as e1
+        on e1.trace_id = e0.trace_id and e1.rank = e0.rank and e1.step = e0.step and e1.gpu = e0.gpu and e1.is_end
+    where not e0.is_end and e1.energy_mj >= e0.energy_mj
 ),
 
 step_energy as (

@@ -25,17 +25,20 @@ power_w
   has a gap).
 
 energy_j
-  With energy-counter records (``kind == "energy"``, ``energy_mj``, ``step``): per GPU,
-  ``energy_mj`` of the earliest record (by ``wall_ns``) with ``step == N + 1`` minus that of the
-  earliest record with ``step == N``, over 1000; summed over the GPUs; source
-  ``"energy counter"``. It is used only when every GPU that has energy records has both marks.
-  Otherwise, if power_w is known: ``power_w * window_s``, source ``"power integral"``. Otherwise
-  both are None.
+  With energy-counter records (``kind == "energy"``, ``energy_mj`` at ``wall_ns``): per GPU, the
+  counter as a function of time is the straight line through its *changes*: the records sorted by
+  ``wall_ns``, keeping only those whose value differs from the record before (the first record
+  kept). (The H200 corpus's counter moves only about every 100 ms, in ~60-73 J ticks, so a ~87 ms
+  step often starts and ends on the same reading: the difference of raw reads is 0 J there.) The
+  step's energy runs from its window's start to the next step's start (the last step: its end), so
+  that steps tile; each boundary is interpolated exactly (``Fraction``) between the two kept records
+  around it; a boundary before the first kept record or after the last has no value. energy_j is the
+  difference over 1000, summed over the GPUs, source ``"energy counter"``, used only when every GPU
+  has a value at both boundaries. Otherwise, if power_w is known: ``power_w * window_s``, source
+  ``"power integral"``. Otherwise both are None.
 
 tokens_per_j
-  ``tokens_per_step`` (run.json) / energy_j when both are known and energy_j > 0, else None. (A
-  counter delta of 0 J is common: the H200 corpus's NVML energy counter moves only about every
-  100 ms, in ~60-73 J ticks, so a step shorter than that often sees no tick at all.)
+  ``tokens_per_step`` (run.json) / energy_j when both are known and energy_j > 0, else None.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import gzip
 import json
 import re
 from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
@@ -151,6 +155,20 @@ def first_mark(marks: list[tuple[int, int, int]], step: int) -> tuple[int, int] 
     return min(hits) if hits else None
 
 
+def counter_at(marks: list[tuple[int, int, int]], at_ns: int) -> Fraction | None:
+    """The energy counter (mJ) at wall-clock ``at_ns``: linear between the records where it changed."""
+    changes: list[tuple[int, int]] = []
+    for wall_ns, _, mj in sorted(marks):
+        if not changes or changes[-1][1] != mj:
+            changes.append((wall_ns, mj))
+    for (t0, e0), (t1, e1) in zip(changes, changes[1:]):
+        if t0 <= at_ns <= t1:
+            return e0 + Fraction(e1 - e0) * Fraction(at_ns - t0, t1 - t0)
+    if changes and at_ns == changes[-1][0]:
+        return Fraction(changes[-1][1])
+    return None
+
+
 def _to_float(value):
     return None if value is None else float(value)
 
@@ -177,9 +195,12 @@ def step_power(run_dir: Path) -> dict[int, dict]:
 
         energy_j, source = None, None
         if log["energy"]:
-            pairs = [(first_mark(marks, n), first_mark(marks, n + 1)) for marks in log["energy"].values()]
-            if all(a is not None and b is not None for a, b in pairs):
-                energy_j = Decimal(sum(b[1] - a[1] for a, b in pairs)) / 1000
+            later = [m for m in steps if m > n]
+            energy_end = steps[min(later)][0] + offset if later else end
+            pairs = [(counter_at(marks, start), counter_at(marks, energy_end)) for marks in log["energy"].values()]
+            if all(a is not None and b is not None and b >= a for a, b in pairs):
+                delta = sum((b - a for a, b in pairs), Fraction(0)) / 1000
+                energy_j = Decimal(delta.numerator) / Decimal(delta.denominator)
                 source = "energy counter"
         if energy_j is None and power_w is not None:
             energy_j, source = power_w * window_s, "power integral"

@@ -254,7 +254,7 @@ METRICS: tuple[Metric, ...] = (
            "set, or FLOPs per step alone (no tokens needed)", source="step", weight="step_time_ns"),
     Metric("mfu", "ratio", "tflops / the GPU's peak dense BF16 TFLOP/s (table or user-set)", source="step", weight="step_time_ns"),
     Metric("power_w", "W", "NVML power of the rank's GPU(s), time-weighted over the step's wall-clock window", source="step", weight="step_time_ns"),
-    Metric("energy_j", "J", "NVML energy counter delta over the step (else power_w × step window)", source="step"),
+    Metric("energy_j", "J", "NVML energy counter interpolated linearly to the step's boundaries (else power_w × step window)", source="step"),
     Metric("tokens_per_j", "tokens/J", "tokens of the rank's GPU(s) in the step / energy_j", source="step", weight="energy_j", numerator="power_tokens"),
     Metric("exposed_comm_by_collective_us", "us",
            "|U(comm of collective type t) − U(compute)| per type; types may overlap, so these can sum to more than exposed_comm_us", source="breakdown", split=("collective", "collective_type")),

@@ -14,11 +14,19 @@ hold temporary tables), with a digest of the rules it was made with: :func:`ensu
 everything when the rules changed, and otherwise only the names of traces it has not read (ingested
 since, or of runs a statement selects for the first time), so changed rules apply to data already
 ingested, a report's queries classify nothing twice, and a report of one run reads only its traces.
+
+Beside it, made at the same time for the same traces, :data:`OPTIMIZER_TABLE` holds the launches that
+lie inside an optimizer step (``sql/optimizer_launches.sql``): the context that makes a kernel
+``optimizer`` whatever its name (context before name). One interval join of the traces' runtime launches against
+their few ``Optimizer.step`` spans, once per trace and connection, so the queries that read
+``sql/gpu_classified.sql`` join a small table rather than look up every kernel's launch.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from traceq.catalog import data_text, event_categories
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -26,6 +34,7 @@ if TYPE_CHECKING:
     import duckdb
 
 TABLE = "traceq_kernel_classes"  # name, class, category, rule_collective (null where no rule matches)
+OPTIMIZER_TABLE = "traceq_optimizer_launches"  # trace_id, rank, correlation: launched inside an optimizer step
 _DIGEST_TABLE = "traceq_kernel_classes_rules"
 _TRACES_TABLE = "traceq_kernel_classes_traces"  # trace_id, content_digest: the traces whose names are in
 CHUNK = 256  # rules tried together in one pattern
@@ -48,7 +57,8 @@ where n.trace_id in (select unnest($trace_ids)) and n.name not in (select name f
 
 def ensure(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> None:
     """Make :data:`TABLE` on ``con`` hold every kernel name of the traces of ``runs`` (None: every run)
-    with its class. The traces whose names it holds are kept beside it: each trace is read once."""
+    with its class, and :data:`OPTIMIZER_TABLE` their launches inside an optimizer step. The traces
+    they hold are kept beside them: each trace is read once."""
     digest = con.execute(_DIGEST).fetchone()[0]
     held = con.execute(
         "select count(*) from duckdb_tables() where temporary and table_name = ?", [_DIGEST_TABLE]
@@ -57,6 +67,7 @@ def ensure(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) ->
         con.execute(f"create or replace temp table {TABLE} "
                     "(name varchar, class varchar, category varchar, rule_collective varchar)")
         con.execute(f"create or replace temp table {_TRACES_TABLE} (trace_id integer, content_digest varchar)")
+        con.execute(f"create or replace temp table {OPTIMIZER_TABLE} (trace_id integer, rank bigint, correlation bigint)")
         con.execute(f"create or replace temp table {_DIGEST_TABLE} as select ?::ubigint as digest", [digest])
     new = con.execute(_NEW_TRACES, {"runs": list(runs) if runs else None}).fetchall()
     if not new:
@@ -65,6 +76,13 @@ def ensure(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) ->
     names = [name for (name,) in con.execute(_KERNEL_NAMES, {"trace_ids": trace_ids}).fetchall()]
     if names:
         _classify(con, names)
+    cats = event_categories()
+    # one row per launch, or sql/gpu_classified.sql would count a kernel twice
+    con.execute(f"delete from {OPTIMIZER_TABLE} where trace_id in (select unnest($1))", [trace_ids])
+    con.execute(f"insert into {OPTIMIZER_TABLE} select * from ({data_text('optimizer_launches.sql')})", {
+        "trace_ids": trace_ids, "runtime_cats": list(cats.cats("runtime")),
+        "device_annotation_cats": list(cats.cats("device_annotation")),
+    })
     con.execute(f"insert into {_TRACES_TABLE} select unnest($1), unnest($2)", [trace_ids, [d for _, d in new]])
 
 

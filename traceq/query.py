@@ -8,8 +8,9 @@ other files, named in its header::
 :func:`compose` puts each input in front of the file as a common table expression, recursively, so
 that one query runs with every file it needs. An input is the file of the same name unless ``bind``
 maps it to another file (``windows`` -> ``trace_windows`` for the whole trace) or to a table. One
-input is a table by default: ``kernel_classes``, each kernel name with its rule, which
-:func:`statement` keeps current on the connection (:mod:`traceq.classify`). Values go in as named
+input is a table by default: ``kernel_classes``, each kernel name with its rule, and
+``optimizer_launches``, the launches inside an optimizer step, which :func:`statement` keeps current
+on the connection (:mod:`traceq.classify`). Values go in as named
 parameters (``$trace_id``); :func:`run` passes each statement only those it names.
 
 A statement over a selection of runs (``$runs``, a list of run names) reads the warehouse tables
@@ -60,7 +61,7 @@ def compose(name: str, bind: Mapping[str, str] | None = None) -> str:
         bind: input name -> the file (or table) that provides it, where that is not the file of the
             same name. One binding holds for the whole statement.
     """
-    bind = {"kernel_classes": classify.TABLE, **(bind or {})}
+    bind = {"kernel_classes": classify.TABLE, "optimizer_launches": classify.OPTIMIZER_TABLE, **(bind or {})}
     ctes: dict[str, str] = {}
     _collect(name, bind, ctes, ())
     body = _LEADING.sub("", sql_text(f"{name}.sql"), count=1).rstrip().rstrip(";")
