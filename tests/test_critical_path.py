@@ -17,7 +17,9 @@ from traceq import query
 from traceq.cli import app
 from traceq.errors import ConfigError, EmptySelection
 from traceq.ingest import ingest_traces
+from traceq.report import path_walk
 from traceq.report.critical_path import critical_path
+from traceq.report.path_timeline import FAR
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.warehouse import connect
 
@@ -299,6 +301,50 @@ def test_one_steps_option_selects_as_on_every_command(tmp_path: Path) -> None:
     assert out.exit_code == 1 and "no step is selected (steps 7..9" in out.stderr and "steps 1..1" in out.stderr
     out = runner.invoke(app, ["critical-path", "--db", str(db), "--step", "1"])
     assert out.exit_code == 2 and "No such option" in out.output
+
+
+def test_a_rank_whose_activity_is_all_zero_length_walks_as_idle(tmp_path: Path) -> None:
+    """Three steps whose kernels all last 0 ns: every window is idle, and its idle segments tile each step
+    (a timeline with no piece but edges of zero-length kernels; found by a review: it raised IndexError)."""
+    b = TraceBuilder(rank=0)
+    for n in range(1, 4):
+        h = 100_000 * (n - 1)
+        b.step(n, h, h + 100_000)
+        b.kernel("ampere_sgemm_128x64_nn", h + 10_000, h + 10_000, launch_ns=h + 1_000)
+        b.kernel("vectorized_elementwise_kernel", h + 50_000, h + 50_000, launch_ns=h + 2_000)
+    db = tmp_path / "zero.duckdb"
+    assert ingest_traces([b.write(tmp_path / "zero" / "rank0.json")], db, threads=1).ok
+    result = critical_path(db, selection=EVERY_STEP, segments=True)
+    assert result.segments["kind"].str.starts_with("idle").all()
+    for step, span_ms in result.steps.select("step", "span_ms").rows():
+        seg = result.segments.filter(result.segments["step"] == step)
+        assert seg["dur_ns"].sum() == round(span_ms * 1e6)
+
+
+def test_the_open_last_step_reads_no_more_than_its_batch(tmp_path: Path, monkeypatch) -> None:
+    """--include-last: the walk starts at the end of the last activity, after the last start any read holds;
+    a piece holds the instant before it, so the read about it tells enough (found by a review: it widened six
+    times, then read every step of the rank, whatever held_rows says)."""
+    b = TraceBuilder(rank=0)
+    for n in range(1, 41):
+        h = 100_000 * (n - 1)
+        b.step(n, h, h + 100_000)
+        for k in range(5):
+            b.kernel("ampere_sgemm_128x64_nn", h + 10_000 + 10_000 * k, h + 15_000 + 10_000 * k, launch_ns=h + k)
+    db = tmp_path / "long.duckdb"
+    assert ingest_traces([b.write(tmp_path / "long" / "rank0.json")], db, threads=1).ok
+    reads: list[tuple[int, int, int]] = []
+    query = path_walk.Walker._query
+
+    def logged(self, trace_id, lo, hi):
+        rows = query(self, trace_id, lo, hi)
+        reads.append((lo, hi, rows.height))
+        return rows
+
+    monkeypatch.setattr(path_walk.Walker, "_query", logged)
+    critical_path(db, selection=StepSelection(skip_steps=0, step_min=40, step_max=40, include_last=True))
+    assert not [r for r in reads if r[0] <= -FAR and r[1] >= FAR], reads
+    assert len(reads) <= 2, reads
 
 
 # ------------------------------------------------------------------------------------------ against the reference

@@ -204,7 +204,9 @@ def test_control_characters_in_names_are_shown_not_obeyed(tmp_path: Path) -> Non
         printed = done.stdout + done.stderr
         assert not [c for c in printed if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F], fmt
         assert "\nerror: forged line" not in printed, fmt
-        assert (shown if fmt != "json" else "gemm\\u001b]0;PWNED\\u0007\\u001b[2J\\u009b31m\\nerror: forged line") in printed
+        expected = {"table": shown.replace("\\n", " "),  # a table's short name folds the line end into a space
+                    "csv": shown, "json": "gemm\\u001b]0;PWNED\\u0007\\u001b[2J\\u009b31m\\nerror: forged line"}[fmt]
+        assert expected in printed, fmt
 
 
 @pytest.mark.parametrize("name", [f"job{HOSTILE}", "job\nerror: forged", "job\x00"])

@@ -332,7 +332,13 @@ SCREEN_ROWS = 40  # segments a table shows (the rest: --format csv or json)
 
 @contextmanager
 def steps_walked() -> Iterator[Callable[[int, int], None]]:
-    """A progress bar of the steps walked, on stderr where it is a terminal, gone when the block ends."""
+    """A progress bar of the steps walked, on stderr where it is a terminal (else nothing), gone when the
+    block ends."""
+    import sys
+
+    if not sys.stderr.isatty():
+        yield lambda done, total: None
+        return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 

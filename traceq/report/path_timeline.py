@@ -83,8 +83,11 @@ class Timeline:
         bounds = np.unique(np.concatenate([ps, pe, *gaps[:3], isl_start, isl_end]))
         owner = _paint(bounds, ps, pe, order)
         idle = np.flatnonzero(owner < 0)
-        code = np.where(owner >= 0, pk[np.maximum(owner, 0)], IDLE_OTHER)
-        act_of = np.where(owner >= 0, pa[np.maximum(owner, 0)], n)
+        # a piece's kind and activity, and past the last piece an idle one's (no piece at all: zero-length
+        # kernels only, whose edges still cut the timeline)
+        slot = np.where(owner >= 0, owner, len(pk))
+        code = np.concatenate([pk, [IDLE_OTHER]])[slot]
+        act_of = np.concatenate([pa, [n]])[slot]
         if len(idle):
             x0, x1 = bounds[idle], bounds[idle + 1]
             g0, g1, h, known = gaps if len(gaps[0]) else (np.array([FAR]), np.array([FAR]), np.array([FAR]),
@@ -119,7 +122,12 @@ class Timeline:
         self.prev_jump = np.concatenate([[-1], np.maximum.accumulate(marks)[:-1]]) if len(marks) else marks
 
     def covers(self, t: int) -> bool:
-        return self.lo_safe < t <= self.hi_safe
+        """Whether the rows read tell what the device was doing just before ``t``: after the first of them,
+        and up to the last start read, or up to the end of the range read where a piece holds [t - 1, t)
+        (every activity that started before then was read; idle would need the start that ends it)."""
+        if not self.lo_safe < t:
+            return False
+        return t <= self.hi_safe or (t <= self.hi and self.run_kind[self.run_at(t)] < IDLE_HOST_BOUND)
 
     def run_at(self, t: int) -> int:
         """The run that holds [t - 1, t)."""
