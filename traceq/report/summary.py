@@ -41,8 +41,7 @@ def summary(
     Columns: ``steps`` (device-steps pooled), ``step_range`` (the steps used: 'a..b', or 'whole trace'),
     ``step_time_ms`` (mean), for each part of the window
     ``<part>_ms`` (mean per step) and ``<part>_pct`` (its share of the row's device window: the part over
-    the window, so that compute, exposed comm, exposed memcpy and idle add up to 100), ``idle_unknown_ms``
-    and ``_pct`` (the part of idle whose cause the trace cannot show: no launch event), then
+    the window, so that compute, exposed comm, exposed memcpy and idle add up to 100), then
     ``tokens_per_s``, ``mfu`` and ``power_w`` (ratios of sums, as every report aggregates them; empty
     where unknown).
     """
@@ -50,7 +49,7 @@ def summary(
 
     grain = columns(by, GROUP_COLUMNS)
     with opened(db) as con:
-        rows = selected_step_rows(con, selection, runs, idle_parts=True)
+        rows = selected_step_rows(con, selection, runs)
         notes = selection_notes(con, selection, runs) + step_window_notes(con, rows, selection)  # steps: a column
         for name in ("mfu", "power_w"):  # their full notes where they have values, else one line for all
             if rows[name].is_not_null().any():
@@ -58,8 +57,7 @@ def summary(
         if rows["mfu"].is_null().all() or rows["power_w"].is_null().all():
             notes.append("tokens_per_s, mfu and power_w are empty where a run lacks tokens_per_step, its model FLOPs "
                          "or GPU peak, or a power log; `traceq report --metric mfu` (or power_w) says what is missing")
-    table = _values(rows, ["step_time_ms", *(f"{part}_us" for part in PARTS), "idle_unknown_us", "window_us",
-                           *KNOWN_WHERE_GIVEN], grain)
+    table = _values(rows, ["step_time_ms", *(f"{part}_us" for part in PARTS), "window_us", *KNOWN_WHERE_GIVEN], grain)
     keys = [*(["run"] if "run" in table.columns and "run" not in grain else []), *grain]  # a rank keeps its run
     numbered = pl.col("step").filter(pl.col("step") != WHOLE_TRACE_STEP)
     steps = rows.group_by(keys).agg(
@@ -74,15 +72,11 @@ def summary(
             # a share of the row's own window: the part over the window, both aggregated alike
             (pl.col(f"{part}_us") / pl.col("window_us") * 100).alias(f"{part}_pct"),
         )],
-        # the part of idle the trace cannot explain (no launch event: a file of NCCL kernels only), its own part
-        (pl.col("idle_unknown_us") / 1000).alias("idle_unknown_ms"),
-        (pl.col("idle_unknown_us") / pl.col("window_us") * 100).alias("idle_unknown_pct"),
         *KNOWN_WHERE_GIVEN,
     )
     title = f"summary by {','.join(grain)} ({selection.describe()}); ms per step, % of the device window"
     # on a narrow terminal: step time and the shares of compute, exposed comm and idle stay longest
-    narrow = ("idle_unknown_ms", *(f"{p}_ms" for p in PARTS), "overlapped_comm_pct", "exposed_memcpy_pct", "step_range",
-              "steps", "idle_unknown_pct")
+    narrow = (*(f"{p}_ms" for p in PARTS), "overlapped_comm_pct", "exposed_memcpy_pct", "step_range", "steps")
     return Report(table.sort(keys, nulls_last=True), notes, title, rows, narrow)
 
 
