@@ -68,7 +68,10 @@ def test_idle_without_launch_events_is_unknown_in_report_summary_and_path(tmp_pa
     row = compute_metric(db, parts, by="run,rank,step", selection=ALL).row(0, named=True)
     assert (row["idle_us"], row["idle_sync_us"], row["idle_host_bound_us"], row["idle_other_us"],
             row["idle_unknown_us"]) == (40.0, 0.0, 0.0, 0.0, 40.0)
-    assert summary(db, selection=ALL).table.row(0, named=True)["idle_ms"] == pytest.approx(0.040)
+    shown = summary(db, selection=ALL)
+    assert shown.table.row(0, named=True)["idle_ms"] == pytest.approx(0.040)
+    assert "run bare rank 0: no launch event in the trace to tell why the device waited: all of its idle is " \
+           "idle_unknown" in "\n".join(shown.notes)
     path = critical_path(db, selection=ALL, segments=True)
     idle = path.segments.filter(path.segments["kind"].str.starts_with("idle"))
     assert set(idle["kind"].to_list()) == {"idle_unknown"} and idle["dur_ns"].sum() == 40 * US
@@ -79,6 +82,7 @@ def test_idle_without_launch_events_is_unknown_in_report_summary_and_path(tmp_pa
     row = compute_metric(db2, parts, by="run,rank,step", selection=ALL).row(0, named=True)
     assert (row["idle_us"], row["idle_sync_us"], row["idle_host_bound_us"], row["idle_other_us"],
             row["idle_unknown_us"]) == (40.0, 0.0, 12.0, 28.0, 0.0)
+    assert not any("no launch event" in n for n in summary(db2, selection=ALL).notes)
 
 
 def test_idle_parts_mixed_launches_by_hand(tmp_path: Path) -> None:

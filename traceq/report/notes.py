@@ -35,6 +35,8 @@ NVML_NOTE = (
 )
 NO_MARKER_KIND = ("no step marker: reported over the whole trace as one window (step -1), whose span is not a step "
                   "time (no slowest rank is named from it); name the steps with `traceq ingest --step-marker REGEX`")
+NO_LAUNCH_KIND = ("no launch event in the trace to tell why the device waited: all of its idle is idle_unknown, "
+                  "never host-bound or other (`traceq report --metric idle_unknown`)")
 FLOPS_PEAK_KIND = "model FLOPs per step and GPU peak behind tflops and mfu (a run that lacks one has them empty)"
 TOKENS_METRICS = ("tokens_per_s", "global_tokens_per_s", "tflops", "mfu", "tokens_per_j")
 FLOPS_METRICS = ("tflops", "mfu")
@@ -63,8 +65,7 @@ def metric_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, metric: str
                                  f"run {run}: tokens_per_step unknown, so {metric} is empty; "
                                  f"set it: traceq runs set {run} --tokens-per-step N"))
     if metric in FLOPS_METRICS:
-        notes.append(FLOPS_CONVENTION)
-        notes.append(PEAK_NOTE.format(table=peak_table_text()))
+        notes.append(f"{FLOPS_CONVENTION}; {PEAK_NOTE.format(table=peak_table_text())}")  # the conventions, one line
         for r in runs.iter_rows(named=True):
             notes.append(RunNote(FLOPS_PEAK_KIND, f"run {r['run']}: {flops_text(r)}; {peak_text(r)}",
                                  f"run {r['run']}: {flops_text(r)}; {peak_text(r)}"))
@@ -186,7 +187,8 @@ def _run_facts(rows: pl.DataFrame) -> pl.DataFrame:
 
 def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, selection: StepSelection) -> list[str]:
     """Notes on the step windows behind ``rows`` (step rows of a report): ranks reported over their whole
-    trace, device activity outside every step window, devices with communication and no compute."""
+    trace, device activity outside every step window, ranks whose trace has no launch event (their idle is
+    all unknown), devices with communication and no compute."""
     import polars as pl
 
     notes = []
@@ -208,6 +210,15 @@ def step_window_notes(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, select
         notes.append(RunNote("activity outside every step, which no step counts (--whole-trace does)", detail,
                              f"run {r['run']} rank {r['rank']} {where}: activity outside every step: "
                              f"{' and '.join(parts)}; no step counts it (--whole-trace does)"))
+    # a device trace without one launch (runtime) event: none of its idle has a cause the trace can show
+    bare = con.sql("select t.run, list(distinct s.rank order by s.rank) from traces as t inner join steps as s "
+                   "using (trace_id) where t.n_gpu_events > 0 and list_contains($runs, t.run) "
+                   "and not exists (select 1 from host_events as h where h.trace_id = t.trace_id "
+                   "and list_contains($runtime_cats, h.cat)) group by all order by all",
+                   params={"runs": runs, "runtime_cats": query_params()["runtime_cats"]}).fetchall()
+    for run, ranks in bare:
+        detail = f"run {run} rank {', '.join(map(str, ranks))}"
+        notes.append(RunNote(NO_LAUNCH_KIND, detail, f"{detail}: {NO_LAUNCH_KIND}"))
     if "compute_kernel_us" in rows.columns:
         lone = (
             rows.filter(pl.col("device") >= 0)
