@@ -1,15 +1,16 @@
 """The traceq command line: thin commands over the library, the only package that prints or exits.
 
 ``base`` holds the application, its one error boundary and what the commands share (options, tables);
-the commands are in ``ingest`` (loading traces), ``reports`` and ``warehouse`` (runs, rules, checks,
-SQL, exports). A command parses its options, calls one library function and prints what it returns.
+the commands are in ``ingest`` (loading traces), ``reports``, ``paths`` (the critical path) and
+``warehouse`` (runs, rules, checks, SQL, exports). A command parses its options, calls one library
+function and prints what it returns.
 """
 
 from __future__ import annotations
 
 import sys
 
-from traceq.cli import ingest, reports, warehouse  # noqa: F401 (they register their commands)
+from traceq.cli import ingest, reports, paths, warehouse  # noqa: F401 (they register their commands, in this order)
 from traceq.cli.base import app, echo
 
 __all__ = ["app", "main"]
