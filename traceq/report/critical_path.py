@@ -287,7 +287,7 @@ def write_critical_path_html(path: str, result: CriticalPath) -> int:
     """The critical path of one run as one self-contained page: its longest selected step's path across
     ranks, the sentence per step, the steps, the ranks and the kernels on the paths. Returns the step drawn."""
     from traceq.report import plots
-    from traceq.report.html import _figure, _section, write_page
+    from traceq.report.html import page_figure, page_section, write_page
     from traceq.report.result import html_notes, html_table
 
     steps = result.steps
@@ -299,11 +299,11 @@ def write_critical_path_html(path: str, result: CriticalPath) -> int:
     step = int(drawn["step"][0])
     start = int(drawn["path_start_ns"][0])
     sections = [
-        _section(f"Step {step}", _figure(plots.critical_path_figure(drawn, result.jumps, step, start), "path")
+        page_section(f"Step {step}", page_figure(plots.critical_path_figure(drawn, result.jumps, step, start), "path")
                  + html_notes([result.sentence(step), KIND_NOTE])),
-        _section("Every step", html_table(steps, NAMES) + html_notes([result.sentence(s) for s in steps["step"].to_list()[:50]])),
-        _section("Ranks on the path", html_table(result.ranks())),
-        _section("Kernels and collectives on the path", html_table(result.kernels(30), NAMES) + html_notes(result.notes)),
+        page_section("Every step", html_table(steps, NAMES) + html_notes([result.sentence(s) for s in steps["step"].to_list()[:50]])),
+        page_section("Ranks on the path", html_table(result.ranks())),
+        page_section("Kernels and collectives on the path", html_table(result.kernels(30), NAMES) + html_notes(result.notes)),
     ]
     write_page(path, f"traceq critical path: {run}", "traceq critical path", f"run {run} · {steps.height} step(s)",
                sections)

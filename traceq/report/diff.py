@@ -175,12 +175,12 @@ def write_diff_html(report: Report, path: str | Path, a: str, b: str) -> Path:
     import polars as pl
 
     from traceq.report import plots
-    from traceq.report.html import _figure, _section, write_page
+    from traceq.report.html import page_figure, page_section, write_page
 
     real = report.table.filter(pl.col("beyond_spread") & pl.col("delta_pct").is_not_null())
     sections = []
     if real.height:
-        sections.append(_section("Changes beyond the step-to-step spread", _figure(plots.diff_figure(real, a, b), "diff")))
-    sections.append(_section("Every quantity", report.html()))
+        sections.append(page_section("Changes beyond the step-to-step spread", page_figure(plots.diff_figure(real, a, b), "diff")))
+    sections.append(page_section("Every quantity", report.html()))
     return write_page(path, f"traceq diff: {a} vs {b}", "traceq diff", f"A = {a} · B = {b}", sections)
 

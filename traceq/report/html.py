@@ -136,7 +136,7 @@ def render_html(data: ReportData) -> str:
 
     sections: list[str] = []
     runs = sorted(data.steps["run"].unique().to_list())
-    sections.append(_section("Runs", html_table(summary(data.steps)) + html_notes([
+    sections.append(page_section("Runs", html_table(summary(data.steps)) + html_notes([
         *data.notes,
         "means over the selected rank-steps; ratios and rates (overlap_ratio, tokens/s, TFLOP/s, MFU, power, "
         "tokens/J) are ratios of sums, Σ overlapped / Σ comm, Σ tokens / Σ step time, as in every report and the "
@@ -148,7 +148,7 @@ def render_html(data: ReportData) -> str:
     gpu_rows = data.steps.filter(pl.col("window_us").is_not_null())
     if gpu_rows.height:
         fig = plots.step_breakdown_figure(gpu_rows)
-        body = _figure(fig, "steps") + html_notes([
+        body = page_figure(fig, "steps") + html_notes([
             "each step's device window runs from the first device activity it launched to the first the next step "
             "launched (the last: to the end of the activity the steps launched), so windows tile the timeline and a "
             "step counts all activity in its window, whichever step launched it; a rank without steps is step -1, "
@@ -156,37 +156,37 @@ def render_html(data: ReportData) -> str:
             "compute here is compute time without communication beside it; compute + overlapped comm = compute_us; "
             "the stack adds up to the window"])
     else:
-        body = _figure(plots.step_time_figure(data.steps), "steps") + html_notes(
+        body = page_figure(plots.step_time_figure(data.steps), "steps") + html_notes(
             ["no GPU activity in these traces (CPU-only run): the per-step device breakdown needs kernels"])
-    sections.append(_section("Per-step breakdown", body))
+    sections.append(page_section("Per-step breakdown", body))
 
     if data.by_collective.height:
-        body = _figure(plots.collective_figure(data.by_collective), "collectives") + html_notes([BREAKDOWN_NOTE])
+        body = page_figure(plots.collective_figure(data.by_collective), "collectives") + html_notes([BREAKDOWN_NOTE])
     else:
         body = html_notes(["no communication kernels in the selected steps"])
-    sections.append(_section("Exposed communication by collective", body))
+    sections.append(page_section("Exposed communication by collective", body))
 
     body = ""
     if data.waits.height:
-        body += _figure(plots.wait_heatmap_figure(data.waits), "waits")
+        body += page_figure(plots.wait_heatmap_figure(data.waits), "waits")
     if data.bandwidth.height:
-        body += _figure(plots.busbw_figure(data.bandwidth), "busbw")
+        body += page_figure(plots.busbw_figure(data.bandwidth), "busbw")
     if not body:
         body = html_notes(["no collectives matched across ranks in the selected steps (it needs every rank of a "
                        "process group in the run)"])
-    sections.append(_section("Across ranks: waiting and bus bandwidth", body + html_notes(data.cross_rank_notes)))
+    sections.append(page_section("Across ranks: waiting and bus bandwidth", body + html_notes(data.cross_rank_notes)))
 
     scaling = data.scaling
     body = ""
     if scaling["world_size"].drop_nulls().n_unique() >= 2 and scaling["global_tokens_per_s"].drop_nulls().len():
-        body += _figure(plots.scaling_figure(scaling, data.scaling_by), "scaling")
+        body += page_figure(plots.scaling_figure(scaling, data.scaling_by), "scaling")
     else:
         body += html_notes(["scaling curves need runs at two or more world sizes with tokens_per_step"])
     body += html_table(scaling) + html_notes([*SCALING_NOTES, FLOPS_CONVENTION, PEAK_NOTE.format(table=peak_table_text())])
-    sections.append(_section("Scaling", body))
+    sections.append(page_section("Scaling", body))
 
     if data.power.height:
-        body = _figure(plots.power_figure(data.power, data.windows), "power") + html_notes([NVML_NOTE])
+        body = page_figure(plots.power_figure(data.power, data.windows), "power") + html_notes([NVML_NOTE])
     else:
         body = ""
     missing = data.power_status.filter(pl.col("source") != "nvml")
@@ -196,7 +196,7 @@ def render_html(data: ReportData) -> str:
                  + ")" for r in missing.iter_rows(named=True)]
         body += f'<p class="unavailable">Power unavailable for {len(missing)} of {len(runs)} run(s); no watts are shown ' \
                 "where NVML gave none.</p>" + html_notes(lines)
-    sections.append(_section("Power", body))
+    sections.append(page_section("Power", body))
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return page_html(f"traceq report: {', '.join(runs)}", "traceq report",
@@ -247,11 +247,13 @@ def summary(steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _section(title: str, body: str) -> str:
+def page_section(title: str, body: str) -> str:
+    """A titled section of a page (``body``: HTML), as every traceq page lays one out."""
     return f"<section><h2>{_html.escape(title)}</h2>\n{body}\n</section>"
 
 
-def _figure(fig: object, div_id: str) -> str:
+def page_figure(fig: object, div_id: str) -> str:
+    """A plotly figure as a page's fragment (plotly.js itself is inlined once per page)."""
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,  # type: ignore[attr-defined]
                        config={"displaylogo": False, "responsive": True})
 

@@ -94,17 +94,17 @@ def write_summary_html(report: Report, path: str | Path, by: str | Sequence[str]
     """The summary as one self-contained HTML page: each row's shares of the device window as stacked
     bars, then the table and its notes."""
     from traceq.report import plots
-    from traceq.report.html import _figure, _section, write_page
+    from traceq.report.html import page_figure, page_section, write_page
     from traceq.report.result import html_notes
 
     grain = columns(by, GROUP_COLUMNS)
     table = report.table
     runs = sorted(table["run"].unique().to_list()) if "run" in table.columns else []
     sections = [
-        _section("Where the device window goes", _figure(plots.summary_figure(table, grain), "summary")
+        page_section("Where the device window goes", page_figure(plots.summary_figure(table, grain), "summary")
                  + html_notes(["compute here is compute without communication beside it; compute + exposed comm + "
                            "exposed memcpy + idle = 100 % of the device window, overlapped comm is part of compute"])),
-        _section("Per " + ", ".join(grain), report.html()),
+        page_section("Per " + ", ".join(grain), report.html()),
     ]
     meta = f"by {', '.join(grain)}" + (f" · {len(runs)} run(s): {', '.join(runs)}" if runs else "")
     return write_page(path, "traceq summary", "traceq summary", meta, sections)
