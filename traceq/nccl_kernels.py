@@ -23,6 +23,9 @@ name says and what ran differ, and :func:`algorithm_protocol` keeps only what th
 - ``ncclDevKernel_Generic`` (NCCL 2.19+ and RCCL) and SendRecv (point to point: no algorithm; up to 2.18
   also the kernel of mixed work) carry neither.
 
+One launch may carry several collectives (a group): its kernel is named after one of them (the first
+whose kernel is specialised for it), and the others run through the table.
+
 NCCL says what it chose when asked: ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING`` logs each collective's
 algorithm and protocol on rank 0; ``NCCL_ALGO`` and ``NCCL_PROTO`` set them. Pure Python, standard library
 only (a leaf: reports and findings import it).
