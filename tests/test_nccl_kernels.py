@@ -155,3 +155,11 @@ def test_corpus_collectives_show_the_columns_and_keep_their_figures(corpus_db: P
         split = collectives_report(corpus_db, whole_trace=whole_trace).table
         plain = collectives_report(corpus_db, whole_trace=whole_trace, nccl=False).table
         assert split.drop("nccl_algo", "nccl_proto").equals(plain)
+
+
+def test_the_busbw_figure_draws_a_line_per_algorithm(tmp_path: Path) -> None:
+    from traceq.report.plots import busbw_figure
+
+    table = collectives_report(ingest(tmp_path, two_algorithm_run()), selection=EVERY_STEP).table
+    lines = {d.name: list(d.y) for d in busbw_figure(table).data}
+    assert lines == {"AllReduce RING (job)": pytest.approx([0.5]), "AllReduce TREE (job)": pytest.approx([0.75])}
