@@ -1,7 +1,8 @@
 -- inputs: comm_instances, shared_windows, run_metadata
 -- collectives: the collective instances of the windows (sql/comm_instances.sql), summed per (run,
--- collective_type, process_group, group_size, inter_node, size_bucket_bytes, matched): the finest grain
--- that `traceq collectives` groups up from.
+-- collective_type, process_group, group_size, inter_node, size_bucket_bytes, matched, kernel_name): the
+-- finest grain that `traceq collectives` groups up from.
+--   kernel_name        the name of the instance's kernel that arrived last (an unmatched one: its own)
 --   an instance        counts in the window (of its rank and device, at a step every rank of the run has:
 --                      sql/shared_windows.sql) that holds the start of the kernel that arrived last; an
 --                      unmatched kernel is an instance of its own, in the window of its start
@@ -53,6 +54,7 @@ final as (
         n.inter_node,
         case when p.size_bytes > 0 then (2::bigint ** floor(log2(p.size_bytes)))::bigint end as size_bucket_bytes,
         p.matched,
+        k.name as kernel_name,
         count(*) as count,
         count(p.size_bytes) as sized,
         sum(p.size_bytes)::bigint as size_bytes,
@@ -63,6 +65,7 @@ final as (
         sum(case when p.matched then p.group_size else 1 end)::bigint as rank_kernels
     from placed as p
     left join nodes as n on n.run = p.run and n.group_id = p.group_id
+    left join names as k on k.trace_id = p.trace_id and k.name_id = p.name_id
     group by all
 )
 

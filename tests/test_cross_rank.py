@@ -332,8 +332,9 @@ def test_cli_reports_collectives_stragglers_and_split_metrics(tmp_path: Path) ->
     out = runner.invoke(app, ["collectives", "--db", db, "--format", "csv"])
     assert out.exit_code == 0, out.output
     header, line = out.stdout.strip().splitlines()
-    assert header.split(",")[:4] == ["run", "collective_type", "process_group", "size_bucket"]
-    assert "busbw_gbps" in header and "AllReduce" in line
+    assert header.split(",")[:6] == ["run", "collective_type", "nccl_algo", "nccl_proto", "process_group", "size_bucket"]
+    assert line.split(",")[:4] == ["job", "AllReduce", "", ""]  # ncclDevKernel_..._RING_LL names no algorithm
+    assert "busbw_gbps" in header
     out = runner.invoke(app, ["stragglers", "--db", db])
     assert out.exit_code == 0 and "wait_caused_us" in out.stdout
     assert "3 of 3 communication kernels matched" in out.stderr

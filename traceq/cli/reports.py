@@ -210,7 +210,7 @@ def kernels(
 @selecting_steps
 def collectives(
     db: DbOption = Path(DEFAULT_DB),
-    by: Annotated[str, typer.Option(help="Grain: comma-separated run, collective_type, process_group, size_bucket, inter_node.")] = "run,collective_type,process_group,size_bucket",
+    by: Annotated[str, typer.Option(help="Grain: comma-separated run, collective_type, process_group, size_bucket, inter_node (collective_type brings nccl_algo and nccl_proto).")] = "run,collective_type,process_group,size_bucket",
     instances: Annotated[bool, typer.Option("--instances", help="One row per communication kernel instead: its instance, rank, wait and transfer (every step).")] = False,
     whole_trace: WholeTraceOption = False,
     run: RunOption = None,
@@ -222,7 +222,9 @@ def collectives(
     and bus bandwidth (nccl-tests conventions). An instance's transfer is its shortest kernel over
     the ranks (the last to arrive waited least); the rest of each rank's kernel is waiting. Kernels
     that cannot be matched (a rank missing, no process group, point-to-point) are rows of their own
-    whose bandwidth comes from the kernel's whole duration: a lower bound.
+    whose bandwidth comes from the kernel's whole duration: a lower bound. Beside the collective type,
+    nccl_algo and nccl_proto: NCCL's algorithm and protocol as far as the kernel's name establishes
+    them (a type with several gets a row for each; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING logs them).
 
     Examples:
 

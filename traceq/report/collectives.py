@@ -6,6 +6,10 @@ Bandwidth follows nccl-tests: algbw = bytes / transfer time, busbw = algbw × 2(
 (n−1)/n for AllGather, ReduceScatter and AllToAll, 1 for Broadcast, Reduce and point-to-point. An
 unmatched kernel's transfer is its whole duration, waiting included, so its bandwidth is a lower bound:
 such rows say so in ``basis``.
+
+Beside the collective type stand NCCL's algorithm and protocol where the kernel's name establishes them
+(``nccl_algo``, ``nccl_proto``: :func:`traceq.nccl_kernels.algorithm_protocol`), each a key: a Ring and a
+Tree AllReduce of one size move data at different rates, and one mean over both would describe neither.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import duckdb
 from traceq import query
 from traceq.catalog import META_COLUMNS, columns
 from traceq.errors import ConfigError, EmptySelection
+from traceq.nccl_kernels import NOTE as NCCL_NOTE
+from traceq.nccl_kernels import algorithm_protocol
 from traceq.report import crossrank
 from traceq.report.metrics import nothing_selected, require_runs, run_metadata_frame, steps_selected
 from traceq.report.notes import selection_notes
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
     import polars as pl
 
 GRAINS = ("run", "collective_type", "process_group", "size_bucket", "inter_node")
+NCCL_KEYS = ("nccl_algo", "nccl_proto")  # beside collective_type (traceq.nccl_kernels)
 DEFAULT_GRAIN = ("run", "collective_type", "process_group", "size_bucket")
 MATCHED = "matched"
 LOWER_BOUND = "kernel duration (lower bound)"
@@ -63,16 +70,19 @@ def collectives_report(
     selection: StepSelection = StepSelection(),
     whole_trace: bool = False,
     runs: Sequence[str] | None = None,
+    nccl: bool = True,
 ) -> Report:
     """Collective instances of the selected steps (or the whole trace) per group of ``by`` (of
     :data:`GRAINS`), matched ones apart from unmatched ones (``basis``), with the notes to read beside.
 
-    Columns: the ``by`` columns (with process_group: group_size and inter_node too), ``basis``,
-    ``count`` (instances), ``size_bytes``, ``transfer_us``, ``wait_us``, ``algbw_gbps``, ``busbw_gbps``
-    (see :data:`BANDWIDTH_NOTE`). An instance counts in the step of the kernel that arrived last, over
-    the steps every rank of its run has.
+    Columns: the ``by`` columns (with collective_type: nccl_algo and nccl_proto too, NCCL's algorithm and
+    protocol where the kernel's name establishes them, else null; with process_group: group_size and
+    inter_node too), ``basis``, ``count`` (instances), ``size_bytes``, ``transfer_us``, ``wait_us``,
+    ``algbw_gbps``, ``busbw_gbps`` (see :data:`BANDWIDTH_NOTE`). An instance counts in the step of the
+    kernel that arrived last, over the steps every rank of its run has. ``nccl``: False leaves nccl_algo
+    and nccl_proto out (a type's rows are not split by them).
     """
-    table, notes = _collectives_table(db, by=by, selection=selection, whole_trace=whole_trace, runs=runs)
+    table, notes = _collectives_table(db, by=by, selection=selection, whole_trace=whole_trace, runs=runs, nccl=nccl)
     title = (f"collectives by {','.join(columns(by, GRAINS))} "
              f"({'whole trace, every kernel' if whole_trace else selection.describe()})")
     return Report(table, notes, title, narrow=("algbw_gbps", "inter_node", "group_size"))
@@ -86,6 +96,7 @@ def _collectives_table(
     whole_trace: bool = False,
     runs: Sequence[str] | None = None,
     keep_bucket: bool = False,
+    nccl: bool = True,
 ) -> tuple[pl.DataFrame, list[str]]:
     """The table and notes of :func:`collectives_report` (the HTML report's and :func:`collective_scaling`'s
     source).
@@ -94,11 +105,15 @@ def _collectives_table(
     ``count`` (instances), ``size_bytes``, ``transfer_us``, ``wait_us``, ``algbw_gbps``, ``busbw_gbps``
     (see :data:`BANDWIDTH_NOTE`). An instance counts in the step of the kernel that arrived last, over
     the steps every rank of its run has. ``keep_bucket``: also ``_bucket``, the size bucket's lower
-    bound in bytes (to order by).
+    bound in bytes (to order by). ``nccl``: with collective_type, ``nccl_algo`` and ``nccl_proto`` beside it
+    (keys: a type whose kernels name different algorithms or protocols has a row for each).
     """
     import polars as pl
 
     grain = columns(by, GRAINS)
+    if nccl and "collective_type" in grain:
+        at = grain.index("collective_type") + 1
+        grain[at:at] = list(NCCL_KEYS)
     if "process_group" in grain:
         grain += [c for c in ("group_size", "inter_node") if c not in grain]
     windows = "trace_windows" if whole_trace else "selected_windows"
@@ -117,6 +132,9 @@ def _collectives_table(
         pl.col("size_bucket_bytes").map_elements(size_label, return_dtype=pl.Utf8).fill_null("unknown").alias("size_bucket"),
         pl.when(pl.col("matched")).then(pl.lit(MATCHED)).otherwise(pl.lit(LOWER_BOUND)).alias("basis"),
     )
+    if nccl and "collective_type" in grain:
+        rows, nccl_notes = _with_nccl_choice(rows)
+        notes = [*nccl_notes, *notes]
     keys = [*grain, "basis"]
     table = rows.group_by(keys).agg(
         pl.col("count").sum(),
@@ -130,6 +148,21 @@ def _collectives_table(
     table = table.sort([c if c != "size_bucket" else "_bucket" for c in keys], nulls_last=True)
     figures = ("count", "size_bytes", "transfer_us", "wait_us", "algbw_gbps", "busbw_gbps")
     return table.select(*keys, *figures, *(["_bucket"] if keep_bucket else [])), [BANDWIDTH_NOTE, *notes]
+
+
+def _with_nccl_choice(rows: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """``rows`` (of ``sql/collectives.sql``) with ``nccl_algo`` and ``nccl_proto`` from each kernel name, and
+    the note on reading them where an NCCL or RCCL kernel is among the rows."""
+    import polars as pl
+
+    names = rows["kernel_name"].drop_nulls().unique().to_list()
+    choice = [algorithm_protocol(name) for name in names]
+    parsed = pl.DataFrame(
+        {"kernel_name": names, "nccl_algo": [a for a, _ in choice], "nccl_proto": [p for _, p in choice]},
+        schema={"kernel_name": pl.Utf8, "nccl_algo": pl.Utf8, "nccl_proto": pl.Utf8},
+    )
+    rows = rows.join(parsed, on="kernel_name", how="left")
+    return rows, [NCCL_NOTE] if any("nccl" in name.lower() for name in names) else []
 
 
 def collective_scaling(
@@ -149,7 +182,7 @@ def collective_scaling(
                           value=metric)
     group = columns(by, [c for c in META_COLUMNS if c not in ("world_size", "nodes")])
     table, notes = _collectives_table(db, by=("run", "collective_type", "size_bucket"), selection=selection, runs=runs,
-                                      keep_bucket=True)
+                                      keep_bucket=True, nccl=False)
     with opened(db) as con:
         meta = run_metadata_frame(con).select("run", "world_size", "nodes", *group)
     table = table.join(meta, on="run", how="left")

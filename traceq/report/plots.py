@@ -152,7 +152,8 @@ def wait_heatmap_figure(waits: pl.DataFrame, max_ranks: int = 512) -> Any:
 
 
 def busbw_figure(table: pl.DataFrame) -> Any:
-    """Bus bandwidth (GB/s) against message size (bytes, log), one line per (run, collective type).
+    """Bus bandwidth (GB/s) against message size (bytes, log), one line per (run, collective type) and, where
+    the table has them, NCCL algorithm and protocol (a Ring and a Tree AllReduce are two lines).
 
     ``table``: rows of :func:`traceq.report.collectives.collectives_report` by run, collective_type and
     size_bucket (matched instances).
@@ -160,10 +161,12 @@ def busbw_figure(table: pl.DataFrame) -> Any:
     go = _go()
     fig = go.Figure()
     rows = table.filter(pl.col("busbw_gbps").is_not_null() & pl.col("size_bytes").is_not_null())
-    for (run, kind), part in rows.sort("run", "collective_type", "size_bytes").group_by(
-            "run", "collective_type", maintain_order=True):
+    keys = ["run", "collective_type", *[c for c in ("nccl_algo", "nccl_proto") if c in rows.columns]]
+    for key, part in rows.sort(*keys, "size_bytes", nulls_last=True).group_by(*keys, maintain_order=True):
+        run, kind, *nccl = key
+        label = " ".join([kind, *[str(v) for v in nccl if v is not None]])
         fig.add_trace(go.Scatter(
-            name=f"{kind} ({run})", x=part["size_bytes"].to_list(), y=part["busbw_gbps"].to_list(),
+            name=f"{label} ({run})", x=part["size_bytes"].to_list(), y=part["busbw_gbps"].to_list(),
             mode="lines+markers", text=part["count"].to_list(),
             hovertemplate="%{x:,.0f} bytes: %{y:,.1f} GB/s (%{text} instances)<extra></extra>",
         ))
