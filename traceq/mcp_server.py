@@ -71,15 +71,15 @@ def tool_report(report: Report, max_rows: int, tool: str, command: str) -> ToolR
 
 def json_value(value: Any) -> Any:
     """``value`` (a cell of a polars table) as JSON holds it: NaN and infinities as null, times as ISO 8601
-    text, durations in seconds, decimals as floats, lists and structs element by element."""
+    text, durations in seconds, decimals as integers where whole (else floats), lists and structs element by element."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, datetime.datetime | datetime.date | datetime.time):
         return value.isoformat()
     if isinstance(value, datetime.timedelta):
         return value.total_seconds()
-    if isinstance(value, decimal.Decimal):
-        return float(value)
+    if isinstance(value, decimal.Decimal):  # DuckDB's sum of integers: exact as a JSON integer
+        return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, list | tuple):
         return [json_value(v) for v in value]
     if isinstance(value, dict):
@@ -108,13 +108,17 @@ def answering(fix: str = "") -> Callable[[Callable[..., ToolReport]], Callable[.
 
 
 # the arguments the tools share, named and described as the Python API's
-Runs = Annotated[list[str] | None, Field(description="Only these runs (the `runs` tool lists them); default: every run.")]
+Runs = Annotated[list[str] | str | None, Field(description="Only these runs (a name, or a list of names; the `runs` tool lists them); default: every run.")]
 Steps = Annotated[str | None, Field(description="Step numbers (N of ProfilerStep#N), inclusive: '11:60', '5:' (step 5 on), '12' (one step).")]
 SkipSteps = Annotated[int | None, Field(ge=0, description="Leading profiled steps to skip (default: the run's warmup_steps metadata, else 0).")]
 DropLast = Annotated[bool, Field(description="Drop each rank's last step always (what HTA does).")]
 IncludeLast = Annotated[bool, Field(description="Keep each rank's last step (left out by default: its device window is open).")]
 WholeTrace = Annotated[bool, Field(description="The whole trace, not only the selected steps.")]
 MaxRows = Annotated[int, Field(ge=1, le=MOST_ROWS, description=f"Rows to give, the table's first; a note says how many there are. At most {MOST_ROWS:,}.")]
+
+
+def _runs(run: list[str] | str | None) -> list[str] | None:
+    return [run] if isinstance(run, str) else run
 
 
 def _selection(steps: str | None, skip_steps: int | None, drop_last: bool, include_last: bool) -> StepSelection:
@@ -132,7 +136,7 @@ class Tools:
         """The runs in the warehouse with their metadata (world size, GPU, tokens per step, ...), or their trace files."""
         from traceq.report.runs import runs_report
 
-        return tool_report(runs_report(self.db, traces=traces, runs=run), max_rows, "runs", "traceq runs")
+        return tool_report(runs_report(self.db, traces=traces, runs=_runs(run)), max_rows, "runs", "traceq runs")
 
     def metrics(self, max_rows: MaxRows = SHOWN_ROWS) -> ToolReport:
         """Every metric the `report` tool takes, with its unit and one-line definition."""
@@ -143,7 +147,7 @@ class Tools:
                run: Runs = None, steps: Steps = None, skip_steps: SkipSteps = None, drop_last: DropLast = False,
                include_last: IncludeLast = False, whole_trace: WholeTrace = False, max_rows: MaxRows = SHOWN_ROWS) -> ToolReport:
         """A metric aggregated across steps, ranks and runs (mean, median, p10, p90 of the steps; mean, min, max and the slowest rank or run), as `traceq report`."""
-        result = traceq.metric_report(self.db, metric, by=by, whole_trace=whole_trace, runs=run,
+        result = traceq.metric_report(self.db, metric, by=by, whole_trace=whole_trace, runs=_runs(run),
                                       selection=_selection(steps, skip_steps, drop_last, include_last))
         return tool_report(result, max_rows, "report", "traceq report")
 
@@ -151,7 +155,7 @@ class Tools:
                 run: Runs = None, steps: Steps = None, skip_steps: SkipSteps = None, drop_last: DropLast = False,
                 include_last: IncludeLast = False, max_rows: MaxRows = SHOWN_ROWS) -> ToolReport:
         """Where each GPU's step time goes: step time, compute, overlapped and exposed comm, exposed memcpy and idle (ms and % of the device window), tokens/s, MFU and power where known."""
-        result = traceq.summary(self.db, by=by, runs=run, selection=_selection(steps, skip_steps, drop_last, include_last))
+        result = traceq.summary(self.db, by=by, runs=_runs(run), selection=_selection(steps, skip_steps, drop_last, include_last))
         return tool_report(result, max_rows, "summary", "traceq summary")
 
     def kernels(self, by: Annotated[str, Field(description="Grain: comma-separated run, rank, step.")] = "run",
@@ -161,7 +165,7 @@ class Tools:
                 run: Runs = None, steps: Steps = None, skip_steps: SkipSteps = None, drop_last: DropLast = False,
                 include_last: IncludeLast = False, max_rows: MaxRows = SHOWN_ROWS) -> ToolReport:
         """The kernels (or categories) the device time goes to over the selected steps: count, total, share, mean, min and max duration."""
-        result = traceq.kernel_report(self.db, by=by, level=level, top=top, unclassified=unclassified, runs=run,
+        result = traceq.kernel_report(self.db, by=by, level=level, top=top, unclassified=unclassified, runs=_runs(run),
                                       selection=_selection(steps, skip_steps, drop_last, include_last))
         return tool_report(result, max_rows, "kernels", "traceq kernels")
 
@@ -171,9 +175,9 @@ class Tools:
                     include_last: IncludeLast = False, whole_trace: WholeTrace = False, max_rows: MaxRows = SHOWN_ROWS) -> ToolReport:
         """Collectives matched across the ranks of each run: instances, mean size, transfer time, per-rank wait, algorithm and bus bandwidth (nccl-tests conventions)."""
         if instances:
-            result = traceq.instances_report(self.db, runs=run)
+            result = traceq.instances_report(self.db, runs=_runs(run))
         else:
-            result = traceq.collectives_report(self.db, by=by, whole_trace=whole_trace, runs=run,
+            result = traceq.collectives_report(self.db, by=by, whole_trace=whole_trace, runs=_runs(run),
                                                selection=_selection(steps, skip_steps, drop_last, include_last))
         return tool_report(result, max_rows, "collectives", "traceq collectives")
 
@@ -181,7 +185,7 @@ class Tools:
                    run: Runs = None, steps: Steps = None, skip_steps: SkipSteps = None, drop_last: DropLast = False,
                    include_last: IncludeLast = False, whole_trace: WholeTrace = False, max_rows: MaxRows = SHOWN_ROWS) -> ToolReport:
         """Who arrives last at the collectives, how often, and how much waiting it causes the other ranks; the ranks that caused the most waiting first."""
-        result = traceq.stragglers_report(self.db, by_step=by_step, whole_trace=whole_trace, runs=run,
+        result = traceq.stragglers_report(self.db, by_step=by_step, whole_trace=whole_trace, runs=_runs(run),
                                           selection=_selection(steps, skip_steps, drop_last, include_last))
         return tool_report(result, max_rows, "stragglers", "traceq stragglers")
 
@@ -190,14 +194,14 @@ class Tools:
                       run: Runs = None, steps: Steps = None, skip_steps: SkipSteps = None, drop_last: DropLast = False,
                       include_last: IncludeLast = False, max_rows: MaxRows = SHOWN_ROWS) -> ToolReport:
         """The critical path across ranks: which rank, and which of its work (compute, transfer, idle), made each step as long as it was."""
-        path = traceq.critical_path(self.db, runs=run, segments=view == "segments",
+        path = traceq.critical_path(self.db, runs=_runs(run), segments=view == "segments",
                                     selection=_selection(steps, skip_steps, drop_last, include_last))
         return tool_report(path.report(view, top), max_rows, "critical_path", "traceq critical-path")
 
     def explain(self, run: Runs = None, steps: Steps = None, skip_steps: SkipSteps = None, drop_last: DropLast = False,
                 include_last: IncludeLast = False, max_rows: MaxRows = SHOWN_ROWS) -> ToolReport:
         """Why the step is slow: the findings, largest first, each with its evidence, its bound (the time on the critical path it accounts for) and the next command."""
-        result = traceq.explain(self.db, runs=run, selection=_selection(steps, skip_steps, drop_last, include_last))
+        result = traceq.explain(self.db, runs=_runs(run), selection=_selection(steps, skip_steps, drop_last, include_last))
         return tool_report(result, max_rows, "explain", "traceq explain")
 
     def diff(self, a: Annotated[str, Field(description="Side A: RUN, or RUN,rank=N and/or RUN,steps=a:b.")],
