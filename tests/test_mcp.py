@@ -174,6 +174,29 @@ def test_every_tool_gives_what_the_python_api_gives(server: Session, corpus_db: 
     assert len(every["rows"]) == segments["row_count"]
 
 
+def test_the_sql_tool_counts_its_rows_up_to_ten_thousand(server: Session, corpus_db: Path) -> None:
+    some = server.answer("sql", {"query": "select i from range(250) t(i)", "max_rows": 100})
+    assert (some["row_count"], [r["i"] for r in some["rows"]]) == (250, list(range(100)))
+    assert some["notes"] == ["250 rows: the first 100 are given (max_rows=100); call sql again with max_rows=250 for all of them"]
+    assert [r["i"] for r in server.answer("sql", {"query": "select i from range(250) t(i)", "max_rows": 250})["rows"]] == list(range(250))
+    many = server.answer("sql", {"query": "select i from range(20000) t(i)"})
+    assert (many["row_count"], len(many["rows"])) == (10_000, 100)
+    assert many["notes"] == [*traceq.warehouse_sql("select i from range(20000) t(i)", corpus_db, max_rows=10_000).notes,
+                             "at least 10,000 rows: the first 100 are given (max_rows=100); narrow the selection, or run "
+                             "`traceq sql --format csv` for all of them"]
+
+
+def test_calls_at_once_are_each_answered_as_alone(server: Session) -> None:
+    """The SDK runs each call in a thread; the SQL console's connection closes DuckDB's database (shared by
+    the connections open at once) to settings, so the calls take turns."""
+    asked = [("sql", {"query": "select count(*) as n from gpu_activity"}), ("summary", {"run": RUN}),
+             ("sql", {"query": "select count(*) as n from steps"}), ("kernels", {"run": RUN})]
+    alone = [server.answer(tool, arguments) for tool, arguments in asked]
+    futures = [server.portal.start_task_soon(server.session.call_tool, tool, arguments) for tool, arguments in asked]
+    together = [f.result() for f in futures]
+    assert [r.structured_content for r in together] == alone, [r.content for r in together if r.is_error]
+
+
 def _files(folder: Path) -> dict[str, tuple[int, str]]:
     """Every file under ``folder``: (size, blake2 digest of its bytes)."""
     return {str(p.relative_to(folder)): (p.stat().st_size, hashlib.blake2b(p.read_bytes()).hexdigest())

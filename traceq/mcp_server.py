@@ -18,6 +18,7 @@ import datetime
 import decimal
 import functools
 import math
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict
@@ -55,15 +56,18 @@ class ToolReport(TypedDict):
     notes: list[str]
 
 
-def tool_report(report: Report, max_rows: int, tool: str, command: str) -> ToolReport:
+def tool_report(report: Report, max_rows: int, tool: str, command: str, counted_to: int | None = None) -> ToolReport:
     """``report`` as :class:`ToolReport`: its table's first ``max_rows`` rows as JSON values, and a note
     saying how many there are and how to get them all (``tool`` again with more rows, or ``command``, the
-    command line, when they are more than :data:`MOST_ROWS`)."""
+    command line, when they are more than :data:`MOST_ROWS`). ``counted_to``: the table holds at most this
+    many of the rows (a query's first ones), so a table as long may stand for more."""
     table, notes = report.table, list(report.notes)
     if table.height > max_rows:
-        fix = (f"call {tool} again with max_rows={table.height} for all of them" if table.height <= MOST_ROWS
+        more = counted_to is not None and table.height >= counted_to
+        fix = (f"call {tool} again with max_rows={table.height} for all of them" if not more and table.height <= MOST_ROWS
                else f"narrow the selection, or run `{command} --format csv` for all of them")
-        notes.append(f"{table.height:,} rows: the first {max_rows:,} are given (max_rows={max_rows}); {fix}")
+        notes.append(f"{'at least ' if more else ''}{table.height:,} rows: the first {max_rows:,} are given "
+                     f"(max_rows={max_rows}); {fix}")
     return ToolReport(title=report.title, columns=list(table.columns), row_count=table.height,
                       rows=[{k: json_value(v) for k, v in row.items()} for row in table.head(max_rows).to_dicts()],
                       notes=[str(n) for n in notes])
@@ -89,16 +93,23 @@ def json_value(value: Any) -> Any:
     return value
 
 
+# one call at a time: the SDK runs each in a thread of its own, and the SQL console's connection closes
+# the database to files and settings (DuckDB's are the database's, which connections open at once share)
+_ONE_CALL = threading.Lock()
+
+
 def answering(fix: str = "") -> Callable[[Callable[..., ToolReport]], Callable[..., ToolReport]]:
-    """A tool whose traceq errors (a bad argument: their message names it and the fix) are the tool's error
-    result, ``fix`` after them: the SDK gives any other exception's text to no one (a bug, on stderr)."""
+    """A tool run one call at a time, whose traceq errors (a bad argument: their message names it and the
+    fix) are the tool's error result, ``fix`` after them: the SDK gives any other exception's text to no
+    one (a bug, on stderr)."""
     from mcp.server.mcpserver.exceptions import ToolError
 
     def wrap(tool: Callable[..., ToolReport]) -> Callable[..., ToolReport]:
         @functools.wraps(tool)
         def answered(*args: Any, **kwargs: Any) -> ToolReport:
             try:
-                return tool(*args, **kwargs)
+                with _ONE_CALL:
+                    return tool(*args, **kwargs)
             except TraceqError as exc:
                 raise ToolError(f"{exc}" + (f" ({fix})" if fix else "")) from None
 
@@ -214,7 +225,8 @@ class Tools:
     def sql(self, query: Annotated[str, Field(description="One DuckDB SELECT over the warehouse's tables (gpu_events, host_events, steps, traces, ...) and traceq's relations (gpu_activity, device_windows, selected_steps, interval_breakdown, comm_instances, ...).")],
             max_rows: MaxRows = SHOWN_ROWS) -> ToolReport:
         """Your own read-only query over traceq's classification, step windows and metrics, as `traceq sql`: the warehouse and nothing else (no other file, no extension, no settings). row_count counts the query's rows up to 10,000."""
-        return tool_report(traceq.warehouse_sql(query, self.db, max_rows=MOST_ROWS), max_rows, "sql", "traceq sql")
+        return tool_report(traceq.warehouse_sql(query, self.db, max_rows=MOST_ROWS), max_rows, "sql", "traceq sql",
+                           counted_to=MOST_ROWS)
 
 
 TOOL_NAMES = ("runs", "metrics", "report", "summary", "kernels", "collectives", "stragglers", "critical_path", "explain",
