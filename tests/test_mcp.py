@@ -264,3 +264,13 @@ def test_traceq_mcp_refuses_a_missing_warehouse_in_one_line(tmp_path: Path) -> N
     assert done.exit_code == 1
     assert "none.duckdb: no warehouse here; ingest traces into it first" in done.output
     assert not (tmp_path / "none.duckdb").exists()
+
+
+def test_traceq_mcp_without_the_sdk_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mcp" else real(name, *a))
+    done = CliRunner().invoke(app, ["mcp", "--db", str(tmp_path / "none.duckdb")])
+    assert done.exit_code == 1
+    assert "the MCP server needs the mcp package: pip install 'traceq[mcp]'" in done.output
