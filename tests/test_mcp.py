@@ -274,3 +274,20 @@ def test_traceq_mcp_without_the_sdk_says_how_to_install_it(tmp_path: Path, monke
     done = CliRunner().invoke(app, ["mcp", "--db", str(tmp_path / "none.duckdb")])
     assert done.exit_code == 1
     assert "the MCP server needs the mcp package: pip install 'traceq[mcp]'" in done.output
+
+
+def test_a_warehouse_damaged_between_calls_is_an_error_result_and_the_server_goes_on(tmp_path: Path) -> None:
+    from tests.test_metrics_given_expect import one_step_trace
+
+    db = tmp_path / "w.duckdb"
+    assert traceq.ingest_traces([one_step_trace().write(tmp_path / "job" / "rank0.json")], db).ok
+    good = db.read_bytes()
+    with serving(db, tmp_path / "server.stderr") as server:
+        assert server.answer("runs")["rows"][0]["run"] == "job"
+        for damaged, fix in ((good[:len(good) // 3], "the warehouse file is damaged or cut short: copy it again"),
+                             (b"not a warehouse" * 1000, "is not a traceq warehouse (not a DuckDB database)")):
+            db.write_bytes(damaged)  # DuckDB's IO error (the machine's, said as the command line says it), traceq's
+            result = server.call("runs")
+            assert result.is_error and str(db) in result.content[0].text and fix in result.content[0].text, result.content
+        db.write_bytes(good)
+        assert server.answer("runs")["rows"][0]["run"] == "job"

@@ -100,9 +100,11 @@ _ONE_CALL = threading.Lock()
 
 def answering(fix: str = "") -> Callable[[Callable[..., ToolReport]], Callable[..., ToolReport]]:
     """A tool run one call at a time, whose traceq errors (a bad argument: their message names it and the
-    fix) are the tool's error result, ``fix`` after them: the SDK gives any other exception's text to no
-    one (a bug, on stderr)."""
+    fix) are the tool's error result, ``fix`` after them, as are the machine's (one line, as the command line
+    says them); the SDK gives any other exception's text to no one (a bug, its traceback on stderr)."""
     from mcp.server.mcpserver.exceptions import ToolError
+
+    from traceq.store.warehouse import environment_error
 
     def wrap(tool: Callable[..., ToolReport]) -> Callable[..., ToolReport]:
         @functools.wraps(tool)
@@ -112,6 +114,11 @@ def answering(fix: str = "") -> Callable[[Callable[..., ToolReport]], Callable[.
                     return tool(*args, **kwargs)
             except TraceqError as exc:
                 raise ToolError(f"{exc}" + (f" ({fix})" if fix else "")) from None
+            except Exception as exc:  # what the machine got wrong (a full disk, no memory, a damaged file) is said too
+                machine = environment_error(exc)
+                if machine is None:
+                    raise
+                raise ToolError(machine) from None
 
         return answered
 
