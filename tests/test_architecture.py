@@ -19,7 +19,7 @@ LAYERS = (
     ("ingest", ("traceq.ingest",)),
     ("report", ("traceq.report",)),
     ("perfetto", ("traceq.perfetto",)),
-    ("cli", ("traceq.cli", "traceq.console")),
+    ("cli", ("traceq.cli", "traceq.console", "traceq.mcp_server")),
 )
 HEAVY = {"torch", "plotly", "pyarrow", "numpy", "polars", "duckdb", "distributed", "dask", "pynvml", "msgspec"}
 

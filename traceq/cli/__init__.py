@@ -2,15 +2,15 @@
 
 ``base`` holds the application, its one error boundary and what the commands share (options, tables);
 the commands are in ``ingest`` (loading traces), ``reports``, ``paths`` (the critical path) and
-``warehouse`` (runs, rules, checks, SQL, exports). A command parses its options, calls one library
-function and prints what it returns.
+``warehouse`` (runs, rules, checks, SQL, exports), ``mcp`` (the reports served to a coding agent). A
+command parses its options, calls one library function and prints what it returns.
 """
 
 from __future__ import annotations
 
 import sys
 
-from traceq.cli import ingest, reports, paths, warehouse  # noqa: F401 (they register their commands, in this order)
+from traceq.cli import ingest, reports, paths, warehouse, mcp  # noqa: F401 (they register their commands, in this order)
 from traceq.cli.base import app, echo
 
 __all__ = ["app", "main"]
