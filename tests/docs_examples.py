@@ -20,6 +20,10 @@ becomes `#` and runs of spaces or table rules one: the demo is timed on the mach
 `docs-test: file NAME` (a ```python block written to NAME instead of run), `docs-test: fixture` (a
 command the demo fixture runs: FIXTURE_COMMANDS), `docs-test: not run: REASON` (shown, never run:
 it needs the network or a cluster; tests/test_docs.py lists them).
+
+After a command's output changed on purpose, `TRACEQ_DOCS_UPDATE=1 pytest tests/test_docs.py -k examples`
+writes what the commands print into the pages, where an output shows no `...` and no number varies
+(the test still fails, naming the outputs it rewrote and those left to fix by hand).
 """
 
 from __future__ import annotations
@@ -96,9 +100,9 @@ def parse(path: Path) -> Page:
     return Page(path, context, blocks)
 
 
-def commands(block: Block) -> list[tuple[str, list[str]]]:
-    """A console block's (command, expected output lines)."""
-    out: list[tuple[str, list[str]]] = []
+def commands(block: Block) -> list[tuple[str, list[str], int]]:
+    """A console block's (command, expected output lines, index of the first of them in the block)."""
+    out: list[tuple[str, list[str], int]] = []
     lines = block.text.splitlines()
     i = 0
     while i < len(lines):
@@ -109,11 +113,11 @@ def commands(block: Block) -> list[tuple[str, list[str]]]:
         while command.endswith("\\") and i + 1 < len(lines):
             i += 1
             command = command[:-1] + "\n" + lines[i]
-        expected = []
+        expected, first = [], i + 1
         while i + 1 < len(lines) and not lines[i + 1].startswith("$ "):
             i += 1
             expected.append(lines[i])
-        out.append((command, expected))
+        out.append((command, expected, first))
         i += 1
     return out
 
@@ -142,10 +146,12 @@ def matches(expected: list[str], actual: str, numbers_vary: bool) -> bool:
 class Runner:
     """Runs one page's blocks in order in ``folder``, with ``env`` (``traceq`` and ``python`` on PATH)."""
 
-    def __init__(self, page: Page, folder: Path, env: dict[str, str]):
-        self.page, self.folder, self.env = page, folder, env
+    def __init__(self, page: Page, folder: Path, env: dict[str, str], update: bool = False):
+        self.page, self.folder, self.env, self.update = page, folder, env, update
         self.globs: dict = {"__name__": "__docs__"}
         self.not_run: list[str] = []
+        self.rewrites: list[tuple[int, int, list[str]]] = []  # (file line of the first output line, count, new lines)
+        self.stale: list[str] = []  # outputs that differ and cannot be rewritten (they hold `...` or vary)
 
     def where(self, block: Block) -> str:
         return f"{self.page.path.name}:{block.line}"
@@ -165,7 +171,7 @@ class Runner:
             getattr(self, block.lang)(block)
 
     def console(self, block: Block) -> None:
-        for command, expected in commands(block):
+        for command, expected, first in commands(block):
             if "fixture" in block.flags:
                 assert command in FIXTURE_COMMANDS, f"{self.where(block)}: {command!r} is no command the demo fixture runs"
                 continue
@@ -181,8 +187,14 @@ class Runner:
                                   env=self.env, cwd=self.folder, timeout=300)
             shown = f"{self.where(block)}: $ {command}\n--- printed ---\n{proc.stdout}--- the docs show ---\n" + "\n".join(expected)
             assert proc.returncode == code, f"exit {proc.returncode}, not {code}\n{shown}"
-            if expected:
-                assert matches(expected, proc.stdout, "numbers vary" in block.flags), shown
+            if expected and not matches(expected, proc.stdout, "numbers vary" in block.flags):
+                if not self.update:
+                    raise AssertionError(shown)
+                if "numbers vary" in block.flags or any("..." in line for line in expected):
+                    self.stale.append(shown)
+                else:
+                    printed = [line.rstrip() for line in proc.stdout.rstrip("\n").splitlines()]
+                    self.rewrites.append((block.line + 1 + first, len(expected), printed))
 
     def python(self, block: Block) -> None:
         name = next((f.split(None, 1)[1] for f in block.flags if f.startswith("file ")), None)
@@ -214,3 +226,15 @@ def shims(folder: Path) -> Path:
     for f in ("traceq", "python"):
         os.chmod(folder / f, 0o755)
     return folder
+
+
+def rewrite(path: Path, rewrites: list[tuple[int, int, list[str]]]) -> None:
+    """Put what the commands printed in place of the outputs a page shows (``TRACEQ_DOCS_UPDATE=1``),
+    keeping each block's indent; the page is written whole or not at all."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for line, count, printed in sorted(rewrites, reverse=True):
+        indent = re.match(r"\s*", lines[line - 1]).group(0) if count else ""
+        lines[line - 1:line - 1 + count] = [indent + p if p else p for p in printed]
+    scratch = path.with_name(path.name + ".new")
+    scratch.write_text("\n".join(lines), encoding="utf-8")
+    scratch.replace(path)

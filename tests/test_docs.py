@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CORPUS, ROOT, require_module, skip_or_fail
-from tests.docs_examples import FIXTURE_COMMANDS, Runner, parse, shims
+from tests.docs_examples import FIXTURE_COMMANDS, Runner, parse, rewrite, shims
 from traceq.catalog import METRICS
 from traceq.cli import app
 
 DOCS = ROOT / "docs"
-PAGES = sorted(p for p in DOCS.rglob("*.md") if p.parent.name != "images")
+PAGES = sorted(p for p in DOCS.rglob("*.md") if p.parent.name != "images") + [ROOT / "README.md"]
 EXAMPLE_PAGES = [p for p in PAGES if parse(p).context is not None]
 NOT_RUN: list[str] = []
 
@@ -103,7 +103,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("path", EXAMPLE_PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())
+@pytest.mark.parametrize("path", EXAMPLE_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_the_examples_of_a_page_print_what_it_shows(path: Path, request: pytest.FixtureRequest,
                                                      tmp_path: Path) -> None:
     page = parse(path)
@@ -129,9 +129,14 @@ def test_the_examples_of_a_page_print_what_it_shows(path: Path, request: pytest.
         (tmp_path / "home" / "bin" / "trace_processor_shell").symlink_to(trace_processor)
     elif "TRACEQ_TRACE_PROCESSOR" in path.read_text(encoding="utf-8"):
         skip_or_fail("../shared/bin/trace_processor_shell is absent (Perfetto's trace processor; CI has it)")
-    runner = Runner(page, folder, env)
+    runner = Runner(page, folder, env, update=os.environ.get("TRACEQ_DOCS_UPDATE") == "1")
     runner.run()
     NOT_RUN.extend(runner.not_run)
+    if runner.rewrites:
+        rewrite(path, runner.rewrites)
+    assert not runner.rewrites and not runner.stale, (
+        f"{len(runner.rewrites)} output(s) rewritten in {path.name} (TRACEQ_DOCS_UPDATE=1: check the diff); "
+        f"{len(runner.stale)} to fix by hand:\n" + "\n\n".join(runner.stale))
 
 
 def test_the_examples_that_are_not_run_say_why() -> None:
