@@ -103,6 +103,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow  # the demo run trains for ~20 s; corpus pages ingest real traces
 @pytest.mark.parametrize("path", EXAMPLE_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_the_examples_of_a_page_print_what_it_shows(path: Path, request: pytest.FixtureRequest,
                                                      tmp_path: Path) -> None:
