@@ -1,13 +1,14 @@
 # Two commands on a fresh machine (README "Quick start"):
 #   make demo   install into .venv, make the example traces, ingest them and report
 #   make test   install into .venv with the test extras and run the test suite
+#   make docs   the docs site into site/ (warnings are errors); make docs-images retakes its screenshots
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # torch first, pinned: a CPU build is installed locally; an unpinned torch pulls GBs of CUDA wheels.
 TORCH := torch==2.13.0
 
-.PHONY: demo test venv clean
+.PHONY: demo test docs docs-images venv clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,5 +33,11 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
 
+docs: $(VENV)/.installed-test
+	$(BIN)/mkdocs build --strict
+
+docs-images: $(VENV)/.installed-demo
+	$(BIN)/python docs/make_images.py
+
 clean:
-	rm -rf $(VENV) examples/out build dist *.egg-info
+	rm -rf $(VENV) examples/out build dist *.egg-info site
