@@ -10,6 +10,7 @@ enable. The report's ``rows`` hold each finding's evidence, one figure a row, wi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,7 +58,7 @@ def explain(
         large, small = findings_of(fig, run)
         shown += ordered(large)
         if small:
-            left = "; ".join(f"{f.kind} {f.pct_of_step:.2f} %" for f in small)
+            left = "; ".join(f"{f.topic} {f.pct_of_step:.2f} %" for f in small)
             notes.append(RunNote(f"findings below {MIN_PCT:g} % of the step, not listed", f"run {run}: {left}"))
     if fig.missing.get("critical_path"):
         notes.append(f"no critical path, so each bound is the finding's own time: {fig.missing['critical_path']}")
@@ -88,14 +89,14 @@ def findings_table(findings: Sequence[Finding]) -> pl.DataFrame:
 
 
 def evidence_rows(findings: Sequence[Finding]) -> pl.DataFrame:
-    """One row per figure of evidence: finding (its row number, 0 first), kind, command, column, where (the row,
-    as 'column=value' pairs joined by ','), agg, value, role."""
+    """One row per figure of evidence: finding (its row number, 0 first), kind, topic, command, column, where (the row,
+    a JSON object of column: value), agg, value, role."""
     import polars as pl
 
-    rows = [{"finding": i, "kind": f.kind, "command": e.command, "column": e.column,
-             "where": ",".join(f"{k}={v}" for k, v in e.where), "agg": e.agg, "value": e.value, "role": e.role}
+    rows = [{"finding": i, "kind": f.kind, "topic": f.topic, "command": e.command, "column": e.column,
+             "where": json.dumps(dict(e.where)), "agg": e.agg, "value": e.value, "role": e.role}
             for i, f in enumerate(findings) for e in f.evidence]
-    return pl.DataFrame(rows, schema={"finding": pl.Int64, "kind": pl.String, "command": pl.String, "column": pl.String,
+    return pl.DataFrame(rows, schema={"finding": pl.Int64, "kind": pl.String, "topic": pl.String, "command": pl.String, "column": pl.String,
                                       "where": pl.String, "agg": pl.String, "value": pl.Float64, "role": pl.String})
 
 

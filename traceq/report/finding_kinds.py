@@ -63,7 +63,7 @@ def communication(fig: Figures, run: str) -> list[Finding]:
                 text += f"; its kernels take {number(row['transfer_us'])} us each (not matched across ranks)"
             if row["busbw_gbps"] is not None:
                 text += f", busbw {number(row['busbw_gbps'])} GB/s"
-        finding = Finding.of(run, "exposed_comm", text, kept(
+        finding = Finding.of(run, "exposed_comm", f"exposed {ctype}", text, kept(
             amount, step, *context, fig.path_sum(run, kind="comm_transfer", collective_type=ctype),
             fig.path_count(run, "bound_steps")), fig.command(run, "collectives", "--by", "run,collective_type,size_bucket"))
         out.append(finding)
@@ -77,7 +77,7 @@ def waiting(fig: Figures, run: str) -> list[Finding]:
     exposed = fig.metric(run, "exposed_comm_us")
     step = fig.metric(run, "step_time_ms", "step_time")
     if ranks is not None and ranks["ranks"][0] == 1 and exposed and step and exposed.value / 10 >= MIN_PCT * step.value:
-        return [Finding(run, "missing", "Who the others wait for at collectives: the run holds one rank's trace; "
+        return [Finding(run, "missing", "wait vs transfer", "Who the others wait for at collectives: the run holds one rank's trace; "
                         "ingest every rank's trace of the run to split its communication into wait and transfer",
                         (exposed,), fig.command(run, "collectives"))]
     stragglers = fig.rows(fig.stragglers, run)
@@ -103,11 +103,14 @@ def waiting(fig: Figures, run: str) -> list[Finding]:
                      f"{ms_text(most.value / 1000)}")
             context += [host, most]
     caused = None
-    if fig.rows(fig.path_ranks, run) is not None:
-        total = float(fig.rows(fig.path_ranks, run)["wait_caused_ms"].sum())
+    path = fig.rows(fig.path_ranks, run)
+    if path is not None:
+        total = float(path["wait_caused_ms"].sum())
+        if path["rank"][0] == r:  # the late rank holds the path: its own time bounds the step, not the waiting
+            text += f"; the critical path runs on rank {r} itself, so its own findings bound the step"
         caused = Evidence(fig.command(run, "critical-path", "--ranks"), "wait_caused_ms", (("run", run),), total, "sum",
                           "bound")
-    return [Finding.of(run, "comm_wait", text, kept(wait, step, *context, caused, fig.path_count(run, "bound_steps")),
+    return [Finding.of(run, "comm_wait", "waiting for the last rank", text, kept(wait, step, *context, caused, fig.path_count(run, "bound_steps")),
                        fig.command(run, "stragglers", "--by-step"))]
 
 
@@ -127,7 +130,7 @@ def idle(fig: Figures, run: str) -> list[Finding]:
         text = f"{name}: {what}: {ms_text(ms)} a step{pct_text(ms, step and step.value)}"
         if per_rank.height > 1 and most is not None:
             text += f"; most on rank {top} ({ms_text(most.value / 1000)})"
-        out.append(Finding.of(run, part, text, kept(amount, step, most, path_idle),
+        out.append(Finding.of(run, part, name.lower(), text, kept(amount, step, most, path_idle),
                               fig.command(run, "critical-path", "--segments")))
     return out
 
@@ -149,7 +152,7 @@ def memcpy(fig: Figures, run: str) -> list[Finding]:
             text += f"; mostly {name}"
             context.append(Evidence(fig.command(run, "kernels", "--top", str(PATH_TOP)), "total_ms",
                                     (("run", run), ("name", name)), float(copies["total_ms"][0])))
-    return [Finding.of(run, "exposed_memcpy", text, kept(amount, step, *context, fig.path_mean(run, "copy_ms")),
+    return [Finding.of(run, "exposed_memcpy", "exposed memcpy/memset", text, kept(amount, step, *context, fig.path_mean(run, "copy_ms")),
                        fig.command(run, "kernels", "--level", "category"))]
 
 
@@ -184,11 +187,11 @@ def compute(fig: Figures, run: str) -> list[Finding]:
         if not out and mfu is not None:
             text += f"; MFU {mfu.value * 100:.1f} % of the GPU's peak"
             context.append(mfu)
-        out.append(Finding.of(run, "compute", text, kept(
+        out.append(Finding.of(run, "compute", f"{row['category']} kernels", text, kept(
             total, steps, step, *context, fig.path_sum(run, kind="compute", category=row["category"]),
             fig.path_count(run, "bound_steps")), fig.command(run, "kernels", "--top", "20")))
     if out and mfu is None:
-        out.append(Finding(run, "missing", "MFU against the peak: the run lacks model FLOPs or a known GPU peak; set "
+        out.append(Finding(run, "missing", "MFU", "MFU against the peak: the run lacks model FLOPs or a known GPU peak; set "
                            f"them with traceq runs set {run} --flops-per-step F (or --model-flops-per-token F, "
                            "--peak-tflops P)", (), fig.command(run, "report", "--metric", "mfu", "--by", "run")))
     return out
@@ -220,7 +223,7 @@ def variation(fig: Figures, run: str) -> list[Finding]:
                             float(w["step_time_ms"])) for w in worst]
     step = Evidence(mean.command, mean.column, mean.where, mean.value, role="step_time")
     focus = worst[0]["step"] if worst else steps.sort("step_time_ms", descending=True)["step"][0]
-    return [Finding.of(run, "step_variation", text, kept(mean, median, step, p10, p90, *context),
+    return [Finding.of(run, "step_variation", "step-time variation", text, kept(mean, median, step, p10, p90, *context),
                        fig.command(run, "critical-path", "--steps", f"{focus}:{focus}", "--segments"))]
 
 
@@ -228,7 +231,7 @@ def power(fig: Figures, run: str) -> list[Finding]:
     """Power and energy per step, tokens per joule; or what would enable them."""
     watts, joules, per_j = fig.metric(run, "power_w"), fig.metric(run, "energy_j"), fig.metric(run, "tokens_per_j")
     if watts is None and joules is None:
-        return [Finding(run, "missing", "Power and energy per token: no power log; record the run with traceq's "
+        return [Finding(run, "missing", "power", "Power and energy per token: no power log; record the run with traceq's "
                         "collectors (power logging) and ingest the rank*.power.jsonl files beside the traces", (),
                         fig.command(run, "report", "--metric", "power_w", "--by", "run"))]
     parts = ([f"its GPUs draw {number(watts.value)} W"] if watts else []) + (
@@ -236,7 +239,7 @@ def power(fig: Figures, run: str) -> list[Finding]:
     text = "Power: " + ", ".join(parts)
     text += (f", {number(per_j.value)} tokens per joule" if per_j else
              f"; tokens per joule needs tokens_per_step (traceq runs set {run} --tokens-per-step N)")
-    return [Finding(run, "power", text, tuple(kept(watts, joules, per_j)),
+    return [Finding(run, "power", "power", text, tuple(kept(watts, joules, per_j)),
                     fig.command(run, "report", "--metric", "power_w,energy_j,tokens_per_j", "--by", "run,rank"))]
 
 
@@ -245,7 +248,7 @@ def path_ranks(fig: Figures, run: str) -> list[Finding]:
     ranks = fig.rows(fig.path_ranks, run)
     if ranks is None:
         why = fig.missing.get("critical_path")
-        return [Finding(run, "missing", f"The critical path: {why}", (), fig.command(run, "critical-path"))] if why else []
+        return [Finding(run, "missing", "critical path", f"The critical path: {why}", (), fig.command(run, "critical-path"))] if why else []
     top = ranks.row(0, named=True)
     where = (("run", run), ("rank", top["rank"]))
     cmd = fig.command(run, "critical-path", "--ranks")
@@ -265,9 +268,8 @@ def path_ranks(fig: Figures, run: str) -> list[Finding]:
                  "in all on the path")
         evidence += [Evidence(cmd, "waited_for", where, float(top["waited_for"])),
                      Evidence(cmd, "wait_caused_ms", where, float(top["wait_caused_ms"]))]
-    step = fig.metric(run, "step_time_ms", "step_time")
-    found = Finding.of(run, "critical_path", text, kept(*evidence, step), cmd)
-    return [Finding(found.run, found.kind, found.text, found.evidence, found.next, found.ms_per_step,
+    found = Finding.of(run, "critical_path", "critical path", text, evidence, cmd)  # its share of the path says how much
+    return [Finding(found.run, found.kind, found.topic, found.text, found.evidence, found.next, found.ms_per_step,
                     found.pct_of_step, None)]  # context, not a cause: no bound of its own
 
 

@@ -58,12 +58,13 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Finding:
-    """A finding of one run: ``kind``, ``text`` (what, in one sentence), ``evidence``, ``next`` (a command),
+    """A finding of one run: ``kind``, ``topic`` (a few words: 'exposed AllGather'), ``text`` (what, in one sentence), ``evidence``, ``next`` (a command),
     and the figures derived from the evidence (:func:`amount_ms`): ``ms_per_step``, ``pct_of_step`` and
     ``bound_ms`` (None for a finding that is not time: power, the path per rank, a missing input)."""
 
     run: str
     kind: str
+    topic: str
     text: str
     evidence: tuple[Evidence, ...] = ()
     next: str = ""
@@ -72,13 +73,13 @@ class Finding:
     bound_ms: float | None = field(default=None)
 
     @classmethod
-    def of(cls, run: str, kind: str, text: str, evidence: Sequence[Evidence], next: str = "") -> Finding:
+    def of(cls, run: str, kind: str, topic: str, text: str, evidence: Sequence[Evidence], next: str = "") -> Finding:
         """A finding whose figures are derived from ``evidence`` (:func:`amount_ms`, :func:`bound_ms`)."""
         evidence = tuple(evidence)
         ms = amount_ms(evidence)
         step = [e.value for e in evidence if e.role == "step_time"]
         pct = ms / step[0] * 100 if ms is not None and step and step[0] else None
-        return cls(run, kind, text, evidence, next, ms, pct, bound_ms(evidence))
+        return cls(run, kind, topic, text, evidence, next, ms, pct, bound_ms(evidence))
 
 
 def to_ms(e: Evidence) -> float:
