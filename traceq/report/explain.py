@@ -1,5 +1,5 @@
-"""Why the step is slow (``traceq explain``; DESIGN §11): the findings of each run, largest first by their
-bound, each with its evidence and the command to look closer.
+"""Why the step is slow (``traceq explain``; README: Why is my step slow): the findings of each run, largest
+first by their bound, each with its evidence and the command to look closer.
 
 :func:`explain` runs the reports other commands print (``report``, ``stragglers``, ``collectives``,
 ``kernels``, ``summary``, ``critical-path``) once over the selected runs (:func:`figures`), reads the

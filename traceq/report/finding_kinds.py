@@ -1,7 +1,7 @@
-"""Each kind of finding of ``traceq explain`` (DESIGN §11), read off :class:`~traceq.report.findings.Figures`:
-exposed communication by collective type, waiting for a late rank, idle by cause, exposed memcpy, compute by
-kernel category with MFU, step-time variation, power and energy per token, the critical path per rank, and,
-where an input is missing, what would enable the finding."""
+"""Each kind of finding of ``traceq explain`` (README: Why is my step slow), read off
+:class:`~traceq.report.findings.Figures`: exposed communication by collective type, waiting for a late rank,
+idle by cause, exposed memcpy, compute by kernel category with MFU, step-time variation, power and energy
+per token, the critical path per rank, and, where an input is missing, what would enable the finding."""
 
 from __future__ import annotations
 
