@@ -16,6 +16,7 @@ from tests.test_cross_rank import ALL_REDUCE, GEMM, US, collective_args, ingest
 from tests.tracegen import TraceBuilder
 from traceq.cli import app
 from traceq.report.explain import explain
+from traceq.report.metrics import compute_metric
 from traceq.report.selection import StepSelection
 
 EVERY_STEP = StepSelection(skip_steps=0, include_last=True)  # the one step of each hand-made run
@@ -82,9 +83,9 @@ def _figure(rows: list[dict], column: str, where: dict, agg: str) -> float:
     values = [r[column] for r in picked]
     if agg == "count":
         return len(values)
-    assert values, (column, where)
-    if agg == "sum":
+    if agg == "sum":  # of no row: 0 (the path has no such segment)
         return sum(values)
+    assert values, (column, where)
     if agg == "mean":
         return sum(values) / len(values)
     assert len(set(values)) == 1, (column, where, values)  # one row (or one per device of the rank)
@@ -95,9 +96,12 @@ def _ms(row: dict) -> float:
     return row["value"] / 1000 if row["column"].endswith("_us") else row["value"]
 
 
-def check(db: Path, report, all_runs: bool = False, cache: dict | None = None) -> None:
+def check(db: Path, report, all_runs: bool = False, cache: dict | None = None,
+          selection: StepSelection = EVERY_STEP) -> None:
     """Each figure of evidence equals the command's; each finding's figures follow from its evidence (worked
-    here apart from the code); no two findings give one figure two values; the order follows the bounds."""
+    here apart from the code); no two findings give one figure two values; no part says more than its whole
+    (exposed communication of a type or waiting at most the exposed communication, idle of a cause at most the
+    idle, `traceq report`'s); the order follows the bounds."""
     cache = {} if cache is None else cache
     evidence = report.rows.to_dicts()
     seen: dict[tuple, float] = {}
@@ -137,6 +141,17 @@ def check(db: Path, report, all_runs: bool = False, cache: dict | None = None) -
         assert timed == sorted(timed, reverse=True) and bounds[:len(timed)] == timed, (run, bounds)
         power = [f for _, f in mine if f["finding"].startswith(("Power:", "Power and energy per token"))]
         assert len(power) <= 1, power  # power is known, or what would enable it is said: never both
+    wholes = compute_metric(db, "exposed_comm_us,idle_us", by="run", selection=selection).to_dicts()
+    wholes = {w["run"]: w for w in wholes}
+    idle_parts: dict[str, float] = {}
+    for i, f in enumerate(table):
+        kinds = {e["kind"] for e in evidence if e["finding"] == i}
+        if kinds & {"exposed_comm", "comm_wait"}:
+            assert f["ms_per_step"] <= wholes[f["run"]]["exposed_comm_us"] / 1000 * (1 + 1e-9), f
+        if any(k.startswith("idle_") for k in kinds):
+            idle_parts[f["run"]] = idle_parts.get(f["run"], 0) + f["ms_per_step"]
+    for run, ms in idle_parts.items():
+        assert ms <= wholes[run]["idle_us"] / 1000 * (1 + 1e-9), run
 
 
 def _findings(report, kind_prefix: str = "") -> list[dict]:
@@ -194,6 +209,23 @@ def test_a_compute_bound_run_has_nothing_to_say_about_communication(tmp_path: Pa
     assert any(f.startswith("Power and energy per token: no power log") for f in report.table["finding"].to_list())
 
 
+def test_step_time_variation_names_the_outlier_step(tmp_path: Path) -> None:
+    """One rank, steps of 100, 100, 200 and 100 us: median 100, mean 125, p90 170 (linear); step 3 is an
+    outlier (> 1.2 x the median), and the finding's time is the mean's excess over the median, 25 us."""
+    t = TraceBuilder(rank=0)
+    for n, (lo, hi) in enumerate([(0, 100), (100, 200), (200, 400), (400, 500)], 1):
+        t.step(n, lo * US, hi * US)
+        t.kernel(GEMM, (lo + 5) * US, (hi - 5) * US, launch_ns=(lo + 1) * US)
+    db = ingest(tmp_path, {0: t})
+    report = explain(db, runs=["job"], selection=EVERY_STEP)
+    check(db, report)
+    (varies,) = _findings(report, "Step time varies")
+    assert varies["ms_per_step"] == pytest.approx(0.025) and varies["bound_ms"] == pytest.approx(0.025)
+    assert "median of 0.1 ms" in varies["finding"] and "p90 0.17 ms" in varies["finding"]
+    assert "outliers: step 3 0.2 ms" in varies["finding"]
+    assert "--steps 3:3" in varies["next"]
+
+
 def test_cli_lists_the_findings_and_writes_the_page(tmp_path: Path) -> None:
     db = ingest(tmp_path, late_rank())
     page = tmp_path / "why.html"
@@ -228,4 +260,4 @@ def test_the_api_is_lazy_and_takes_runs_and_selection(tmp_path: Path) -> None:
 def test_every_corpus_finding_equals_the_figures_other_commands_print(corpus_db: Path) -> None:
     report = explain(corpus_db)
     assert report.table.height > 0 and report.table["run"].n_unique() > 10
-    check(corpus_db, report, all_runs=True)
+    check(corpus_db, report, all_runs=True, selection=StepSelection())

@@ -198,31 +198,35 @@ def compute(fig: Figures, run: str) -> list[Finding]:
 
 
 def variation(fig: Figures, run: str) -> list[Finding]:
-    """Step time that varies: mean against median (``report --metric step_time_ms``), and the outlier steps."""
-    mean = fig.metric(run, "step_time_ms", "amount")
-    median = fig.metric(run, "step_time_ms_median", "amount_minus")
+    """Step time that varies: on the rank whose mean step time exceeds its median most (``report --metric
+    step_time_ms --by run,rank``: mean, median, p10, p90 over its steps), by how much, and its outlier steps."""
+    per_rank = fig.rows(fig.ranks, run)
     steps = fig.rows(fig.steps, run)
-    if mean is None or median is None or steps is None:
+    if per_rank is None or steps is None or "step_time_ms_median" not in per_rank.columns:
         return []
-    steps = steps.filter(steps["step"] >= 0)
-    if steps["step"].n_unique() < 3:
+    per_rank = per_rank.filter(per_rank["step_time_ms_median"].is_not_null())
+    if not per_rank.height:
         return []
-    outliers = steps.filter(steps["step_time_ms"] > OUTLIER * median.value).sort("step_time_ms", descending=True)
+    r = per_rank.sort(per_rank["step_time_ms"] - per_rank["step_time_ms_median"], descending=True)["rank"][0]
+    mean, median = fig.metric(run, "step_time_ms", "amount", rank=r), fig.metric(run, "step_time_ms_median", "amount_minus", rank=r)
+    p10, p90 = fig.metric(run, "step_time_ms_p10", rank=r), fig.metric(run, "step_time_ms_p90", rank=r)
+    mine = steps.filter((steps["rank"] == r) & (steps["step"] >= 0))
+    if None in (mean, median, p10, p90) or mine["step"].n_unique() < 3:
+        return []
+    outliers = mine.filter(mine["step_time_ms"] > OUTLIER * median.value).sort("step_time_ms", descending=True)
     if mean.value <= median.value or (not outliers.height and (mean.value - median.value) < MIN_PCT / 100 * mean.value):
         return []
-    p10, p90 = fig.metric(run, "step_time_ms_p10"), fig.metric(run, "step_time_ms_p90")
-    text = (f"Step time varies: {ms_text(mean.value - median.value)} a step above the median of {ms_text(median.value)}"
-            f" on average (p10 {number(p10.value)}, p90 {number(p90.value)} ms)")
-    context = []
+    where = "" if per_rank.height == 1 else f" on rank {r}"
+    text = (f"Step time varies{where}: {ms_text(mean.value - median.value)} a step above the median of "
+            f"{ms_text(median.value)} on average (p10 {number(p10.value)}, p90 {number(p90.value)} ms)")
     cmd = fig.command(run, "report", "--metric", "step_time_ms", "--by", "run,rank,step")
     worst = outliers.head(3).rows(named=True)
     if worst:
-        text += "; outliers: " + ", ".join(f"step {w['step']} on rank {w['rank']} {ms_text(w['step_time_ms'])}"
-                                           for w in worst)
-        context = [Evidence(cmd, "step_time_ms", (("run", run), ("rank", w["rank"]), ("step", w["step"])),
-                            float(w["step_time_ms"])) for w in worst]
+        text += "; outliers: " + ", ".join(f"step {w['step']} {ms_text(w['step_time_ms'])}" for w in worst)
+    context = [Evidence(cmd, "step_time_ms", (("run", run), ("rank", r), ("step", w["step"])), float(w["step_time_ms"]))
+               for w in worst]
     step = Evidence(mean.command, mean.column, mean.where, mean.value, role="step_time")
-    focus = worst[0]["step"] if worst else steps.sort("step_time_ms", descending=True)["step"][0]
+    focus = worst[0]["step"] if worst else mine.sort("step_time_ms", descending=True)["step"][0]
     return [Finding.of(run, "step_variation", "step-time variation", text, kept(mean, median, step, p10, p90, *context),
                        fig.command(run, "critical-path", "--steps", f"{focus}:{focus}", "--segments"))]
 
