@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from traceq.errors import EmptySelection, TraceqError
 from traceq.report.finding_kinds import findings_of
-from traceq.report.findings import MIN_PCT, PATH_TOP, Figures, Finding
+from traceq.report.findings import METRICS, MIN_PCT, PATH_TOP, Figures, Finding
 from traceq.report.result import Report, RunNote
 from traceq.report.selection import StepSelection
 from traceq.store.warehouse import DEFAULT_DB, Warehouse
@@ -25,9 +25,6 @@ from traceq.store.warehouse import DEFAULT_DB, Warehouse
 if TYPE_CHECKING:
     import polars as pl
 
-METRICS = ("step_time_ms", "exposed_comm_us", "exposed_comm_wait_us", "exposed_comm_transfer_us", "exposed_memcpy_us",
-           "idle_host_bound_us", "idle_sync_us", "idle_other_us", "idle_unknown_us", "compute_us", "mfu", "power_w",
-           "energy_j", "tokens_per_j")
 COLUMNS = ("run", "finding", "ms_per_step", "pct_of_step", "bound_ms", "evidence", "next")
 BOUND_NOTE = (
     "bound_ms: the time on the critical path a finding accounts for, per step: what removing its cause could save "
@@ -53,7 +50,7 @@ def explain(
     """
     fig = figures(db, runs=runs, selection=selection)
     shown: list[Finding] = []
-    notes: list[str] = [BOUND_NOTE]
+    notes: list[str] = [BOUND_NOTE, *fig.notes]
     for run in fig.metrics["run"].to_list():
         large, small = findings_of(fig, run)
         shown += ordered(large)
@@ -129,7 +126,8 @@ def figures(db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = None,
     fig = Figures(
         metrics=side_by_side(per_rank.rows, METRICS, ["run"]), ranks=per_rank.table,
         steps=side_by_side(per_rank.rows, ["step_time_ms"], ["run", "rank", "step"]),
-        summary=summary(db, by="run", selection=selection, runs=runs).table, flags=selection_flags(selection))
+        summary=summary(db, by="run", selection=selection, runs=runs).table, flags=selection_flags(selection),
+        notes=[n for n in per_rank.notes if isinstance(n, RunNote) or n.startswith("run ")])  # per run, not conventions
     optional = {
         "by_type": lambda: metric_report(db, "exposed_comm_by_collective_us", by="run", selection=selection, runs=runs).table,
         "stragglers": lambda: stragglers_report(db, selection=selection, runs=runs).table,

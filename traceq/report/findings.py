@@ -20,6 +20,10 @@ from traceq.kernel_names import short_name
 if TYPE_CHECKING:
     import polars as pl
 
+# the metrics of a run the findings read, side by side: one `traceq report --metric ...` prints them all
+METRICS = ("step_time_ms", "exposed_comm_us", "exposed_comm_wait_us", "exposed_comm_transfer_us", "exposed_memcpy_us",
+           "idle_host_bound_us", "idle_sync_us", "idle_other_us", "idle_unknown_us", "compute_us", "mfu", "power_w",
+           "energy_j", "tokens_per_j")
 MIN_PCT = 1.0  # a finding of time below this share of the step is left out (a note names it)
 PATH_TOP = 100_000  # rows of `critical-path --kernels` and `kernels` the findings read: all of them
 IDLE_CAUSES = {  # idle part -> what it is, in a reader's words, and what to do about it where the trace says
@@ -127,7 +131,8 @@ class Figures:
     ``steps`` (``report --by run,rank,step`` for step_time_ms), ``by_type`` (``report --metric
     exposed_comm_by_collective_us --by run``), ``stragglers``, ``collectives`` (``--by run,collective_type``),
     ``categories`` and ``kernels`` (``kernels``), ``summary`` (``summary --by run``), and of the critical path
-    ``path_steps``, ``path_ranks``, ``path_kernels``. ``flags``: the step selection as command-line options."""
+    ``path_steps``, ``path_ranks``, ``path_kernels``. ``flags``: the step selection as command-line options; ``notes``: what the reports say of each run (its steps,
+    FLOPs and power, how its collectives were matched)."""
 
     metrics: pl.DataFrame
     ranks: pl.DataFrame
@@ -143,6 +148,7 @@ class Figures:
     path_ranks: pl.DataFrame | None = None
     path_kernels: pl.DataFrame | None = None
     missing: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def command(self, run: str, sub: str, *args: str) -> str:
         """``traceq SUB --run RUN ARGS`` with the step selection's options."""
@@ -161,14 +167,14 @@ class Figures:
         return part if part.height else None
 
     def metric(self, run: str, column: str, role: str = "", by: str = "run", rank: int | None = None) -> Evidence | None:
-        """``report --metric COLUMN --by run`` (or ``run,rank`` with ``rank``) of ``run``, None where empty."""
-        base = column.removesuffix("_median").removesuffix("_p10").removesuffix("_p90")
+        """``COLUMN`` of ``report --metric METRICS --by run`` (or ``run,rank`` with ``rank``: there with the
+        steps' median, p10 and p90) of ``run``, None where empty."""
         frame = self.metrics if rank is None else self.ranks
         part = self.rows(frame, run) if rank is None else self.rows(frame, run, rank=rank)
         if part is None or column not in part.columns or part[column][0] is None:
             return None
         where = (("run", run),) if rank is None else (("run", run), ("rank", rank))
-        return Evidence(self.command(run, "report", "--metric", base, "--by", "run" if rank is None else "run,rank"),
+        return Evidence(self.command(run, "report", "--metric", ",".join(METRICS), "--by", "run" if rank is None else "run,rank"),
                         column, where, float(part[column][0]), role=role)
 
     def path_count(self, run: str, role: str) -> Evidence | None:
