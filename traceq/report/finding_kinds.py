@@ -50,17 +50,22 @@ def communication(fig: Figures, run: str) -> list[Finding]:
         context = []
         coll = fig.rows(fig.collectives, run, collective_type=ctype)
         if coll is not None:
-            row = coll.sort("basis", descending=True).row(0, named=True)  # 'matched' before the lower bound
-            where = (("run", run), ("collective_type", ctype), ("basis", row["basis"]))
+            # the row (algorithm, protocol, basis) with the most transfer time: matched rows before lower bounds
+            row = coll.sort([coll["basis"] == "matched", coll["transfer_us"] * coll["count"]], descending=True,
+                            nulls_last=True).row(0, named=True)
+            keys = [k for k in ("nccl_algo", "nccl_proto") if k in coll.columns]
+            where = (("run", run), ("collective_type", ctype), *((k, row[k]) for k in keys), ("basis", row["basis"]))
             cmd = fig.command(run, "collectives", "--by", "run,collective_type")
             context = [Evidence(cmd, c, where, float(row[c])) for c in ("transfer_us", "wait_us", "busbw_gbps")
                        if row[c] is not None]
+            named = "/".join(row[k] for k in keys if row[k])
+            whose = f"its {named} instances each" if named else "each instance"
             if row["basis"] == "matched":
-                text += f"; each instance moves data for {number(row['transfer_us'])} us"
+                text += f"; {whose} moved data for {number(row['transfer_us'])} us"
                 if row["wait_us"] is not None:
                     text += f" after {number(row['wait_us'])} us of waiting per rank"
             else:
-                text += f"; its kernels take {number(row['transfer_us'])} us each (not matched across ranks)"
+                text += f"; {whose} took {number(row['transfer_us'])} us (not matched across ranks)"
             if row["busbw_gbps"] is not None:
                 text += f", busbw {number(row['busbw_gbps'])} GB/s"
         finding = Finding.of(run, "exposed_comm", f"exposed {ctype}", text, kept(
