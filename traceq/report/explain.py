@@ -130,6 +130,8 @@ def figures(db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = None,
         notes=[n for n in per_rank.notes if isinstance(n, RunNote) or n.startswith("run ")])  # per run, not conventions
     optional = {
         "by_type": lambda: metric_report(db, "exposed_comm_by_collective_us", by="run", selection=selection, runs=runs).table,
+        "by_type_ranks": lambda: metric_report(db, "exposed_comm_by_collective_us", by="run,rank", selection=selection,
+                                               runs=runs).table,
         "stragglers": lambda: stragglers_report(db, selection=selection, runs=runs).table,
         "collectives": lambda: collectives_report(db, by="run,collective_type", selection=selection, runs=runs).table,
         "categories": lambda: kernel_report(db, by="run", level="category", top=PATH_TOP, selection=selection,

@@ -31,6 +31,11 @@ CATEGORIES_SHOWN = 3
 OUTLIER = 1.2  # a rank-step this many times the median step time is an outlier
 
 
+def us_text(us: float) -> str:
+    """A kernel's time: in us below 1 ms, else in ms."""
+    return f"{number(us)} us" if us < 1000 else ms_text(us / 1000)
+
+
 def _large(finding: Finding) -> bool:
     return finding.pct_of_step is None or finding.pct_of_step >= MIN_PCT
 
@@ -61,16 +66,23 @@ def communication(fig: Figures, run: str) -> list[Finding]:
             named = "/".join(row[k] for k in keys if row[k])
             whose = f"its {named} instances each" if named else "each instance"
             if row["basis"] == "matched":
-                text += f"; {whose} moved data for {number(row['transfer_us'])} us"
+                text += f"; {whose} moved data for {us_text(row['transfer_us'])}"
                 if row["wait_us"] is not None:
-                    text += f" after {number(row['wait_us'])} us of waiting per rank"
+                    text += f" after {us_text(row['wait_us'])} of waiting per rank"
             else:
-                text += f"; {whose} took {number(row['transfer_us'])} us (not matched across ranks)"
+                text += f"; {whose} took {us_text(row['transfer_us'])} (not matched across ranks)"
             if row["busbw_gbps"] is not None:
                 text += f", busbw {number(row['busbw_gbps'])} GB/s"
+        path = fig.path_sum(run, kind="comm_transfer", collective_type=ctype)
+        most = None  # the path gives overlapping collectives' time to one of them: no more than a rank's own
+        per_rank = fig.rows(fig.by_type_ranks, run, collective_type=ctype)
+        if path is not None and per_rank is not None:
+            top = per_rank.sort("exposed_comm_by_collective_us", descending=True).row(0, named=True)
+            most = Evidence(fig.command(run, "report", "--metric", "exposed_comm_by_collective_us", "--by", "run,rank"),
+                            "exposed_comm_by_collective_us", (("run", run), ("rank", top["rank"]), ("collective_type", ctype)),
+                            float(top["exposed_comm_by_collective_us"]), role="bound")
         finding = Finding.of(run, "exposed_comm", f"exposed {ctype}", text, kept(
-            amount, step, *context, fig.path_sum(run, kind="comm_transfer", collective_type=ctype),
-            fig.path_count(run, "bound_steps")), fig.command(run, "collectives", "--by", "run,collective_type,size_bucket"))
+            amount, step, *context, path, most, fig.path_count(run, "bound_steps")), fig.command(run, "collectives", "--by", "run,collective_type,size_bucket"))
         out.append(finding)
     return out
 
@@ -86,6 +98,11 @@ def waiting(fig: Figures, run: str) -> list[Finding]:
                         "ingest every rank's trace of the run to split its communication into wait and transfer",
                         (exposed,), fig.command(run, "collectives"))]
     stragglers = fig.rows(fig.stragglers, run)
+    if stragglers is None and exposed and step and exposed.value / 10 >= MIN_PCT * step.value:
+        return [Finding(run, "missing", "wait vs transfer", "Who the others wait for at collectives: no collective "
+                        "of the run was matched across its ranks, so its communication is not split into wait and "
+                        "transfer (traceq collectives says why: process groups, counts that differ)", (exposed,),
+                        fig.command(run, "collectives"))]
     if wait is None or wait.value == 0 or stragglers is None:
         return []
     top = stragglers.row(0, named=True)  # the rank that caused the most waiting first
@@ -114,7 +131,7 @@ def waiting(fig: Figures, run: str) -> list[Finding]:
         if path["rank"][0] == r:  # the late rank holds the path: its own time bounds the step, not the waiting
             text += f"; the critical path runs on rank {r} itself, so its own findings bound the step"
         caused = Evidence(fig.command(run, "critical-path", "--ranks"), "wait_caused_ms", (("run", run),), total, "sum",
-                          "bound")
+                          "bound_total")
     return [Finding.of(run, "comm_wait", "waiting for the last rank", text, kept(wait, step, *context, caused, fig.path_count(run, "bound_steps")),
                        fig.command(run, "stragglers", "--by-step"))]
 

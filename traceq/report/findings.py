@@ -40,7 +40,8 @@ class Evidence:
     the rows (``where``: column -> value) it is read from, ``agg`` over those rows (``value``: the one row,
     ``sum``, ``mean``, ``count``) and the ``value`` itself. ``role`` says what the finding makes of it:
     ``amount`` / ``amount_minus`` / ``amount_steps`` (its ms per step: amounts less amount_minus, over the
-    steps), ``bound`` / ``bound_steps`` (likewise; several bounds: the least), ``step_time`` (the step's ms),
+    steps), ``bound`` (ms per step), ``bound_total`` / ``bound_steps`` (a total over the steps; of several
+    bounds, the least), ``step_time`` (the step's ms),
     or '' (context for the sentence)."""
 
     command: str
@@ -108,10 +109,11 @@ def amount_ms(evidence: Sequence[Evidence]) -> float | None:
 
 
 def bound_ms(evidence: Sequence[Evidence]) -> float | None:
-    """The bound from the evidence: the least of the ``bound`` figures (each over ``bound_steps`` where
-    given); without one, the amount (a run without a critical path)."""
+    """The bound from the evidence: the least of the ``bound`` figures (per step already) and the
+    ``bound_total`` ones (over the steps, ``bound_steps``); without one, the amount (a run without a path)."""
     steps = [e.value for e in evidence if e.role == "bound_steps"]
-    bounds = [to_ms(e) / (steps[0] if steps else 1) for e in evidence if e.role == "bound"]
+    bounds = [to_ms(e) for e in evidence if e.role == "bound"]
+    bounds += [to_ms(e) / steps[0] for e in evidence if e.role == "bound_total" and steps and steps[0]]
     return min(bounds) if bounds else amount_ms(evidence)
 
 
@@ -128,8 +130,8 @@ def number(x: float | None) -> str:
 class Figures:
     """The tables the findings read, each as a command prints it (None: the command had nothing to say,
     with the reason in ``missing``): ``metrics`` (``report --by run``), ``ranks`` (``report --by run,rank``),
-    ``steps`` (``report --by run,rank,step`` for step_time_ms), ``by_type`` (``report --metric
-    exposed_comm_by_collective_us --by run``), ``stragglers``, ``collectives`` (``--by run,collective_type``),
+    ``steps`` (``report --by run,rank,step`` for step_time_ms), ``by_type`` and ``by_type_ranks`` (``report --metric
+    exposed_comm_by_collective_us --by run``, ``--by run,rank``), ``stragglers``, ``collectives`` (``--by run,collective_type``),
     ``categories`` and ``kernels`` (``kernels``), ``summary`` (``summary --by run``), and of the critical path
     ``path_steps``, ``path_ranks``, ``path_kernels``. ``flags``: the step selection as command-line options; ``notes``: what the reports say of each run (its steps,
     FLOPs and power, how its collectives were matched)."""
@@ -140,6 +142,7 @@ class Figures:
     summary: pl.DataFrame
     flags: str = ""
     by_type: pl.DataFrame | None = None
+    by_type_ranks: pl.DataFrame | None = None
     stragglers: pl.DataFrame | None = None
     collectives: pl.DataFrame | None = None
     categories: pl.DataFrame | None = None
@@ -189,7 +192,7 @@ class Figures:
         return None if part is None else Evidence(self.command(run, "critical-path"), column, (("run", run),),
                                                   float(part[column].mean()), "mean", role)
 
-    def path_sum(self, run: str, role: str = "bound", **where: Any) -> Evidence | None:
+    def path_sum(self, run: str, role: str = "bound_total", **where: Any) -> Evidence | None:
         """Σ critical_ms of ``critical-path --kernels`` rows of ``where`` (kind, collective_type, category);
         0 where the path has none of them (but has a path)."""
         if self.rows(self.path_steps, run) is None:
