@@ -55,7 +55,8 @@ class Evidence:
         """'report idle_host_bound_us[rank 3] = 9,800': the command's name, column, row and value."""
         words = shlex.split(self.command)[1:]
         name = " ".join([words[0], *(w for w in words[1:] if w in ("--ranks", "--kernels", "--by-step"))])
-        keys = [f"{k} {short_name(v) if k == 'name' else v}" for k, v in self.where if k != "run"]
+        keys = [f"{k} {short_name(v) if k == 'name' else v}" for k, v in self.where
+                if k != "run" and v is not None]
         agg = "" if self.agg == "value" else f"{self.agg} "
         rows = "[" + ", ".join(keys) + "]" if keys else ""
         return f"{name} {agg}{self.column}{rows} = {number(self.value)}"
