@@ -29,7 +29,7 @@ from traceq.report.runs import runs_report
 from traceq.report.selection import StepSelection
 
 RUN = "fused_traces"  # 4 ranks (RCCL) in one merged file: collectives matched, a critical path across ranks
-TOOLS = {"runs", "metrics", "report", "summary", "kernels", "collectives", "stragglers", "critical_path", "diff", "sql"}
+TOOLS = {"runs", "metrics", "report", "summary", "kernels", "collectives", "stragglers", "critical_path", "explain", "diff", "sql"}
 
 
 class Session:
@@ -116,7 +116,7 @@ def test_import_traceq_and_its_command_line_loads_no_mcp() -> None:
 
 def test_every_tool_is_listed_read_only_with_its_output_schema(server: Session) -> None:
     tools = {t.name: t for t in server.tools()}
-    assert set(tools) - {"explain"} == TOOLS
+    assert set(tools) == TOOLS
     for tool in tools.values():
         assert tool.annotations.read_only_hint and not tool.annotations.open_world_hint, tool.name
         assert set(tool.output_schema["properties"]) == {"title", "columns", "rows", "row_count", "notes"}, tool.name
@@ -124,8 +124,6 @@ def test_every_tool_is_listed_read_only_with_its_output_schema(server: Session) 
 
 
 def test_explain_is_served_and_gives_what_the_python_api_gives(server: Session, corpus_db: Path) -> None:
-    if not hasattr(traceq, "explain"):
-        pytest.skip("traceq.explain is not in this tree yet (branch explain): the tool is served once it is")
     assert "explain" in {t.name for t in server.tools()}
     same_report(server.answer("explain", {"run": [RUN]}), traceq.explain(corpus_db, runs=[RUN], selection=StepSelection()))
 

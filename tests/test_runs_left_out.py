@@ -21,6 +21,7 @@ COMMANDS = {
     "collectives": ["collectives"],
     "stragglers": ["stragglers"],
     "critical-path": ["critical-path"],
+    "explain": ["explain"],
 }
 SELECTIONS = (["--skip-steps", "5"], ["--drop-last"], ["--steps", "9:552"])
 _LEFT = re.compile(r"run ([^:;\n]+?): no step left by the selection")

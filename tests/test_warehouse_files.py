@@ -23,7 +23,7 @@ DEVICE_EVENTS = sum(e["cat"] in ("kernel", "gpu_memcpy", "gpu_memset") for e in 
 
 READ_COMMANDS = [
     ["report", "--metric", "exposed_comm"], ["summary"], ["kernels"], ["collectives"], ["stragglers"],
-    ["critical-path"], ["runs"], ["runs", "--traces"], ["check"], ["scaling"], ["diff", "a", "b"],
+    ["critical-path"], ["explain"], ["runs"], ["runs", "--traces"], ["check"], ["scaling"], ["diff", "a", "b"],
     ["sql", "select 1"], ["rules"],
 ]
 

@@ -46,6 +46,7 @@ _LAZY = {
     "collective_scaling": "traceq.report.collectives",
     "critical_path": "traceq.report.critical_path",
     "CriticalPath": "traceq.report.critical_path",
+    "explain": "traceq.report.explain",
     "export_perfetto": "traceq.perfetto.timeline",
     "perfetto_report": "traceq.perfetto.engine",
     "warehouse_sql": "traceq.report.adhoc",

@@ -240,12 +240,6 @@ TOOL_NAMES = ("runs", "metrics", "report", "summary", "kernels", "collectives", 
               "diff", "sql")
 
 
-def available_tools() -> list[str]:
-    """The tools this traceq serves: :data:`TOOL_NAMES`, less ``explain`` where the library has no
-    ``traceq.explain`` yet."""
-    return [name for name in TOOL_NAMES if name != "explain" or hasattr(traceq, "explain")]
-
-
 def build_server(db: Path) -> Any:
     """The MCP server (``mcp.server.mcpserver.MCPServer``) whose tools read the warehouse ``db``."""
     from mcp.server.mcpserver import MCPServer
@@ -254,7 +248,7 @@ def build_server(db: Path) -> Any:
     server = MCPServer("traceq", instructions=INSTRUCTIONS, version=traceq.__version__, log_level="WARNING")
     tools = Tools(db)
     reading = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
-    for name in available_tools():
+    for name in TOOL_NAMES:
         tool = answering(SQL_FIX if name == "sql" else "")(getattr(tools, name))
         server.add_tool(tool, name=name, annotations=reading, structured_output=True)
     return server

@@ -1,16 +1,16 @@
 """The traceq command line: thin commands over the library, the only package that prints or exits.
 
 ``base`` holds the application, its one error boundary and what the commands share (options, tables);
-the commands are in ``ingest`` (loading traces), ``reports``, ``paths`` (the critical path) and
-``warehouse`` (runs, rules, checks, SQL, exports), ``mcp`` (the reports served to a coding agent). A
-command parses its options, calls one library function and prints what it returns.
+the commands are in ``ingest`` (loading traces), ``reports``, ``paths`` (the critical path), ``explain``
+(findings), ``warehouse`` (runs, rules, checks, SQL, exports) and ``mcp`` (the reports served to a coding
+agent). A command parses its options, calls one library function and prints what it returns.
 """
 
 from __future__ import annotations
 
 import sys
 
-from traceq.cli import ingest, reports, paths, warehouse, mcp  # noqa: F401 (they register their commands, in this order)
+from traceq.cli import ingest, reports, paths, explain, warehouse, mcp  # noqa: F401 (they register their commands, in this order)
 from traceq.cli.base import app, echo
 
 __all__ = ["app", "main"]
