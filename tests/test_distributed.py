@@ -132,9 +132,9 @@ def test_without_a_client_or_scheduler_a_local_cluster_ingests(traces: list[Path
 def test_cluster_ingest_gives_rankless_files_ranks_of_their_own_and_refuses_a_rank_held(
     client: Client, tmp_path: Path
 ) -> None:
-    """As a local ingest: two files that name no rank and no job are runs of their own, each with a rank of
-    its own (the tasks cannot see each other: the client hands out -1 - i), and a second file of rank 0
-    with the same steps fails alone."""
+    """As a local ingest: two files that name no rank and no job are runs of their own, each rank -1 of its
+    run (the tasks cannot see each other: the client numbers them per run before they run), and a second
+    file of rank 0 with the same steps fails alone, in ingest's words."""
     run = tmp_path / "job"
     a, b = rank_trace(0), rank_trace(0)
     a.rank = b.rank = None
@@ -143,11 +143,13 @@ def test_cluster_ingest_gives_rankless_files_ranks_of_their_own_and_refuses_a_ra
              rank_trace(0).write(run / "rank0_again.json", traceName="again")]
     summary = ingest_with_dask(paths, tmp_path / "pq", client=client)
     assert [f.status for f in summary.files] == ["ingested", "ingested", "ingested", "failed"]
-    assert [f.ranks for f in summary.files[:3]] == [[-1], [-2], [0]]
-    assert "run job already holds steps" in summary.files[3].message and "rank 0" in summary.files[3].message
+    assert [f.ranks for f in summary.files[:3]] == [[-1], [-1], [0]]
+    assert summary.files[3].message == (
+        f"{paths[3].resolve()}: run job already holds steps 1..2 of rank 0 from {paths[2].resolve()}; the same "
+        "trace twice, or traces of two jobs in one run? Give it another run (--name NAME)")  # its distributedInfo.rank
     assert not list((tmp_path / "pq").rglob(f"trace{summary.files[3].trace_id}_*"))
     frame = compute_metric(tmp_path / "pq", "comm", by=("run", "rank"))
-    assert frame.select("run", "rank", "steps").rows() == [("job", 0, 1), ("job/a", -1, 1), ("job/b", -2, 1)]  # 2 steps less the open last
+    assert frame.select("run", "rank", "steps").rows() == [("job", 0, 1), ("job/a", -1, 1), ("job/b", -1, 1)]  # 2 steps less the open last
 
 
 def test_cross_rank_reports_on_a_cluster_ingest_equal_a_local_ingest(client: Client, tmp_path: Path) -> None:

@@ -1,10 +1,15 @@
 """Trace identity over rows (traceq.identity), on hand-made (run, rank, step) rows: which file is refused for a
-step its run already holds, in which words, and which rank a file that names none gets."""
+step its run already holds, in which words, and which rank a file that names none gets. Then the same two
+files through every path that stores or reports traces (ingest, import-parquet, the Perfetto engine,
+ingest-cluster): the same refusal, word for word."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from tests.conftest import require_module, skip_or_fail
 from traceq.errors import ConfigError
 from traceq.identity import Claim, held_steps, next_rankless, overlaps, rankless_ranks, refuse_overlap
 
@@ -78,3 +83,73 @@ def test_rankless_files_are_numbered_per_run_below_what_the_run_holds() -> None:
     # below what each run holds already, whatever other runs hold
     held = {"job": [0, 1, -1, -2], "other": [-7]}
     assert rankless_ranks(["job", "new", "job", "other"], held) == [-3, -1, -4, -8]
+
+
+# ---------------------------------------------------------------------------------------------
+# every path that stores or reports traces: the same conflict in the same words
+
+
+@pytest.fixture(scope="module")
+def two_copies(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """a.json and b.json: rank 0 of run job (distributedInfo), steps 1 and 2 each, other bytes; and the words
+    every path says b.json's refusal in (a.json first)."""
+    from tests.test_parquet import rank_trace
+
+    root = tmp_path_factory.mktemp("identity").resolve()
+    a = rank_trace(0).write(root / "job" / "a.json")
+    b = rank_trace(0).write(root / "job" / "b.json", traceName="again")
+    return a, b, (f"{b}: run job already holds steps 1..2 of rank 0 from {a}; the same trace twice, or traces of "
+                  "two jobs in one run?")
+
+
+FIX = "Give it another run (--name NAME)"
+
+
+def test_ingest_refuses_the_second_copy_in_the_one_wording(two_copies: tuple[Path, Path, str], tmp_path: Path) -> None:
+    from traceq.ingest import ingest_traces
+
+    a, b, statement = two_copies
+    summary = ingest_traces([a, b], tmp_path / "w.duckdb", threads=1)
+    assert [f.status for f in summary.files] == ["ingested", "failed"]
+    assert summary.files[1].message == f"{statement} {FIX}"
+
+
+def test_import_parquet_refuses_an_export_holding_the_copy_in_the_one_wording(
+    two_copies: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    from traceq.ingest import ingest_traces
+    from traceq.store.export import export_parquet, import_parquet
+
+    a, b, statement = two_copies
+    assert ingest_traces([a], tmp_path / "first.duckdb", threads=1).ok
+    assert ingest_traces([b], tmp_path / "second.duckdb", threads=1).ok
+    export_parquet(tmp_path / "second.duckdb", tmp_path / "pq")
+    with pytest.raises(ConfigError) as refused:
+        import_parquet(tmp_path / "pq", tmp_path / "first.duckdb")
+    assert refused.value.message == f"{statement} Nothing of {tmp_path / 'pq'} was imported; import it into another warehouse (--db)"
+
+
+def test_the_perfetto_engine_refuses_the_second_copy_in_the_one_wording(two_copies: tuple[Path, Path, str]) -> None:
+    from tests.test_perfetto_engine import BINARY
+    from traceq.perfetto.engine import perfetto_report
+
+    if not BINARY.is_file():
+        skip_or_fail(f"{BINARY} is absent: Perfetto's trace processor, built for this machine (../shared/bin)")
+    a, b, statement = two_copies
+    with pytest.raises(ConfigError) as refused:
+        perfetto_report([a, b], "exposed_comm", binary=BINARY)
+    assert refused.value.message == f"{statement} {FIX}"
+
+
+def test_ingest_cluster_refuses_the_second_copy_in_the_one_wording(two_copies: tuple[Path, Path, str], tmp_path: Path) -> None:
+    require_module("distributed", 'Dask is optional: pip install "traceq[dask]" to run the cluster tests')
+    from distributed import Client, LocalCluster
+
+    from traceq.ingest.cluster import ingest_with_dask
+
+    a, b, statement = two_copies
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        summary = ingest_with_dask([a, b], tmp_path / "pq", client=client)
+    assert [f.status for f in summary.files] == ["ingested", "failed"]
+    assert summary.files[1].message == f"{statement} {FIX}"
