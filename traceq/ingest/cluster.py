@@ -4,8 +4,10 @@ Every task runs :func:`ingest_file_to_parquet` on a worker: it ingests the file 
 in-memory DuckDB with the local ingest's own code (chunk by chunk, so memory stays bounded; steps
 and step attribution by traceq's SQL),
 and writes the result under the output directory in the layout of ``traceq export --parquet``
-(files named ``trace<id>_<i>.parquet``; the ``traces`` file last). The client only hands out
-paths and trace ids and collects one :class:`~traceq.ingest.FileResult` per file. A report then
+(files named ``trace<id>_<i>.parquet``; the ``traces`` file last). The client decides identity before
+any task runs, as a local ingest does (:mod:`traceq.identity`): it reads each file's header and hands out
+paths, trace ids and the rank each file gets if it names none (-1, -2, ... per run); it collects one
+:class:`~traceq.ingest.FileResult` per file and refuses, in ingest's words, a file whose run holds its steps. A report then
 runs on the directory (``traceq report --db DIR``), or :func:`traceq.store.export.import_parquet` loads
 it into a warehouse.
 
