@@ -132,9 +132,9 @@ def test_without_a_client_or_scheduler_a_local_cluster_ingests(traces: list[Path
 def test_cluster_ingest_gives_rankless_files_ranks_of_their_own_and_refuses_a_rank_held(
     client: Client, tmp_path: Path
 ) -> None:
-    """As a local ingest: two files that name no rank and no job are runs of their own, each with a rank of
-    its own (the tasks cannot see each other: the client hands out -1 - i), and a second file of rank 0
-    with the same steps fails alone."""
+    """As a local ingest: two files that name no rank and no job are runs of their own, each rank -1 of its
+    run (the tasks cannot see each other: the client numbers them per run before they run), and a second
+    file of rank 0 with the same steps fails alone, in ingest's words."""
     run = tmp_path / "job"
     a, b = rank_trace(0), rank_trace(0)
     a.rank = b.rank = None
@@ -143,11 +143,13 @@ def test_cluster_ingest_gives_rankless_files_ranks_of_their_own_and_refuses_a_ra
              rank_trace(0).write(run / "rank0_again.json", traceName="again")]
     summary = ingest_with_dask(paths, tmp_path / "pq", client=client)
     assert [f.status for f in summary.files] == ["ingested", "ingested", "ingested", "failed"]
-    assert [f.ranks for f in summary.files[:3]] == [[-1], [-2], [0]]
-    assert "run job already holds steps" in summary.files[3].message and "rank 0" in summary.files[3].message
+    assert [f.ranks for f in summary.files[:3]] == [[-1], [-1], [0]]
+    assert summary.files[3].message == (
+        f"{paths[3].resolve()}: run job already holds steps 1..2 of rank 0 from {paths[2].resolve()}; the same "
+        "trace twice, or traces of two jobs in one run? Give it another run (--name NAME)")  # its distributedInfo.rank
     assert not list((tmp_path / "pq").rglob(f"trace{summary.files[3].trace_id}_*"))
     frame = compute_metric(tmp_path / "pq", "comm", by=("run", "rank"))
-    assert frame.select("run", "rank", "steps").rows() == [("job", 0, 1), ("job/a", -1, 1), ("job/b", -2, 1)]  # 2 steps less the open last
+    assert frame.select("run", "rank", "steps").rows() == [("job", 0, 1), ("job/a", -1, 1), ("job/b", -1, 1)]  # 2 steps less the open last
 
 
 def test_cross_rank_reports_on_a_cluster_ingest_equal_a_local_ingest(client: Client, tmp_path: Path) -> None:
@@ -222,3 +224,45 @@ def test_a_real_scheduler_and_two_workers_with_one_killed_mid_run_equal_a_local_
     assert ingest_traces(files, db, threads=1).ok
     for by in (("run",), ("run", "rank"), ("run", "rank", "step")):
         assert compute_metric(out, "exposed_comm", by=by).equals(compute_metric(db, "exposed_comm", by=by))
+
+
+CORPUS_IDENTITIES = (  # ranks from distributedInfo, a file name, none (own runs, a job without rank), re-read files
+    "hta/trace_filter/sampled_rank-0.json.gz",
+    "hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",  # CPU-only with deviceProperties: read twice
+    "hta/distributed_info_unavailable/distributed_info_not_found.json.gz",  # no rank, no job: read twice
+    "hta/mixed_files/rank_not_found.json.gz",  # distributedInfo without a rank: a job, no rank
+    "hta/trace_filter/sampled_rank-1.json.gz",
+    "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz",
+    "hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz",
+    "kineto_docs/after_fix_trace.json",
+)
+
+
+def _identities_in(where: Path) -> list[tuple[str, str, list[int], list[int]]]:
+    """(path, run, its ranks, its steps) per trace of a warehouse or a Parquet directory, by traceq's own reader."""
+    from traceq.store.warehouse import opened
+
+    with opened(where) as con:
+        return con.sql(
+            "select t.path, t.run, list(distinct s.rank order by s.rank), list(distinct s.step order by s.step) "
+            "from traces as t inner join steps as s using (trace_id) group by all order by t.path"
+        ).fetchall()
+
+
+@pytest.mark.parametrize("name", [None, "all"])
+def test_the_first_pass_over_corpus_files_with_and_without_ranks_equals_a_local_ingest(
+    client: Client, tmp_path: Path, name: str | None
+) -> None:
+    """Issue 51: every file ingested on the first pass, with the runs and ranks a local ingest gives (rank-less
+    files -1 in runs of their own, or -1, -2, -3 in input order in one named run), files read twice included."""
+    files = [corpus_path(f) for f in CORPUS_IDENTITIES]
+    out = tmp_path / "pq"
+    summary = ingest_with_dask(files, out, client=client, name=name)
+    assert [f.status for f in summary.files] == ["ingested"] * len(files), [f.message for f in summary.files]
+    assert sorted(f.trace_id for f in summary.files) == list(range(1, len(files) + 1))
+    db = tmp_path / "local.duckdb"
+    local = ingest_traces(files, db, threads=1, name=name)
+    assert [f.ranks for f in summary.files] == [f.ranks for f in local.files]
+    assert _identities_in(out) == _identities_in(db)
+    rankless = [f.ranks for f in local.files if f.ranks and f.ranks[0] < 0]
+    assert rankless == ([[-1]] * 4 if name is None else [[-1], [-2], [-3], [-4]])

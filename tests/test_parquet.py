@@ -169,7 +169,11 @@ def test_import_refuses_a_trace_of_steps_the_warehouse_holds(tmp_path: Path) -> 
     export_parquet(second, tmp_path / "pq")
     with connect(first, read_only=True) as con:
         before = con.sql("select count(*) from traces").fetchall()
-    with pytest.raises(ConfigError, match="two traces of the same steps of rank 0.*nothing was imported"):
+    with pytest.raises(ConfigError) as refused:
         import_parquet(tmp_path / "pq", first)
+    assert refused.value.message == (
+        f"{tmp_path / 'other' / 'job' / 'rank0.json'}: run job already holds steps 1..2 of rank 0 from "
+        f"{tmp_path / 'job' / 'rank0.json'}; the same trace twice, or traces of two jobs in one run? "
+        f"Nothing of {tmp_path / 'pq'} was imported; import it into another warehouse (--db)")
     with connect(first, read_only=True) as con:
         assert con.sql("select count(*) from traces").fetchall() == before

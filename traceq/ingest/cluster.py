@@ -4,8 +4,10 @@ Every task runs :func:`ingest_file_to_parquet` on a worker: it ingests the file 
 in-memory DuckDB with the local ingest's own code (chunk by chunk, so memory stays bounded; steps
 and step attribution by traceq's SQL),
 and writes the result under the output directory in the layout of ``traceq export --parquet``
-(files named ``trace<id>_<i>.parquet``; the ``traces`` file last). The client only hands out
-paths and trace ids and collects one :class:`~traceq.ingest.FileResult` per file. A report then
+(files named ``trace<id>_<i>.parquet``; the ``traces`` file last). The client decides identity before
+any task runs, as a local ingest does (:mod:`traceq.identity`): it reads each file's header and hands out
+paths, trace ids and the rank each file gets if it names none (-1, -2, ... per run); it collects one
+:class:`~traceq.ingest.FileResult` per file and refuses, in ingest's words, a file whose run holds its steps. A report then
 runs on the directory (``traceq report --db DIR``), or :func:`traceq.store.export.import_parquet` loads
 it into a warehouse.
 
@@ -21,10 +23,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from traceq.errors import ConfigError, TraceFormatError
+from traceq.errors import ConfigError, TraceFormatError, TraceqError
+from traceq.identity import GIVEN_RANKS, Claim, overlaps, rankless_ranks
 from traceq.catalog import StepMarker, check_parallelism
 from traceq.ingest.inputs import check_run_name, expand_inputs
-from traceq.ingest.identity import check_rank
+from traceq.ingest.identity import check_rank, header_identity, run_of
 from traceq.ingest.loader import INGEST_CHUNK_BYTES, Loader
 from traceq.ingest.results import FileResult, IngestSummary, not_utf8
 from traceq.ingest.write import check_marker
@@ -32,9 +35,9 @@ from traceq.ingest.digests import digest_in
 from traceq.store.parquet import (
     TRACES,
     known_digests,
-    lowest_rank,
     next_trace_id,
     steps_by_trace,
+    warehouse_tables,
     write_partitions,
 )
 from traceq.store.warehouse import connect
@@ -99,7 +102,12 @@ def ingest_file_to_parquet(
                                    rank_if_none=rank_if_none)
         if result.status != "ingested":
             return result, None
-        digest = con.execute("select content_digest from traces").fetchall()[0][0]
+        stored, digest = con.execute("select trace_id, content_digest from traces").fetchall()[0]
+        if stored != trace_id:  # read a second time (with CPU operators, or by the decoder): a later id was drawn
+            for table in warehouse_tables(con):
+                if "trace_id" in table.columns:
+                    con.execute(f"update {table.name} set trace_id = ? where trace_id = ?", [trace_id, stored])
+            result.trace_id = trace_id
         write_partitions(con, staging, file_prefix=f"trace{trace_id}")
     finally:
         con.close()
@@ -174,18 +182,44 @@ def _ingest(
     root.mkdir(parents=True, exist_ok=True)
     known = known_digests(root)
     first_id = next_trace_id(root)
-    lowest = lowest_rank(root)  # files that name no rank get -1, -2, ... below every rank in the directory
+    held = steps_by_trace(root)
+    plan = _identities(paths, held, run, rank)  # decided here, before any task runs, as a local ingest does
     unnamed = [not_utf8(p) for p in paths]  # failed here: a task could not pass such a name on
     futures = [
         client.submit(
             ingest_file_to_parquet, str(p), first_id + i, str(root), run=run, rank=rank,
             skip_digests=frozenset(known.get(p.stat().st_size, ())) if p.exists() else frozenset(),
-            chunk_bytes=chunk_bytes, rank_if_none=lowest - 1 - i, pure=False,
+            chunk_bytes=chunk_bytes, rank_if_none=plan[i][0], pure=False,
         )
         for i, (p, failed) in enumerate(zip(paths, unnamed)) if failed is None
     ]
-    gathered = iter(_refuse_rank_collisions(root, _drop_duplicates(root, client.gather(futures))))
+    results = _drop_duplicates(root, client.gather(futures))
+    given = {str(p) for p, (_, rank_given) in zip(paths, plan) if rank_given}
+    gathered = iter(_refuse_overlaps(root, held, results, given))
     return IngestSummary(files=[failed or next(gathered) for failed in unnamed], notes=notes)
+
+
+def _identities(
+    paths: list[Path], held: dict[int, tuple[str, str, list[tuple[int, int]]]], run: str | None, rank: int | None,
+) -> list[tuple[int | None, bool]]:
+    """Per file, the rank it gets if it names none, and whether its rank is one the user may give another
+    (:data:`traceq.identity.GIVEN_RANKS`): read from its header, numbered -1, -2, ... per run below the ranks
+    its run holds in the directory (:func:`traceq.identity.rankless_ranks`), as a local ingest numbers
+    them. A file whose header cannot be read gets None: its task names the problem."""
+    runs: list[str | None] = []
+    given = []
+    for path in paths:
+        try:
+            file_rank, source, job = header_identity(path, rank)
+            runs.append(None if file_rank is not None else run_of(path, run, names_rank=False, job=job))
+        except (TraceqError, OSError):
+            runs.append(None)
+            source = "unknown"
+        given.append(source in GIVEN_RANKS)
+    ranks: dict[str, list[int]] = {}
+    for run_name, _, claims in held.values():
+        ranks.setdefault(run_name, []).extend(r for r, _ in claims)
+    return list(zip(rankless_ranks(runs, ranks), given))
 
 
 def _remove_trace(root: Path, trace_id: int) -> None:
@@ -195,31 +229,23 @@ def _remove_trace(root: Path, trace_id: int) -> None:
         f.unlink()
 
 
-def _refuse_rank_collisions(root: Path, results: list[FileResult]) -> list[FileResult]:
-    """As a local ingest does, a file whose run already holds one of its (rank, step) fails, here after
-    the fact (the tasks ran apart): in input order, after the traces already in the directory."""
-    held = steps_by_trace(root)
-    new = {r.trace_id for r in results if r.status == "ingested"}
-    taken: dict[tuple[str, int, int], int] = {}
-    for trace_id, (run, claims) in sorted(held.items(), key=lambda item: item[0] in new):
-        if trace_id not in new:
-            taken.update({(run, rank, step): trace_id for rank, step in claims})
+def _refuse_overlaps(
+    root: Path, held: dict[int, tuple[str, str, list[tuple[int, int]]]], results: list[FileResult], given: set[str],
+) -> list[FileResult]:
+    """As a local ingest does, a file whose run already holds one of its (rank, step) fails
+    (:func:`traceq.identity.overlaps`), here after the fact (the tasks ran apart): in input order, after the
+    traces ``held`` in the directory before the call; its files are removed."""
+    new = {r.trace_id: r for r in results if r.status == "ingested"}
+    steps = steps_by_trace(root)
+    claims = [Claim(t, path, run, rank, step) for t, (run, path, pairs) in held.items() for rank, step in pairs]
+    mine = [Claim(t, new[t].path, steps[t][0], rank, step) for t in new if t in steps for rank, step in steps[t][2]]
+    refused = {o.trace: o for o in overlaps(claims, mine, [t for t in new if new[t].path in given])}
     out = []
     for result in results:
-        if result.status == "ingested" and result.trace_id in held:
-            run, claims = held[result.trace_id]
-            clash = sorted((rank, step) for rank, step in claims if (run, rank, step) in taken)
-            if clash:
-                rank = clash[0][0]
-                steps = [step for r, step in clash if r == rank]
-                _remove_trace(root, result.trace_id)
-                result = FileResult(
-                    result.path, "failed",
-                    f"{result.path}: run {run} already holds steps {min(steps)}..{max(steps)} of rank {rank}; the "
-                    "same trace twice, or traces of two jobs in one run? Ingest it under another run (--name NAME)",
-                )
-            else:
-                taken.update({(run, rank, step): result.trace_id for rank, step in claims})
+        overlap = refused.get(result.trace_id) if result.status == "ingested" else None
+        if overlap is not None:
+            _remove_trace(root, result.trace_id)
+            result = FileResult(result.path, "failed", overlap.message())
         out.append(result)
     return out
 

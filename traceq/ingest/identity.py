@@ -1,8 +1,10 @@
-"""Trace identity, decided here for both engines (README: trace identity): which rank a file holds, and which run
-it belongs to.
+"""Trace identity, decided here for both engines (README: trace identity): which rank a file names, and which run
+it belongs to. What its rows may hold beside other files' (one file per (run, rank, step); -1, -2, ... for files
+that name no rank) is decided over rows in :mod:`traceq.identity`, for every path alike.
 
-- Rank: ``distributedInfo.rank``, else the events' ``args.rank`` (a file merging ranks), else the
-  user's ``--rank``, else ``rank<N>`` in the file name, else unknown.
+- Rank: ``distributedInfo.rank`` (when it is a rank, 0 to 2^31-1: another value is passed over with a
+  note), else the events' ``args.rank`` (a file merging ranks), else the user's ``--rank``, else
+  ``rank<N>`` in the file name, else a rank of its own in its run (:func:`traceq.identity.rankless_ranks`).
 - Run: ``--name`` where given; else a file that says it belongs to a job (a ``distributedInfo``, a
   collector's ``rank<N>.run.json`` beside it, a rank it names or its events name) is in the run its
   run.json names (``"run"``), else in the run named after its directory (as the path gives it: links
@@ -19,6 +21,7 @@ from typing import Any
 from traceq.catalog import check_run_name
 from traceq.errors import ConfigError
 from traceq.ingest.inputs import folder_name, run_name_of
+from traceq.ingest.reader import read_trace
 from traceq.ingest.sidecar import find_side_file
 from traceq.kineto import to_int
 
@@ -52,6 +55,15 @@ def rank_of_file(path: Path, fields: dict[str, Any], option_rank: int | None) ->
         return option_rank, "option"
     m = _RANK_IN_NAME.search(path.name)
     return (int(m.group(1)), "file name") if m and int(m.group(1)) <= MAX_RANK else (None, "unknown")
+
+
+def header_identity(path: Path, option_rank: int | None = None) -> tuple[int | None, str, bool]:
+    """What a file's header says of it before its events are read (Kineto writes distributedInfo first):
+    its rank and where that comes from (:func:`rank_of_file`), and whether it names a job (:func:`names_job`)."""
+    header, chunks = read_trace(path)
+    chunks.close()
+    rank, source = rank_of_file(path, header.leading, option_rank)
+    return rank, source, names_job(path, header.leading)
 
 
 def names_job(path: Path, fields: dict[str, Any]) -> bool:

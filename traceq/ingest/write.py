@@ -13,8 +13,9 @@ from typing import Any
 import duckdb
 import msgspec
 
-from traceq.catalog import WHOLE_TRACE_STEP, StepMarker, event_categories
+from traceq.catalog import StepMarker, event_categories
 from traceq.errors import ConfigError, TraceFormatError
+from traceq.identity import GIVEN_RANKS, Claim, next_rankless, refuse_overlap
 from traceq.ingest.native import BatchCounts
 from traceq.ingest.reader import TraceHeader
 from traceq.ingest.identity import MAX_RANK, distributed_rank, rank_of_file
@@ -257,48 +258,45 @@ def _room_for(con: Any, text_bytes: int) -> None:
 
 
 def _refuse_rank_collisions(con: Any, stored: list[Stored]) -> None:
-    """ConfigError when the run of a trace ``stored`` already holds a step of one of its ranks from
-    another trace: (run, rank, step) comes from one file, so that no step is counted twice (the same
-    trace as .json and .json.gz, or two jobs in one run). Files of one rank with other steps (the
-    collectors' profiling cycles) are fine."""
-    clash = fetch_one(
-        con,
+    """ConfigError when the run of a trace ``stored`` already holds a step of one of its ranks from another
+    trace (:func:`traceq.identity.refuse_overlap` decides and words it): the rows gathered are those of the
+    (run, rank, step) that more than one trace holds, where one of them is ``stored``."""
+    rows = con.execute(
         """
-        select mine.trace_id, s.rank, any_value(t.path), count(*), min(s.step), max(s.step)
-        from steps as mine
-        inner join traces as m on m.trace_id = mine.trace_id
-        inner join steps as s on s.rank = mine.rank and s.step = mine.step and s.trace_id <> mine.trace_id
-        inner join traces as t on t.trace_id = s.trace_id and t.run = m.run
-        where mine.trace_id between $first and $last
-        group by mine.trace_id, s.rank
-        order by mine.trace_id, s.rank
-        limit 1
+        with mine as (
+            select t.run, s.rank, s.step
+            from steps as s
+            inner join traces as t using (trace_id)
+            where s.trace_id between $first and $last
+        )
+        select s.trace_id, t.path, t.run, s.rank, s.step, s.trace_id between $first and $last as new
+        from steps as s
+        inner join traces as t using (trace_id)
+        semi join mine as m on m.run = t.run and m.rank = s.rank and m.step = s.step
+        window same as (partition by t.run, s.rank, s.step)
+        qualify min(s.trace_id) over same <> max(s.trace_id) over same
+        order by s.trace_id, s.rank, s.step
         """,
         {"first": stored[0].trace_id, "last": stored[-1].trace_id},
-    )
-    if clash is None:
+    ).fetchall()
+    if not rows:
         return
-    trace_id, rank, other, n, lo, hi = clash
-    mine = next(s for s in stored if s.trace_id == trace_id)
-    held = "the whole timeline (no steps)" if lo == hi == WHOLE_TRACE_STEP else (
-        f"step {lo}" if n == 1 else f"steps {lo}..{hi}" if hi - lo + 1 == n else f"{n} steps in {lo}..{hi}")
-    fix = "ingest it under another run (--name NAME)"
-    if mine.rank_source in ("option", "file name"):
-        fix += " or give it another rank (--rank N)"
-    raise ConfigError(
-        f"{mine.path}: run {mine.run} already holds {held} of rank {rank} from {other}; "
-        f"the same trace twice, or traces of two jobs in one run? {fix[0].upper()}{fix[1:]}"
-    )
+    given = {s.trace_id: str(s.path) for s in stored}
+    claims = [(new, Claim(trace_id, given.get(trace_id, path), run, rank, step))
+              for trace_id, path, run, rank, step, new in rows]
+    refuse_overlap([c for new, c in claims if not new], [c for new, c in claims if new],
+                   rank_given=[s.trace_id for s in stored if s.rank_source in GIVEN_RANKS])
 
 
 def free_rank(con: Any, run: str) -> int:
-    """The rank for a file that names none: -1, -2, ... the first negative rank not held in ``run``."""
-    return fetch_one(
+    """The rank for a file that names none: -1, -2, ... below the lowest negative rank held in ``run``
+    (:func:`traceq.identity.next_rankless`)."""
+    lowest = fetch_one(
         con,
-        "select least(coalesce(min(s.rank), 0), 0) - 1 from steps as s inner join traces as t using (trace_id) "
-        "where t.run = ? and s.rank < 0",
+        "select min(s.rank) from steps as s inner join traces as t using (trace_id) where t.run = ? and s.rank < 0",
         [run],
     )[0]
+    return next_rankless([] if lowest is None else [lowest])
 
 
 def drop_plain_ops(con: Any, params: dict[str, Any]) -> int:

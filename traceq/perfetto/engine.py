@@ -139,18 +139,6 @@ def time_error_ns(top_ns: int) -> int:
 # a report over files
 
 
-def named_identity(path: Path, rank: int | None = None) -> tuple[int | None, bool]:
-    """The rank the file names (distributedInfo, written before its events), else ``rank``, else the
-    rank in its file name (None when none does), and whether it names a job: as ingest decides
-    (:mod:`traceq.ingest.identity`)."""
-    from traceq.ingest.identity import names_job, rank_of_file
-    from traceq.ingest.reader import read_trace
-
-    header, chunks = read_trace(path)
-    chunks.close()
-    return rank_of_file(path, header.leading, rank)[0], names_job(path, header.leading)
-
-
 def run_file_metadata(path: Path) -> dict[str, Any] | None:
     """The run-level part of the collector's run.json beside ``path`` (None without one), read as
     ingest reads it: TraceFormatError naming the file when it is not a run.json."""
@@ -184,7 +172,8 @@ def analyse_files(
     ingest gives them (:mod:`traceq.ingest.identity`): a file that names no rank and no job is a run of its
     own, unless its events name ranks. Each file's run.json (beside it, as ingest finds it) is read
     into its result's ``metadata``: its warmup_steps is the run's default warm-up, as on DuckDB."""
-    from traceq.ingest.identity import check_rank, no_rank_note, run_of
+    from traceq.identity import GIVEN_RANKS, Claim, rankless_ranks, refuse_overlap
+    from traceq.ingest.identity import check_rank, header_identity, no_rank_note, run_of
     from traceq.ingest.inputs import expand_inputs
 
     check_rank(rank)
@@ -192,45 +181,28 @@ def analyse_files(
     paths = expand_inputs(inputs)
     if not paths:
         raise ConfigError("no trace files found", param="inputs", value=" ".join(map(str, inputs)))
-    jobs = []
-    unknown: dict[str, int] = {}
     metadata = [run_file_metadata(path) for path in paths]  # a run.json that is none fails before the work
-    for path in paths:
-        file_rank, job = named_identity(path, rank)
-        named = file_rank is not None
-        # a file without rank or job is its own run, unless its events name ranks (seen after the analysis)
-        run_name = run_of(path, run, names_rank=named, job=job)
-        if not named:
-            unknown[run_name] = file_rank = unknown.get(run_name, 0) - 1
-        jobs.append((path, run_name, file_rank, named, run_of(path, run, names_rank=True, job=job), run is None and not job))
+    named = [header_identity(path, rank) for path in paths]
+    # a file without rank or job is its own run, unless its events name ranks (seen after the analysis)
+    runs = [run_of(path, run, names_rank=r is not None, job=job) for path, (r, _, job) in zip(paths, named)]
+    own = rankless_ranks([None if r is not None else u for (r, _, _), u in zip(named, runs)])
+    jobs = [(path, u, r if r is not None else n, r is not None, run_of(path, run, names_rank=True, job=job),
+             run is None and not job) for path, (r, _, job), u, n in zip(paths, named, runs, own)]
     processors = processors or min(len(jobs), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=processors) as pool:  # the work runs in the trace processors
         results = list(pool.map(lambda job: analyse_trace(*job[:3], binary=binary, marker=marker), jobs))
-    for (path, run_name, file_rank, named, job_run, alone), result, meta in zip(jobs, results, metadata):
+    for (path, run_name, file_rank, is_named, job_run, alone), result, meta in zip(jobs, results, metadata):
         result.metadata = meta
-        if named:
+        if is_named:
             continue
         if (result.steps["rank"] == file_rank).any():
             result.notes.append(no_rank_note(path, run_name, file_rank, alone=alone, verb="reported"))
         else:  # its events name their ranks: one job, in its directory's run
             result.run = job_run
-    _refuse_shared_steps(results)
+    refuse_overlap([], [Claim(i, str(r.path), r.run, rank, step) for i, r in enumerate(results)
+                        for rank, step in r.steps.select("rank", "step").iter_rows()],
+                   rank_given=[i for i, (_, source, _) in enumerate(named) if source in GIVEN_RANKS])
     return results
-
-
-def _refuse_shared_steps(results: Sequence[TraceResult]) -> None:
-    """ConfigError when two files hold a step of the same rank of one run, as ingest refuses them (the
-    same trace twice, or two jobs in one run); files of one rank with other steps (profiling cycles)
-    are fine."""
-    held: dict[tuple[str, int, int], Path] = {}
-    for result in results:
-        for rank, step in result.steps.select("rank", "step").iter_rows():
-            other = held.setdefault((result.run, rank, step), result.path)
-            if other != result.path:
-                what = "the whole timeline (no steps)" if step == catalog.WHOLE_TRACE_STEP else f"step {step}"
-                raise ConfigError(f"{result.path}: {other} holds {what} of rank {rank} of run {result.run} too; the same "
-                                  "trace twice, or traces of two jobs in one run? Give each run its own --name "
-                                  "(or a file its rank with --rank N)")
 
 
 def step_rows(results: Sequence[TraceResult], *, whole_trace: bool, selection: StepSelection) -> pl.DataFrame:
@@ -398,13 +370,13 @@ def trace_sql(
     report's table, with notes on how Perfetto's import differs from traceq's reader; at most ``max_rows``
     rows (None: all). EngineError with the trace processor's message when the query fails, ConfigError
     for a statement that gives no rows."""
-    from traceq.ingest.identity import check_rank
+    from traceq.ingest.identity import check_rank, header_identity
     from traceq.report.result import Report
 
     check_rank(rank)
     if not trace.is_file():
         raise ConfigError(f"{trace}: not a trace file; give one trace file, then the query")
-    file_rank, _ = named_identity(trace, rank)
+    file_rank, _, _ = header_identity(trace, rank)
     marker = StepMarker.parse(step_marker)
     with counting_events(trace) as events, open_trace(trace, binary, -1 if file_rank is None else file_rank, marker) as loaded:
         loaded.load("interval_breakdown")

@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 
 from traceq.errors import ConfigError, WarehouseError
+from traceq.identity import Claim, overlaps
 from traceq.store.parquet import (
     _FORMER_NAMES,
     _ONE_ROW_PER,
@@ -225,21 +226,27 @@ def _refuse_missing_rows(con: duckdb.DuckDBPyConnection, root: Path) -> None:
 
 def _refuse_rank_collisions(con: duckdb.DuckDBPyConnection, root: Path) -> None:
     """ConfigError (the import is rolled back) when an imported trace holds a (run, rank, step) that another
-    trace of the warehouse holds: as ingest refuses such a file, so that no step is counted twice."""
-    clash = con.execute(
+    trace of the warehouse holds, or an imported trace before it: as ingest refuses such a file
+    (:func:`traceq.identity.overlaps` decides and words it), so that no step is counted twice."""
+    rows = con.execute(
         """
-        select t.run, s.rank, string_agg(distinct t.path, ', ' order by t.path)
+        with new as (select new_id as trace_id from _id_map),
+        mine as (
+            select t.run, s.rank, s.step
+            from steps as s
+            inner join traces as t using (trace_id)
+            semi join new using (trace_id)
+        )
+        select s.trace_id, t.path, t.run, s.rank, s.step, s.trace_id in (select trace_id from new) as imported
         from steps as s
         inner join traces as t using (trace_id)
-        group by t.run, s.rank, s.step
-        having count(distinct s.trace_id) > 1 and bool_or(s.trace_id in (select new_id from _id_map))
-        order by all
-        limit 1
+        semi join mine as m on m.run = t.run and m.rank = s.rank and m.step = s.step
+        window same as (partition by t.run, s.rank, s.step)
+        qualify min(s.trace_id) over same <> max(s.trace_id) over same
+        order by s.trace_id, s.rank, s.step
         """
     ).fetchall()
-    if clash:
-        run, rank, paths = clash[0]
-        raise ConfigError(
-            f"{root}: importing it would give run {run} two traces of the same steps of rank {rank} ({paths}); "
-            "nothing was imported. Import it into another warehouse (--db), or remove one of them from it"
-        )
+    claims = [(imported, Claim(trace_id, path, run, rank, step)) for trace_id, path, run, rank, step, imported in rows]
+    refused = overlaps([c for imported, c in claims if not imported], [c for imported, c in claims if imported])
+    if refused:
+        raise ConfigError(refused[0].import_message(str(root)))

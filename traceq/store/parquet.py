@@ -230,8 +230,8 @@ def known_digests(directory: str | Path) -> dict[int, set[str]]:
     return out
 
 
-def steps_by_trace(directory: str | Path) -> dict[int, tuple[str, list[tuple[int, int]]]]:
-    """trace id -> (its run, its (rank, step) pairs), for the complete traces in ``directory``."""
+def steps_by_trace(directory: str | Path) -> dict[int, tuple[str, str, list[tuple[int, int]]]]:
+    """trace id -> (its run, its file's path, its (rank, step) pairs), for the complete traces in ``directory``."""
     root = Path(directory)
     if not any((root / TRACES).rglob("*.parquet")) or not any((root / "steps").rglob("*.parquet")):
         return {}
@@ -239,7 +239,7 @@ def steps_by_trace(directory: str | Path) -> dict[int, tuple[str, list[tuple[int
     try:
         rows = con.execute(
             f"""
-            select t.trace_id, any_value(t.run), list((s.rank, s.step))
+            select t.trace_id, any_value(t.run), any_value(t.path), list((s.rank, s.step))
             from {_traces_source(root)} as t
             inner join read_parquet({_literal(str(root / 'steps' / '**' / '*.parquet'))}) as s using (trace_id)
             group by t.trace_id
@@ -247,11 +247,5 @@ def steps_by_trace(directory: str | Path) -> dict[int, tuple[str, list[tuple[int
         ).fetchall()
     finally:
         con.close()
-    return {trace_id: (run, [tuple(pair.values()) if isinstance(pair, dict) else tuple(pair) for pair in pairs])
-            for trace_id, run, pairs in rows}
-
-
-def lowest_rank(directory: str | Path) -> int:
-    """The lowest rank held in ``directory``, or 0 (rankless files get ranks below it)."""
-    ranks = [rank for _, claims in steps_by_trace(directory).values() for rank, _ in claims]
-    return min([0, *ranks])
+    return {trace_id: (run, path, [tuple(pair.values()) if isinstance(pair, dict) else tuple(pair) for pair in pairs])
+            for trace_id, run, path, pairs in rows}
