@@ -14,7 +14,7 @@ COLLECTORS = ROOT / "collectors"
 # lower first; a module may import its own layer and the layers below, never one above
 LAYERS = (
     ("leaf", ("traceq.errors", "traceq.terminal", "traceq.catalog", "traceq.kineto", "traceq.intervals", "traceq.query", "traceq.classify", "traceq.interrupts",
-              "traceq.scratch", "traceq.kernel_names")),
+              "traceq.scratch", "traceq.kernel_names", "traceq.peaks")),
     ("store", ("traceq.store",)),
     ("ingest", ("traceq.ingest",)),
     ("report", ("traceq.report",)),

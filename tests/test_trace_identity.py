@@ -15,7 +15,7 @@ from tests import step_reference as reference
 from tests.conftest import corpus_path
 from tests.test_step_windows import METRICS, lagging_trace
 from tests.tracegen import TraceBuilder
-from traceq.catalog import peak_for
+from traceq.peaks import peak_for
 from traceq.cli import app
 from traceq.ingest import ingest_traces
 from traceq.report.metrics import compute_metric, metric_report, step_metrics

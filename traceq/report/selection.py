@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import duckdb
 
 from traceq import query
-from traceq.catalog import StepMarker, event_categories, gpu_peaks
+from traceq.catalog import StepMarker, event_categories
 from traceq.errors import ConfigError
+from traceq.peaks import gpu_peaks
 
 
 @dataclass(frozen=True)
