@@ -16,6 +16,7 @@ from tests.conftest import corpus_path
 from tests.tracegen import TraceBuilder
 from traceq import query
 from traceq.ingest import ingest_traces
+from traceq.report.adhoc import warehouse_sql
 from traceq.report.selection import query_params, relation
 from traceq.store.warehouse import connect
 
@@ -114,8 +115,12 @@ def test_relation_leaves_a_users_connection_as_it_was(tmp_path: Path) -> None:
         for name, rows in want.items():
             assert sorted(relation(con, name).fetchall(), key=repr) == rows, name
         gpu_classified = relation(con, "gpu_classified")  # noqa: F841 (the SQL reads it by name)
-        assert con.sql("select category, count(*) from gpu_classified group by all order by all").fetchall() == [
-            ("elementwise", 3), ("memcpy", 1), ("nccl", 1), ("optimizer", 1), ("reduction", 1)]
+        by_category = [("elementwise", 3), ("memcpy", 1), ("nccl", 1), ("optimizer", 1), ("reduction", 1)]
+        assert con.sql("select category, count(*) from gpu_classified group by all order by all").fetchall() == by_category
+        assert _state(con) == before
+        # traceq sql's function on the same connection: its relations as temporary tables, but not on this one
+        query_text = "select category, count(*) as n from gpu_classified group by all order by all"
+        assert warehouse_sql(query_text, con).table.rows() == by_category
         assert _state(con) == before
     empty = tmp_path / "empty.duckdb"
     with connect(empty) as con:  # no trace: no kernel name, no launch (an empty typed list)
