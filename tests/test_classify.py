@@ -66,6 +66,7 @@ def generated_patterns(names: list[str], count: int, seed: int) -> list[str]:
     return patterns
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("count", [5, 300, 900])
 def test_first_rules_equal_the_per_pair_match_on_corpus_kernel_names(corpus_db: Path, count: int) -> None:
     names = corpus_kernel_names(corpus_db)
@@ -78,6 +79,7 @@ def test_first_rules_equal_the_per_pair_match_on_corpus_kernel_names(corpus_db: 
     assert len(set(want.values())) >= (4 if count < 20 else 30)  # many rules win, not one catch-all
 
 
+@pytest.mark.slow
 def test_a_chunk_too_large_to_compile_as_one_pattern_is_split() -> None:
     # each pattern compiles alone; a chunk of them in one alternation exceeds RE2's memory for one program
     patterns = [f"x{i}y(?i)[a-z]{{200}}\\w{{200}}" for i in range(300)]

@@ -102,6 +102,7 @@ def _state(con) -> tuple[list, list, list]:
                     "order by all").fetchall())
 
 
+@pytest.mark.slow
 def test_relation_leaves_a_users_connection_as_it_was(tmp_path: Path) -> None:
     # traceq.relation on a user's connection gives the rows a report's own connection reads (which keeps the
     # kernel classes and optimizer launches in temporary tables), and leaves no table, view or macro behind
@@ -129,6 +130,7 @@ def test_relation_leaves_a_users_connection_as_it_was(tmp_path: Path) -> None:
         assert _state(con) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relative", WITH_OPTIMIZER_STEPS)
 def test_the_optimizer_category_holds_what_optimizer_steps_launched(corpus_db: Path, relative: str) -> None:
     path = corpus_path(relative)
@@ -145,6 +147,7 @@ def test_the_optimizer_category_holds_what_optimizer_steps_launched(corpus_db: P
     assert total_ns == pytest.approx(float(sum(Decimal(e["dur"]) * 1000 for e in want)), abs=len(want))
 
 
+@pytest.mark.slow
 def test_h200_ddp_spends_a_ninth_of_its_kernel_time_in_the_adamw_step(corpus_db: Path) -> None:
     # foreach AdamW (multi_tensor_apply lerp/mul/addcmul/sqrt/div/add/addcdiv): no optimizer row by names alone
     path = corpus_path("traceq_h200/h200-ddp/rank0.trace.json.gz")

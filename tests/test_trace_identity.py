@@ -152,6 +152,7 @@ def test_hccl_collectives_of_other_accelerators_are_communication(tmp_path: Path
 # ------------------------------------------------------------------------ GPU model and its peak
 
 
+@pytest.mark.slow
 def test_gpu_model_comes_from_device_properties_and_maps_to_the_peak(corpus_db: Path) -> None:
     with connect(corpus_db, read_only=True) as con:
         gpus = dict(con.sql("select split_part(path, '/', -1), gpu_model from traces").fetchall())
@@ -205,6 +206,7 @@ def test_peak_table_knows_no_consumer_or_unnamed_gpu() -> None:
 # ------------------------------------------------------- warehouses written by the schema before
 
 
+@pytest.mark.slow
 def test_a_warehouse_of_the_schema_before_is_refused_by_reports_and_migrated_by_a_writing_command(tmp_path: Path) -> None:
     """Made by 0.1 (simulated: the new columns, the whole-trace steps and the version row removed, kernels
     attributed by time as 0.1 did): a report stops untouched and names `traceq migrate`; that migrates it,
