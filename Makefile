@@ -1,13 +1,15 @@
 # Two commands on a fresh machine (README "Quick start"):
 #   make demo   install into .venv, make the example traces, ingest them and report
-#   make test   install into .venv with the test extras and run the test suite
+#   make test   install into .venv with the test extras and run the test suite (all of it, as CI: .ci/run)
+#   make test-fast   the same less the tests marked slow (pytest -m "not slow"): under 3 minutes on
+#               2 idle cores, the loop to run while you work; make test and CI still run everything
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # torch first, pinned: a CPU build is installed locally; an unpinned torch pulls GBs of CUDA wheels.
 TORCH := torch==2.13.0
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-fast venv clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,6 +33,9 @@ demo: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
+
+test-fast: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) examples/out build dist *.egg-info
