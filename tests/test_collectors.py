@@ -403,6 +403,7 @@ def test_gloo_job_traces_are_kineto_with_the_recorded_steps(gloo_run, rank):
     assert [runs_as[e["name"]] for e in by_start(c10d)] == [e["name"] for e in by_start(gloo)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gloo_job_run_metadata(gloo_run, rank):
     parallel, run_dir = gloo_run
@@ -466,6 +467,7 @@ def test_gloo_job_collectives_match_across_ranks_as_counted_from_the_traces(gloo
     assert got == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gloo_job_power_log_is_unavailable_without_numbers(gloo_run, rank):
     _, run_dir = gloo_run

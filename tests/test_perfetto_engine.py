@@ -263,6 +263,7 @@ def test_interval_metrics_equal_the_duckdb_engine_to_the_ns_per_step_and_whole_t
     assert exact >= 18  # every trace but those whose times carry more digits than a double
 
 
+@pytest.mark.slow
 def test_the_float_note_appears_exactly_where_the_engines_times_differ(both_engines: list[dict]) -> None:
     noted = {Path(c["path"]).name for c in both_engines if _float_bound(c) is not None}
     assert {"nccl_data.json.gz", "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"} <= noted
@@ -274,6 +275,7 @@ def test_the_float_note_appears_exactly_where_the_engines_times_differ(both_engi
     assert time_error_ns(4_458_676_423_385_774) == 2
 
 
+@pytest.mark.slow
 def test_steps_equal_the_duckdb_engine(both_engines: list[dict]) -> None:
     for case in both_engines:
         mine = case["perfetto"].steps.sort("rank", "step")
@@ -285,6 +287,7 @@ def test_steps_equal_the_duckdb_engine(both_engines: list[dict]) -> None:
             assert (mine[col] - theirs[col]).abs().max() <= bound, (case["path"], col)
 
 
+@pytest.mark.slow
 def test_classification_collective_types_and_step_attribution_equal_the_duckdb_engine(both_engines: list[dict]) -> None:
     for case in both_engines:
         theirs = case["classes"]
@@ -293,6 +296,7 @@ def test_classification_collective_types_and_step_attribution_equal_the_duckdb_e
         assert mine.sort(keys).equals(theirs.sort(keys)), case["path"]
 
 
+@pytest.mark.slow
 def test_perfetto_slice_counts_equal_the_traces_event_counts(both_engines: list[dict]) -> None:
     kinds = {"kernel": 1, "memcpy": 2, "memset": 3}
     for case in both_engines:
