@@ -1,6 +1,8 @@
 # Two commands on a fresh machine (README "Quick start"):
 #   make demo   install into .venv, make the example traces, ingest them and report
-#   make test   install into .venv with the test extras and run the test suite
+#   make test   install into .venv with the test extras and run the test suite (all of it, as CI: .ci/run)
+#   make test-fast   the same less the tests marked slow (pytest -m "not slow"): under 3 minutes on
+#               2 idle cores, the loop to run while you work; make test and CI still run everything
 #   make docs   the docs site into site/ (warnings are errors); make docs-images retakes its screenshots
 PY ?= python3
 VENV := .venv
@@ -8,7 +10,7 @@ BIN := $(VENV)/bin
 # torch first, pinned: a CPU build is installed locally; an unpinned torch pulls GBs of CUDA wheels.
 TORCH := torch==2.13.0
 
-.PHONY: demo test docs docs-images venv clean
+.PHONY: demo test test-fast docs docs-images venv clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +34,9 @@ demo: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
+
+test-fast: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m "not slow"
 
 docs: $(VENV)/.installed-test
 	$(BIN)/mkdocs build --strict

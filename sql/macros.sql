@@ -18,9 +18,6 @@ create or replace temp macro collective_type(s) as (
     end
 );
 
--- ProfilerStep#12 -> 12
-create or replace temp macro profiler_step(name) as try_cast(regexp_extract(name, '^ProfilerStep#(\d+)$', 1) as bigint);
-
 -- An int64 from a JSON scalar read as text by DuckDB's JSON reader (traceq.ingest.decode.to_int):
 -- 7, "7", 7.0, "0x1f", "stream 7" (older Kineto stream ids) -> the integer; true, "abc", an int beyond
 -- int64 -> null. (A fraction would be rounded: sql/read_events.sql sends such ids to traceq.ingest.decode.)

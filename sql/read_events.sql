@@ -3,7 +3,7 @@
 -- part: the number of the row's batch ($file_parts, of each file; traceq.ingest.native.BatchFiles.part), which tells
 -- its rows from those of the other batches parsed and written in the same statements (traceq.ingest.native).
 -- Rows that become warehouse rows (`keep`) get the columns of traceq.ingest.decode's tables, with the name as
--- text (sql/load_events.sql interns it), the others only count.
+-- text (sql/batch_names.sql interns it: an id per name and trace), the others only count.
 --   kind: 1 kernel, 2 memcpy, 3 memset ($kernel_cats, $memcpy_cats, $memset_cats: sql/event_categories.csv),
 --     0 other complete (X) event, null for any other phase
 --   plain_op: a CPU operator that no GPU-trace metric reads (cat in $op_cats, no collective args,

@@ -78,6 +78,7 @@ def test_a_rank_whose_only_step_is_the_last_keeps_it_with_a_note(db: Path) -> No
     assert any(n.startswith("run single: rank 0 has one step, also its last, kept") for n in notes)
 
 
+@pytest.mark.slow
 def test_a_run_an_option_empties_is_named_and_everything_empty_is_an_error(db: Path) -> None:
     runner = CliRunner()
     done = runner.invoke(app, ["summary", "--db", str(db), "--skip-steps", "1"])
@@ -100,6 +101,7 @@ def test_the_cli_options_of_the_last_step() -> None:
 # --- every corpus run
 
 
+@pytest.mark.slow
 def test_no_default_figure_holds_an_open_last_step(corpus_db: Path) -> None:
     all_steps = StepSelection(skip_steps=0, include_last=True, drop_incomplete=False)
     every = compute_metric(corpus_db, "compute", by="run,rank,device,step", selection=all_steps)
@@ -123,6 +125,7 @@ def test_the_default_means_are_the_means_without_the_last_step_on_resnet50(corpu
     assert steps["window_us"][-1] < 0.85 * closed["window_us"].mean()
 
 
+@pytest.mark.slow
 def test_every_ratio_equals_its_sums_on_every_corpus_run(corpus_db: Path) -> None:
     for by in ("run,rank", "run"):
         table = compute_metric(corpus_db, "overlap_ratio,overlapped_comm,comm", by=by)
@@ -132,6 +135,7 @@ def test_every_ratio_equals_its_sums_on_every_corpus_run(corpus_db: Path) -> Non
             assert r["overlap_ratio"] * r["comm_us"] == pytest.approx(r["overlapped_comm_us"], rel=1e-9, abs=1e-3), r
 
 
+@pytest.mark.slow
 def test_rates_are_total_over_total_time_the_same_in_report_summary_and_scaling(corpus_db: Path) -> None:
     """The H200 runs carry tokens_per_step (8192) and world size 1: tokens_per_s = 8192 / mean step time."""
     from traceq.report.scaling import scaling_report
@@ -158,6 +162,7 @@ def test_every_rate_has_a_denominator_in_the_step_rows(corpus_db: Path) -> None:
     assert set(RATE_WEIGHTS.values()) <= set(rows.columns)
 
 
+@pytest.mark.slow
 def test_no_corpus_run_vanishes_without_a_note(corpus_db: Path) -> None:
     """`summary --drop-last` and `--skip-steps 3` used to drop 4 and 5 of the corpus runs silently."""
     from traceq.store.warehouse import connect
@@ -199,6 +204,7 @@ def test_a_cpu_only_trace_keeps_its_last_step_its_windows_are_its_cpu_spans(tmp_
     assert not any("left out" in n or "also its last" in n for n in notes)
 
 
+@pytest.mark.slow
 def test_a_step_less_multi_rank_run_names_no_slowest_rank(tmp_path: Path) -> None:
     """Four ranks with no step marker and no launch event (NCCL kernels only): each is one whole-trace
     window (step -1), whose span is no step time. Rank 2's span is the longest (it starts first), yet

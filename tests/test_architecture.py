@@ -14,7 +14,7 @@ COLLECTORS = ROOT / "collectors"
 # lower first; a module may import its own layer and the layers below, never one above
 LAYERS = (
     ("leaf", ("traceq.errors", "traceq.terminal", "traceq.catalog", "traceq.kineto", "traceq.intervals", "traceq.query", "traceq.classify", "traceq.interrupts",
-              "traceq.scratch", "traceq.kernel_names", "traceq.nccl_kernels", "traceq.identity")),
+              "traceq.scratch", "traceq.kernel_names", "traceq.nccl_kernels", "traceq.identity", "traceq.peaks")),
     ("store", ("traceq.store",)),
     ("ingest", ("traceq.ingest",)),
     ("report", ("traceq.report",)),
@@ -157,3 +157,20 @@ def test_the_command_line_is_thin_commands_over_the_library() -> None:
     assert sorted(handlers) == ["__init__.py: except BaseException", "__init__.py: except SystemExit",
                                 "base.py: except TraceqError"], handlers
     assert not long, "\n".join(long)
+
+
+# issue 49: traceq/ingest/ and perfetto/engine.py are being rebuilt on their own branches; drop them from
+# here when those land, so that the limit holds for every module
+_SIZE_LIMIT_PENDING = ("traceq/ingest/",)
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = []
+    for path in sorted([*PACKAGE.rglob("*.py"), *COLLECTORS.rglob("*.py")]):
+        if path.is_relative_to(PACKAGE / "sql") or path.is_relative_to(PACKAGE / "collectors"):
+            continue  # links to sql/ and collectors/, walked as they are
+        where = path.relative_to(ROOT).as_posix()
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > 400 and not where.startswith(_SIZE_LIMIT_PENDING):
+            long.append(f"{where}: {lines} lines")
+    assert not long, "modules over 400 lines (split them by job):\n" + "\n".join(long)

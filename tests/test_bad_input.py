@@ -109,6 +109,7 @@ BAD_FILES: dict[str, tuple[Callable[[], bytes], str, str]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BAD_FILES))
 def test_bad_file_fails_with_one_line_and_leaves_nothing(name: str, db: Path, tmp_path: Path) -> None:
     make, what, todo = BAD_FILES[name]
@@ -137,6 +138,7 @@ def test_file_failing_after_many_chunks_leaves_no_rows(db: Path, tmp_path: Path)
     assert table_counts(db) == before
 
 
+@pytest.mark.slow
 def test_bad_files_among_good_ones_fail_alone_and_leave_no_scratch(db: Path, tmp_path: Path) -> None:
     """A bad file fails alone with its own message, the good ones around it ingest (plain files:
     read by range, cut by cut), and every scratch directory is removed."""
@@ -200,6 +202,7 @@ def _encode(events: list) -> bytes:
     return json.dumps(events)[1:-1].replace('"__1e400__"', "1e400").encode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", sorted(UNUSABLE_EVENTS))
 def test_unusable_event_is_dropped_and_counted(label: str) -> None:
     good = {"ph": "X", "cat": "kernel", "name": "ok", "ts": 1.0, "dur": 2.0, "args": {"stream": 7}}
@@ -278,6 +281,7 @@ def test_uint64_corpus_trace_ingests(db: Path) -> None:
     assert out[0].startswith(f"ingested {path}: run large_integer_trace, rank 70")
 
 
+@pytest.mark.slow
 def test_duplicate_events_are_kept_and_reported_by_check(db: Path, tmp_path: Path) -> None:
     b = small_trace()
     path = tmp_path / "rank0.json"
@@ -290,6 +294,7 @@ def test_duplicate_events_are_kept_and_reported_by_check(db: Path, tmp_path: Pat
     assert findings["count"].to_list() == [2]
 
 
+@pytest.mark.slow
 def test_same_file_under_two_names_is_ingested_once(db: Path, tmp_path: Path) -> None:
     source = corpus_path(GOOD)
     a, b = tmp_path / "a" / "rank0.json.gz", tmp_path / "b" / "copy.json.gz"
@@ -311,6 +316,7 @@ def test_same_file_under_two_names_is_ingested_once(db: Path, tmp_path: Path) ->
     assert table_counts(db) == after
 
 
+@pytest.mark.slow
 def test_same_trace_stored_twice_with_other_bytes_is_refused_in_one_line(db: Path, tmp_path: Path) -> None:
     run = tmp_path / "job"
     run.mkdir()
@@ -329,6 +335,7 @@ def test_same_trace_stored_twice_with_other_bytes_is_refused_in_one_line(db: Pat
     assert check_warehouse(db).table.filter(check="duplicate_rank", run="job").is_empty()
 
 
+@pytest.mark.slow
 def test_directory_mixing_good_and_bad_files(db: Path, tmp_path: Path) -> None:
     """Good files ingest (whole-file decoding in workers too), every bad one gets its own line."""
     run = tmp_path / "mixed"
@@ -356,6 +363,7 @@ def test_directory_mixing_good_and_bad_files(db: Path, tmp_path: Path) -> None:
     assert table_counts(db) == table_counts(reference)
 
 
+@pytest.mark.slow
 def test_a_step_marker_that_matches_nothing_names_the_file_and_its_markers(tmp_path: Path) -> None:
     from tests.conftest import corpus_path
 
@@ -370,6 +378,7 @@ def test_a_step_marker_that_matches_nothing_names_the_file_and_its_markers(tmp_p
     assert done.exit_code == 1 and "no event matches the step marker" in done.output
 
 
+@pytest.mark.slow
 def test_a_step_marker_inside_the_step_gets_a_note(tmp_path: Path) -> None:
     """resnet50 (2021): Optimizer.step#SGD.step spans 20-37 ms of each ~150 ms step (6 spans, 150.6 ms
     of 794.3 ms from the first start to the last end: 19 %)."""

@@ -33,6 +33,7 @@ def _trace(tmp_path: Path, kernels: int = 6000) -> Path:
     return b.write(tmp_path / "job" / "trace.json")
 
 
+@pytest.mark.slow
 def test_ranges_and_decompressed_chunks_give_the_rows_of_decode(tmp_path: Path) -> None:
     import gzip
 
@@ -137,6 +138,7 @@ def test_batches_start_at_one_chunk_and_double_while_the_file_may_drop_its_cpu_o
     assert _batch_sizes(tmp_path, [True] * 99) == [1, 2, 4, 8, 10, 10, 5]  # CPU only: up to full batches
 
 
+@pytest.mark.slow
 def test_a_file_without_device_properties_reads_little_with_every_cpu_operator(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -139,6 +139,7 @@ def only(findings: pl.DataFrame, run: str, check: str) -> pl.DataFrame:
     return mine.filter(check=check)
 
 
+@pytest.mark.slow
 def test_clean_run_has_no_finding(findings: pl.DataFrame) -> None:
     assert findings.filter(run="clean").is_empty()
     assert findings.schema == pl.Schema(COLUMNS)
@@ -200,6 +201,7 @@ def test_clamped_windows(findings: pl.DataFrame) -> None:
     assert "1 events (0.001 ms of activity) before the first step's window" in mine.filter(check="outside_steps")["detail"][0]
 
 
+@pytest.mark.slow
 def test_ingest_refuses_a_second_trace_of_the_same_rank_and_steps(tmp_path: Path) -> None:
     write_run(tmp_path / "job", {"rank0.json": clean_rank(0), "rank0_again.json": clean_rank(0, seq=False)})
     summary = ingest_traces([tmp_path / "job"], tmp_path / "w.duckdb", threads=1)
@@ -310,6 +312,7 @@ def test_cli_help_documents_the_exit_code() -> None:
     assert "Exit code" in text and "traceq check --db runs.duckdb" in text
 
 
+@pytest.mark.slow
 def test_device_side_copies_and_waits_are_not_kernels_without_launch(corpus_db: Path) -> None:
     """MTIA issues dma_request, event_record and event_wait on the device: no runtime call launches
     them, and the check explained 298 of them as kernels launched before the profiler started. The

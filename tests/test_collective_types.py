@@ -40,6 +40,7 @@ def annotated_types(path: Path) -> Counter:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relative", ["hta/trace_diff/control/control.json.gz", "hta/trace_filter/sampled_rank-0.json.gz",
                                       "hta/trace_filter/sampled_rank-1.json.gz"])
 def test_sendrecv_kernels_take_the_type_of_the_annotation_around_their_launch(tmp_path: Path, relative: str) -> None:
@@ -88,6 +89,7 @@ def broadcasts_by_hand(path: Path) -> list[dict[int, tuple[int, int]]]:
     return [{r: lists[r][k] for r in range(4)} for k in range(len(lists[0]))]
 
 
+@pytest.mark.slow
 def test_rooted_collectives_on_one_clock_are_placed_by_start_time(tmp_path: Path) -> None:
     path = corpus_path(MERGED)
     instances = broadcasts_by_hand(path)
@@ -136,6 +138,7 @@ def test_rooted_collectives_on_clocks_of_their_own_are_not_inferable(tmp_path: P
     assert any("2 kernels of rooted collectives on clocks of their own: arrival not inferable" in n for n in notes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["one file", "a file per rank"])
 def test_rooted_collectives_agree_with_the_brute_force_reference(tmp_path: Path, layout: str) -> None:
     """A Broadcast then a Reduce over 3 ranks (tests/comm_reference.py, written apart from the SQL): in one

@@ -191,6 +191,7 @@ def test_default_schedule_follows_the_study():
     assert config.warmup_steps == 10
 
 
+@pytest.mark.slow
 def test_degrees_that_do_not_fit_the_world_fail_before_any_file(tmp_path, no_dist_env):
     tc = TraceCollector(run="r", out_dir=tmp_path, tp=2)
     with pytest.raises(CollectorConfigError, match=r"tp\*pp\*cp = 2 does not divide world_size 1"):
@@ -198,6 +199,7 @@ def test_degrees_that_do_not_fit_the_world_fail_before_any_file(tmp_path, no_dis
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_a_second_collector_for_the_same_run_and_rank_is_refused(tmp_path, no_dist_env):
     with TraceCollector(run="r", out_dir=tmp_path, active=2, warmup_steps=0) as tc:
         run_steps(tc, 4)
@@ -369,12 +371,14 @@ def test_power_log_without_nvml_says_unavailable_and_holds_no_numbers(tmp_path):
 # gloo_run: tests/conftest.py (shared with the critical-path tests)
 
 
+@pytest.mark.slow
 def test_gloo_job_writes_every_rank_file_and_nothing_else(gloo_run):
     _, run_dir = gloo_run
     names = sorted(p.name for p in run_dir.iterdir())
     assert names == [f"rank{r}.{kind}" for r in (0, 1) for kind in ("power.jsonl", "run.json", "trace.json.gz")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gloo_job_traces_are_kineto_with_the_recorded_steps(gloo_run, rank):
     parallel, run_dir = gloo_run
@@ -399,6 +403,7 @@ def test_gloo_job_traces_are_kineto_with_the_recorded_steps(gloo_run, rank):
     assert [runs_as[e["name"]] for e in by_start(c10d)] == [e["name"] for e in by_start(gloo)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gloo_job_run_metadata(gloo_run, rank):
     parallel, run_dir = gloo_run
@@ -424,6 +429,7 @@ def test_gloo_job_run_metadata(gloo_run, rank):
         assert clock["start"]["time_ns"] <= wall_ns(step["ts"], clock["offset_ns"]) <= clock["end"]["time_ns"]
 
 
+@pytest.mark.slow
 def test_gloo_job_collectives_match_across_ranks_as_counted_from_the_traces(gloo_run, tmp_path):
     """The gloo spans are the collectives of a CPU run. Counted apart from traceq, from each rank's trace:
     the k-th span of a name on rank 0 and on rank 1 are one instance; its transfer is the shorter of the
@@ -461,6 +467,7 @@ def test_gloo_job_collectives_match_across_ranks_as_counted_from_the_traces(gloo
     assert got == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gloo_job_power_log_is_unavailable_without_numbers(gloo_run, rank):
     _, run_dir = gloo_run

@@ -58,6 +58,7 @@ def _assert_complete(db: Path, n_traces: int) -> None:
     assert rows == (n_traces, n_traces) and orphans == (0,)
 
 
+@pytest.mark.slow
 def test_two_ingests_on_one_warehouse_both_complete(trace: Path, db: Path) -> None:
     first = _start("ingest", trace, "--db", db, "--threads", "1", "-q")
     wait_until_mid_file(first, trace)
@@ -74,6 +75,7 @@ def test_two_ingests_on_one_warehouse_both_complete(trace: Path, db: Path) -> No
     _assert_complete(db, 4)
 
 
+@pytest.mark.slow
 def test_report_while_an_ingest_runs_waits_and_sees_the_whole_file(trace: Path, db: Path) -> None:
     ingest = _start("ingest", trace, "--db", db, "--threads", "1", "-q")
     wait_until_mid_file(ingest, trace)
@@ -117,6 +119,7 @@ def locked(db: Path, monkeypatch: pytest.MonkeyPatch):
     lock.release()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["ingest", "TRACE", "--threads", "1"], ["report"], ["check"], ["runs"]])
 def test_a_command_that_cannot_get_the_lock_fails_with_one_clear_line(command: list[str], locked: Locked, tmp_path: Path) -> None:
     trace = small_trace(rank=1).write(tmp_path / "rank1.json")

@@ -51,6 +51,7 @@ def trace_ids(db: Path) -> dict[str, int]:
     return {str(Path(p).relative_to(CORPUS.resolve())): t for p, t in rows}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", corpus_files(), ids=lambda p: str(p.relative_to(CORPUS)))
 def test_gpu_events_are_stored_to_the_exact_nanosecond(corpus_db: Path, path: Path) -> None:
     events = load_json(path)
@@ -117,6 +118,7 @@ def test_merged_file_yields_four_ranks(corpus_db: Path) -> None:
     assert [r for (r,) in ranks] == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("whole_trace", [False, True], ids=["steps", "trace"])
 def test_identity_holds_to_the_nanosecond_on_every_corpus_gpu(corpus_db: Path, whole_trace: bool) -> None:
     with connect(corpus_db, read_only=True) as con:
@@ -127,6 +129,7 @@ def test_identity_holds_to_the_nanosecond_on_every_corpus_gpu(corpus_db: Path, w
     assert (rows["overlapped_comm_ns"] + rows["exposed_comm_ns"] == rows["comm_ns"]).all()
 
 
+@pytest.mark.slow
 def test_sql_metrics_agree_with_the_interval_api_on_every_corpus_gpu(corpus_db: Path) -> None:
     with connect(corpus_db, read_only=True) as con:
         gpu_activity = relation(con, "gpu_activity")  # noqa: F841 (the SQL reads it by name)

@@ -53,6 +53,7 @@ def assert_tiles(result) -> None:
 # ------------------------------------------------------------------------------------------ by hand
 
 
+@pytest.mark.slow
 def test_a_late_rank_holds_the_path_as_worked_by_hand(tmp_path: Path) -> None:
     """late_rank_run (tests/test_cross_rank.py): three ranks, windows [30, 50) us on one clock, an AllReduce
     ending at 50 us on each. The walk starts on rank 0 (the windows end together: lowest rank): [47, 50) is
@@ -128,6 +129,7 @@ def test_idle_without_a_launch_is_unknown_on_the_path(tmp_path: Path) -> None:
     assert "rank 0's idle unknown" in sentence and "idle other" not in sentence and "host bound" not in sentence
 
 
+@pytest.mark.slow
 def test_choices_and_errors(tmp_path: Path) -> None:
     db = ingest(tmp_path, late_rank_run())
     with pytest.raises(EmptySelection, match=r"no step is selected \(steps 7..7, .*run job: steps 1..1"):
@@ -146,6 +148,7 @@ def test_choices_and_errors(tmp_path: Path) -> None:
     assert critical_path(two, runs=["other"], selection=EVERY_STEP).steps["run"].to_list() == ["other"]
 
 
+@pytest.mark.slow
 def test_cli_prints_the_steps_the_segments_and_writes_the_page(tmp_path: Path) -> None:
     db = ingest(tmp_path, late_rank_run())
     runner = CliRunner()
@@ -178,6 +181,7 @@ def _multi_rank_runs(db: Path) -> list[str]:
             "order by run").fetchall()]
 
 
+@pytest.mark.slow
 def test_the_path_tiles_every_step_of_every_corpus_multi_rank_run(corpus_db: Path) -> None:
     runs = _multi_rank_runs(corpus_db)
     assert "fused_traces" in runs, runs  # the merged 4-rank RCCL file
@@ -186,6 +190,7 @@ def test_the_path_tiles_every_step_of_every_corpus_multi_rank_run(corpus_db: Pat
         assert_tiles(result)
 
 
+@pytest.mark.slow
 def test_the_merged_rccl_file_path_is_rank_3_the_rank_the_others_wait_for(corpus_db: Path) -> None:
     """merged_all_events: four ranks on one host's clock. Rank 3 arrives last at the collectives (the
     stragglers table says so), so the others' waits lead to it and nearly all of the path is rank 3's."""
@@ -199,6 +204,7 @@ def test_the_merged_rccl_file_path_is_rank_3_the_rank_the_others_wait_for(corpus
     assert set(result.jumps["to_rank"].to_list()) <= {3}
 
 
+@pytest.mark.slow
 def test_a_single_rank_path_is_the_interval_and_idle_breakdown(corpus_db: Path) -> None:
     """On one rank the path never jumps (nothing is matched), so over a step its compute is |U(compute)|,
     its comm transfer the exposed comm, its copies the exposed memcpy and its idle the idle breakdown, as
@@ -235,6 +241,7 @@ def test_a_single_rank_path_is_the_interval_and_idle_breakdown(corpus_db: Path) 
     assert checked >= 50
 
 
+@pytest.mark.slow
 def test_the_path_tiles_the_steps_of_real_gloo_runs(gloo_run, tmp_path: Path) -> None:
     """A real 2-rank gloo job (DDP: all_reduce, FSDP: all_gather / reduce_scatter) on CPU: the path walks
     the CPU spans (device -1) and, where the rank it is on waited at a gloo collective, jumps to the other.
@@ -250,6 +257,7 @@ def test_the_path_tiles_the_steps_of_real_gloo_runs(gloo_run, tmp_path: Path) ->
     assert all(f != t and {f, t} == {0, 1} for f, t in result.jumps.select("from_rank", "to_rank").rows()), parallel
 
 
+@pytest.mark.slow
 def test_batches_and_dropped_timelines_change_nothing_at_real_density(corpus_db: Path) -> None:
     """A real H200 step holds ~1,250 kernels (h200-ddp) and the merged RCCL file jumps between four ranks:
     one step a batch and one timeline held at a time (every return to a rank reads it again) give the
@@ -267,6 +275,7 @@ def test_batches_and_dropped_timelines_change_nothing_at_real_density(corpus_db:
         assert [full.sentence(s) for s in full.steps["step"]] == [small.sentence(s) for s in small.steps["step"]]
 
 
+@pytest.mark.slow
 def test_segments_stream_as_csv_and_json_and_a_table_shows_the_first_screen(corpus_db: Path) -> None:
     """`--segments --format csv/json` writes every segment, batch by batch, the same rows as the API's; as a
     table the first screen, and a note that says how many there are and how to get them all."""
@@ -378,6 +387,7 @@ def _agrees_with_reference(db: Path, files: list[Path], run: str | None = None) 
     return len(steps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["late_rank", "late_rank_changes", "host_bound", "two_groups", "unmatched_rank",
                                       "cycle", "gloo_cpu_only"])
 def test_hand_made_runs_agree_with_the_hand_worked_paths_and_the_reference(tmp_path: Path, scenario: str) -> None:
@@ -400,6 +410,7 @@ def test_hand_made_runs_agree_with_the_hand_worked_paths_and_the_reference(tmp_p
     assert default.steps["step"].to_list() == reference.STEPS[scenario][:-1] or scenario == "gloo_cpu_only"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("files", [["amd_hpctraining/fused_traces/merged_all_events.json.gz"],
                                    ["hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter/sampled_rank-1.json.gz"]],
                          ids=["merged 4-rank RCCL", "trace_filter 2 ranks"])
@@ -412,6 +423,7 @@ def test_corpus_multi_rank_runs_agree_with_the_reference(tmp_path: Path, files: 
     assert _agrees_with_reference(db, paths) >= 2
 
 
+@pytest.mark.slow
 def test_the_perfetto_export_draws_the_path_and_its_jump(tmp_path: Path) -> None:
     """`export --perfetto --critical-path`: a 'critical path' track on each rank the path crosses (rank 2's
     gemm, 17 us, then rank 0's AllReduce transfer, 3 us: the hand-worked path above) and one arrow (a
@@ -440,6 +452,7 @@ def test_the_perfetto_export_draws_the_path_and_its_jump(tmp_path: Path) -> None
     assert flows == [(GEMM, ALL_REDUCE)]
 
 
+@pytest.mark.slow
 def test_the_html_page_renders_the_path_offline_in_headless_chromium(tmp_path: Path) -> None:
     from tests.test_html_report import CHROMIUM, chromium, pixel_variance, script_errors
 

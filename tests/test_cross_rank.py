@@ -96,6 +96,7 @@ def split_by_rank(db: Path) -> dict[int, dict]:
     return {r["rank"]: {k: r[k] for k in keys} for r in rows.iter_rows(named=True)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offset", [None, {1: 1 * MS}, {0: -3 * MS, 2: 250 * MS}], ids=["same clock", "rank 1 +1 ms",
                                                                                          "ranks 0 and 2 shifted"])
 def test_one_late_rank_splits_comm_into_wait_and_transfer_as_worked_by_hand(tmp_path: Path, offset) -> None:
@@ -107,6 +108,7 @@ def test_one_late_rank_splits_comm_into_wait_and_transfer_as_worked_by_hand(tmp_
     assert rows["arrived_last"].to_list() == [False, False, True]
 
 
+@pytest.mark.slow
 def test_collective_args_on_the_launching_record_param_comms_op_match_the_same(tmp_path: Path) -> None:
     """Most traces put the collective's arguments (Seq included) on the CPU op record_param_comms that
     launched the kernel, not on the kernel: the same run written that way gives the same answer."""
@@ -259,6 +261,7 @@ def test_a_group_whose_ranks_describe_it_differently_is_counted_once(tmp_path: P
     assert collectives_report(db, selection=EVERY_STEP).table.height == 1
 
 
+@pytest.mark.slow
 def test_ranks_that_cannot_be_the_group_are_not_matched(tmp_path: Path) -> None:
     """Never guessed: files without a rank; ranks outside the member list; ranks that disagree on the
     list; two groups of one name without member lists; a kernel of zero length."""
@@ -306,6 +309,7 @@ def test_a_rank_list_cut_short_names_no_members(tmp_path: Path) -> None:
     assert set(_reasons(db).values()) == {"no group size"}
 
 
+@pytest.mark.slow
 def test_cross_rank_tables_compare_ranks_over_the_steps_they_all_have(corpus_db: Path) -> None:
     """In the merged 4-rank file the last step was cut on ranks 1-3 only, so with --include-last step 11 is
     rank 0's alone: stragglers leave it out and say so, and the waiting caused equals the waiting done. By
@@ -394,6 +398,7 @@ def test_the_trace_filter_pair_says_why_nothing_matches(corpus_db: Path) -> None
             "group (AllGather, AllReduce, AllToAll); the run holds 2 of its 128 ranks") in notes
 
 
+@pytest.mark.slow
 def test_exposed_wait_and_transfer_sum_to_exposed_comm_on_every_corpus_trace(corpus_db: Path) -> None:
     with connect(corpus_db, read_only=True) as con:
         for whole in (False, True):
@@ -407,6 +412,7 @@ def test_exposed_wait_and_transfer_sum_to_exposed_comm_on_every_corpus_trace(cor
     assert wait.filter(pl.col("rank") != 3)["exposed_comm_wait_us"].min() > 5000  # ranks 0-2 wait for rank 3
 
 
+@pytest.mark.slow
 def test_reports_on_a_parquet_export_equal_the_warehouse(tmp_path: Path) -> None:
     db = ingest(tmp_path, late_rank_run())
     out = tmp_path / "pq"
@@ -463,6 +469,7 @@ def random_run(draw) -> dict[int, TraceBuilder]:
     return builders
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(run=random_run())
 def test_random_runs_agree_with_the_brute_force_matcher(tmp_path_factory: pytest.TempPathFactory, run) -> None:
@@ -497,6 +504,7 @@ def test_random_runs_agree_with_the_brute_force_matcher(tmp_path_factory: pytest
     assert have == want
 
 
+@pytest.mark.slow
 def test_reports_hold_duckdb_to_the_memory_limit_and_say_so_for_a_bad_one(tmp_path: Path, monkeypatch) -> None:
     db = ingest(tmp_path, late_rank_run())
     with connect(db, read_only=True) as con:

@@ -45,6 +45,7 @@ def row(table, section: str, name: str) -> dict:
     return found.row(0, named=True)
 
 
+@pytest.mark.slow
 def test_two_runs(db: Path) -> None:
     table = diff(db, "a", "b", skip_steps=0, include_last=True).table
     compute = row(table, "metric", "compute_us")
@@ -63,6 +64,7 @@ def test_two_runs(db: Path) -> None:
     assert row(table, "metric", "mfu")["a"] is None
 
 
+@pytest.mark.slow
 def test_two_step_ranges_and_two_ranks(db: Path) -> None:
     table = diff(db, "a,steps=1:1", "a,steps=2:2", include_last=True).table
     compute, exposed = row(table, "metric", "compute_us"), row(table, "metric", "exposed_comm_us")
@@ -72,6 +74,7 @@ def test_two_step_ranges_and_two_ranks(db: Path) -> None:
     assert (same["delta"].drop_nulls() == 0).all() and not same["beyond_spread"].any()
 
 
+@pytest.mark.slow
 def test_what_one_side_lacks_is_zero_there(db: Path, tmp_path: Path) -> None:
     t = TraceBuilder(rank=0)  # run c: one step with a GEMM only, no collective
     t.step(1, 0, 100 * US)
@@ -94,6 +97,7 @@ def test_sides_that_do_not_exist(db: Path) -> None:
     assert done.exit_code == 1 and done.stderr.startswith("error: side 'b,rank=x': rank=N takes a number")
 
 
+@pytest.mark.slow
 def test_cli_formats_and_html(db: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     csv = runner.invoke(app, ["diff", "a", "b", "--db", str(db), "--skip-steps", "0", "--include-last", "--format", "csv",
@@ -104,6 +108,7 @@ def test_cli_formats_and_html(db: Path, tmp_path: Path) -> None:
     assert "traceq diff" in page and "compute_us" in page and "Changes beyond the step-to-step spread" in page
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_html_diff_renders_offline_in_headless_chromium(db: Path, tmp_path: Path) -> None:
     page = tmp_path / "diff.html"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import blake3
 import duckdb
+import pytest
 
 from tests.tracegen import TraceBuilder
 from traceq.ingest import ingest_traces
@@ -50,6 +51,7 @@ def _to_old_layout(db: Path, paths: list[Path]) -> None:
         con.close()
 
 
+@pytest.mark.slow
 def test_a_warehouse_from_before_blake3_is_migrated_and_still_knows_its_files(tmp_path: Path) -> None:
     a, b = _trace(tmp_path, "rank0.json", 0), _trace(tmp_path, "rank1.json", 1)
     db = tmp_path / "w.duckdb"

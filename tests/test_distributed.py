@@ -45,6 +45,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return [*files, corpus_path("hta/trace_filter/sampled_rank-0.json.gz")]
 
 
+@pytest.mark.slow
 def test_cluster_ingest_reports_equal_a_local_ingest(client: Client, traces: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "pq"
     summary = ingest_with_dask(traces, out, client=client)
@@ -58,6 +59,7 @@ def test_cluster_ingest_reports_equal_a_local_ingest(client: Client, traces: lis
         assert compute_metric(out, "exposed_comm", by=by).equals(compute_metric(db, "exposed_comm", by=by))
 
 
+@pytest.mark.slow
 def test_cluster_ingest_again_skips_and_adds_new_files(client: Client, traces: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "pq"
     assert ingest_with_dask(traces[:3], out, client=client).ok
@@ -69,6 +71,7 @@ def test_cluster_ingest_again_skips_and_adds_new_files(client: Client, traces: l
     assert compute_metric(out, "exposed_comm", by=("run",))["ranks"].to_list() == [4, 1]
 
 
+@pytest.mark.slow
 def test_cluster_ingest_of_the_same_content_twice_keeps_one(client: Client, traces: list[Path], tmp_path: Path) -> None:
     copy = tmp_path / "other" / "rank0.json.gz"
     copy.parent.mkdir()
@@ -79,6 +82,7 @@ def test_cluster_ingest_of_the_same_content_twice_keeps_one(client: Client, trac
     assert not list(out.rglob("trace2_*.parquet"))
 
 
+@pytest.mark.slow
 def test_failed_file_leaves_no_partition(client: Client, traces: list[Path], tmp_path: Path) -> None:
     bad = tmp_path / "job" / "rank7.json.gz"
     bad.parent.mkdir()
@@ -107,6 +111,7 @@ def test_a_file_name_that_is_not_utf8_fails_alone_in_its_place(client: Client, t
     assert summary.files[1].path == str(good)
 
 
+@pytest.mark.slow
 def test_the_warehouse_loads_what_the_cluster_wrote(client: Client, traces: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "pq"
     assert ingest_with_dask(traces, out, client=client).ok
@@ -115,6 +120,7 @@ def test_the_warehouse_loads_what_the_cluster_wrote(client: Client, traces: list
     assert compute_metric(db, "exposed_comm", by=("run", "rank")).equals(compute_metric(out, "exposed_comm", by=("run", "rank")))
 
 
+@pytest.mark.slow
 def test_cli_ingest_cluster_with_a_scheduler_address(cluster: LocalCluster, traces: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "pq"
     result = CliRunner().invoke(app, ["ingest-cluster", *map(str, traces[:2]), "--parquet", str(out), "--scheduler", cluster.scheduler_address])
@@ -122,6 +128,7 @@ def test_cli_ingest_cluster_with_a_scheduler_address(cluster: LocalCluster, trac
     assert result.output.strip().endswith(f"2 ingested, 0 skipped, 0 failed -> {out}")
 
 
+@pytest.mark.slow
 def test_without_a_client_or_scheduler_a_local_cluster_ingests(traces: list[Path], tmp_path: Path) -> None:
     """The library builds the local cluster (the CLI only passes --processes): one worker process here."""
     summary = ingest_with_dask(traces[:2], tmp_path / "pq", processes=1)
@@ -129,6 +136,7 @@ def test_without_a_client_or_scheduler_a_local_cluster_ingests(traces: list[Path
     assert compute_metric(tmp_path / "pq", "comm", by="run,rank")["rank"].to_list() == [0, 1]
 
 
+@pytest.mark.slow
 def test_cluster_ingest_gives_rankless_files_ranks_of_their_own_and_refuses_a_rank_held(
     client: Client, tmp_path: Path
 ) -> None:
@@ -152,6 +160,7 @@ def test_cluster_ingest_gives_rankless_files_ranks_of_their_own_and_refuses_a_ra
     assert frame.select("run", "rank", "steps").rows() == [("job", 0, 1), ("job/a", -1, 1), ("job/b", -1, 1)]  # 2 steps less the open last
 
 
+@pytest.mark.slow
 def test_cross_rank_reports_on_a_cluster_ingest_equal_a_local_ingest(client: Client, tmp_path: Path) -> None:
     from tests.test_cross_rank import EVERY_STEP, late_rank_run, write_run
     from traceq.report.collectives import collectives_report, instances_report, stragglers_report
@@ -169,6 +178,7 @@ def test_cross_rank_reports_on_a_cluster_ingest_equal_a_local_ingest(client: Cli
     assert compute_metric(out, split, by="run,rank,step").equals(compute_metric(db, split, by="run,rank,step"))
 
 
+@pytest.mark.slow
 def test_a_real_scheduler_and_two_workers_with_one_killed_mid_run_equal_a_local_ingest(tmp_path: Path) -> None:
     """The distributed path as users run it: `dask scheduler` and two `dask worker` processes on loopback, 64
     rank files, one worker killed (SIGKILL) once the first files are written: Dask gives its tasks to the

@@ -100,6 +100,7 @@ def fuzz_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz") / "w.duckdb"
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=30)
 @given(trace=mutated_trace())
 def test_ingest_ingests_or_fails_cleanly(trace: tuple[bytes, bool], fuzz_db: Path) -> None:

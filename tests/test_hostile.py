@@ -183,6 +183,7 @@ def test_db_naming_a_file_that_is_not_a_warehouse_is_refused(
 # ------------------------------------------------------------------ 2. two exports, one directory
 
 
+@pytest.mark.slow
 def test_two_exports_to_one_directory_never_mix(tmp_path: Path, trace: Path) -> None:
     dbs = []
     for run in ("first", "second"):
@@ -220,6 +221,7 @@ def test_rules_file_with_a_bad_row_adds_nothing(db: Path, tmp_path: Path) -> Non
     no_loss(user_rules(db) == 0, "a rule of a refused file was stored")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text, needle", [
     (RULES_HEADER + f"{2**63},^a,comm,custom,\n", "out of range"),
     (RULES_HEADER.encode() + b"5,^\xff\xfe,comm,custom,\n", "not UTF-8"),
@@ -234,6 +236,7 @@ def test_bad_rules_files(text: str | bytes, needle: str, db: Path, tmp_path: Pat
     no_loss(user_rules(db) == 0, "a rule of a refused file was stored")
 
 
+@pytest.mark.slow
 def test_rules_add_killed_leaves_all_rules_or_none(db: Path, tmp_path: Path) -> None:
     n = 30_000
     rules = tmp_path / "many.csv"
@@ -273,6 +276,7 @@ def _whitespace_gzip(path: Path, head: bytes, tail: bytes, megabytes: int, fille
 EVENT = b'{"ph": "X", "cat": "cpu_op", "name": "op", "ts": 1, "dur": 1, "pid": 1, "tid": 1}'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head, tail, needle", [
     (b'{"traceEvents": [', b"]}", "whitespace"),
     (b'{"traceEvents": [' + EVENT + b",", EVENT + b"]}", "no event boundary"),
@@ -287,6 +291,7 @@ def test_gzip_of_whitespace_is_bounded(head: bytes, tail: bytes, needle: str, tm
     assert run.maxrss_mb < 4 * (MAX_SCAN_BYTES >> 20) + 300, run.maxrss_mb
 
 
+@pytest.mark.slow
 def test_one_endless_string_read_in_small_chunks_is_bounded(tmp_path: Path) -> None:
     """Found by the fuzz run: a 500 MB string (from a 0.5 MB gzip) read in 64-byte chunks used to read
     on 64 bytes at a time, copying its buffer each time (hours). Reads double now: linear."""
@@ -304,6 +309,7 @@ def test_one_endless_string_read_in_small_chunks_is_bounded(tmp_path: Path) -> N
     TALLY["one_line"] += 1
 
 
+@pytest.mark.slow
 def test_json_nested_a_thousand_deep(tmp_path: Path) -> None:
     nested = "1"
     for _ in range(1000):
@@ -321,6 +327,7 @@ def test_json_nested_a_thousand_deep(tmp_path: Path) -> None:
                            str(path), "nested too deeply")
 
 
+@pytest.mark.slow
 def test_a_40_mb_header_ingests_in_bounded_memory(tmp_path: Path) -> None:
     """A deviceProperties name of 40 MB (before the events, and after them): read, not a DuckDB
     out-of-memory traceback."""
@@ -354,6 +361,7 @@ def test_inputs_that_are_not_regular_files_are_refused(tmp_path: Path) -> None:
     no_loss(not (tmp_path / "w.duckdb").exists(), "a refused ingest made a warehouse")
 
 
+@pytest.mark.slow
 def test_odd_entries_of_a_directory_are_passed_over_with_a_note(tmp_path: Path, trace: Path) -> None:
     folder = tmp_path / "run1"
     folder.mkdir()
@@ -391,6 +399,7 @@ def _give_away(path: Path, mode: int) -> None:
     path.chmod(mode)
 
 
+@pytest.mark.slow
 def test_unreadable_inputs_say_so(closed_to_root: Path, trace: Path) -> None:
     closed = closed_to_root / "closed"  # another user's, no permission to list or enter
     closed.mkdir()
@@ -419,6 +428,7 @@ def test_unreadable_inputs_say_so(closed_to_root: Path, trace: Path) -> None:
 # ------------------------------------------------------------------ a damaged warehouse
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["report", "check", "runs", "export --parquet OUT", "ingest TRACE"])
 def test_warehouse_cut_in_half(command: str, warehouse: Path, trace: Path, tmp_path: Path) -> None:
     half = tmp_path / "half.duckdb"
@@ -445,6 +455,7 @@ def small_fs() -> Iterator[Path]:
     path.rmdir()
 
 
+@pytest.mark.slow
 def test_full_disk(small_fs: Path, tmp_path: Path) -> None:
     big = _corpus_trace()
     db = small_fs / "w.duckdb"
@@ -457,6 +468,7 @@ def test_full_disk(small_fs: Path, tmp_path: Path) -> None:
     no_loss(not out.exists(), "a failed export left its directory")
 
 
+@pytest.mark.slow
 def test_read_only_file_system(small_fs: Path, warehouse: Path, trace: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
     one_line_error(traceq("ingest", trace, "--db", small_fs / "w.duckdb"), "Read-only file system")
@@ -469,6 +481,7 @@ def _corpus_trace() -> Path:
     return corpus_path("hta/trace_diff/control/control.json.gz")
 
 
+@pytest.mark.slow
 def test_export_paths_that_cannot_be(tmp_path: Path, warehouse: Path) -> None:
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
@@ -487,6 +500,7 @@ def test_export_of_a_run_whose_name_no_folder_can_hold(db: Path, tmp_path: Path)
     no_loss(not out.exists(), "a failed export left its directory")
 
 
+@pytest.mark.slow
 def test_a_run_name_that_no_export_could_hold(tmp_path: Path, trace: Path) -> None:
     db = tmp_path / "w.duckdb"
     one_line_error(traceq("ingest", trace, "--db", db, "--name", "r" * 300), "--name", "too long")
@@ -501,6 +515,7 @@ def test_a_run_name_that_no_export_could_hold(tmp_path: Path, trace: Path) -> No
 # ------------------------------------------------------------------ smaller
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option, value, needle", [
     ("--tp", "99999999999999999999", "too large"),
     ("--flops-per-step", "nan", "finite"),
@@ -514,12 +529,14 @@ def test_runs_set_refuses_what_it_would_store_as_null(option: str, value: str, n
     no_loss(json.loads(traceq("runs", "--db", db, "--format", "json").out) == before, "runs set changed a value")
 
 
+@pytest.mark.slow
 def test_warmup_steps_can_be_reset_to_zero(db: Path) -> None:
     assert traceq("runs", "set", "trace", "--warmup-steps", "3", "--db", db).code == 0
     assert traceq("runs", "set", "trace", "--warmup-steps", "0", "--db", db).code == 0
     assert json.loads(traceq("runs", "--db", db, "--format", "json").out)[0]["warmup_steps"] == 0
 
 
+@pytest.mark.slow
 def test_rank_out_of_range(tmp_path: Path, trace: Path) -> None:
     one_line_error(traceq("ingest", trace, "--db", tmp_path / "w.duckdb", "--rank", "99999999999999999999"),
                    "--rank", "from 0 to")
@@ -545,6 +562,7 @@ def _kill_after(args: list[str], delay: float) -> None:
     TALLY["kept whole"] += 1
 
 
+@pytest.mark.slow
 def test_export_killed_leaves_no_half_export(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     assert traceq("ingest", _corpus_trace(), "--db", db, "-q").code == 0
@@ -560,6 +578,7 @@ def test_export_killed_leaves_no_half_export(tmp_path: Path) -> None:
         assert traceq("report", "--db", out, "--format", "csv").out == expected
 
 
+@pytest.mark.slow
 def test_import_parquet_killed_imports_all_or_nothing(tmp_path: Path) -> None:
     source = tmp_path / "src.duckdb"
     assert traceq("ingest", _corpus_trace(), "--db", source, "-q").code == 0
@@ -579,6 +598,7 @@ def test_import_parquet_killed_imports_all_or_nothing(tmp_path: Path) -> None:
             no_loss((kept, traces) in ((0, 0), (n, 1)), f"killed after {delay} s: {kept} of {n} rows, {traces} traces")
 
 
+@pytest.mark.slow
 def test_runs_set_killed_keeps_the_old_value_or_the_new(db: Path, tmp_path: Path) -> None:
     assert traceq("runs", "set", "trace", "--tp", "2", "--db", db).code == 0
     for delay in (0.1, 0.2, 0.3, 0.4, 0.5):
@@ -678,6 +698,7 @@ def _children_of_traceq(folder: Path) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(ROUND3))
 def test_round3_cases_end_in_one_line_and_leave_everything_as_it_was(tmp_path: Path, case: str) -> None:
     make, command, needle = ROUND3[case]

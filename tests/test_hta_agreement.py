@@ -54,6 +54,7 @@ def ingest(tmp_path: Path, paths: list[Path]) -> Path:
     return db
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relative", BRUTE_FORCE_CASES)
 def test_whole_trace_comm_and_exposed_comm_equal_brute_force(tmp_path: Path, relative: str) -> None:
     path = corpus_path(relative)
@@ -75,6 +76,7 @@ def hta_results() -> dict[str, dict[int, float]]:
     return {name: hta.run_hta_overlap([corpus_path(p) for p in rels]) for name, rels in HTA_CASES.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(HTA_CASES))
 def test_reimplemented_hta_rules_reproduce_hta_exactly(hta_results: dict, case: str) -> None:
     semantics = hta.hta_semantics_overlap([corpus_path(p) for p in HTA_CASES[case]])
@@ -88,6 +90,7 @@ def traceq_hta_like(tmp_path: Path, case: str) -> dict[int, float]:
     return {r: 100 * o / c for r, o, c in totals.iter_rows()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["nccl_data", "control", "sampled"])
 def test_traceq_reproduces_hta_selection_and_differs_only_by_hta_rounding(
     tmp_path: Path, hta_results: dict, case: str

@@ -104,6 +104,7 @@ def pixel_variance(path: Path) -> float:
     return sum((v - mean) ** 2 for v in grey[:: 7]) / len(grey[:: 7])
 
 
+@pytest.mark.slow
 def test_png_reader_and_error_detection_work_on_known_pages(tmp_path: Path) -> None:
     """The checks below would catch a blank page and a script error (so they are worth their names)."""
     if CHROMIUM is None:
@@ -118,6 +119,7 @@ def test_png_reader_and_error_detection_work_on_known_pages(tmp_path: Path) -> N
     assert any("notDefinedAnywhere" in line for line in script_errors(log))
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_html_report_renders_offline_in_headless_chromium(report_db: Path, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
@@ -157,11 +159,13 @@ def test_report_without_power_says_unavailable(tmp_path: Path) -> None:
     assert 'id="power"' not in text and "scaling curves need runs at two or more world sizes" in text
 
 
+@pytest.mark.slow
 def test_html_report_errors_name_the_fix(tmp_path: Path, report_db: Path) -> None:
     result = CliRunner().invoke(app, ["report", "--db", str(report_db), "--html", str(tmp_path / "no" / "dir" / "r.html")])
     assert result.exit_code == 1 and "r.html: cannot write there (No such file or directory)" in result.stderr
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_html_report_shows_waiting_and_bus_bandwidth_across_ranks(tmp_path: Path) -> None:
     """Three ranks, one AllReduce that rank 2 arrives last at (tests/test_cross_rank.py, worked by hand):
@@ -184,6 +188,7 @@ def test_html_report_shows_waiting_and_bus_bandwidth_across_ranks(tmp_path: Path
     assert re.search(r'"z":\[\[7\.0\],\[4\.0\],\[0\.0\]\]', text), "waits per rank 0, 1, 2 in step 1: 7, 4, 0 us"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [
     ["report", "--metric", "idle"], ["critical-path", "--include-last"], ["scaling"],
 ], ids=lambda c: c[0])

@@ -55,6 +55,7 @@ def _no_launch_trace(tmp_path: Path, launches: bool) -> Path:
     return t.write(tmp_path / ("launched" if launches else "bare") / "rank0.json")
 
 
+@pytest.mark.slow
 def test_idle_without_launch_events_is_unknown_in_report_summary_and_path(tmp_path: Path) -> None:
     """No runtime event at all: the 40 us of idle are unknown, none host-bound, sync or other; the summary's
     idle is the same 40 us and the critical path calls it idle unknown. The same kernels with their
@@ -175,6 +176,7 @@ def reference(con, selection: StepSelection) -> dict[tuple, tuple[int, int, int]
     return result
 
 
+@pytest.mark.slow
 def test_idle_parts_on_every_corpus_trace_agree_with_a_plain_sweep(corpus_db: Path) -> None:
     with connect(corpus_db, read_only=True) as con:
         params = query_params(ALL)
@@ -192,6 +194,7 @@ def test_idle_parts_on_every_corpus_trace_agree_with_a_plain_sweep(corpus_db: Pa
     assert all(any(parts[i] > 0 for parts in mine.values()) for i in range(4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", ["idle_sync", "idle_host_bound", "idle_other", "idle_unknown"])
 def test_idle_parts_have_whole_trace_values(metric: str, corpus_db: Path) -> None:
     table = compute_metric(corpus_db, f"idle,{metric}", by="run", whole_trace=True)
@@ -200,6 +203,7 @@ def test_idle_parts_have_whole_trace_values(metric: str, corpus_db: Path) -> Non
     assert (measured[f"{metric}_us"] <= measured["idle_us"] + 1e-6).all()
 
 
+@pytest.mark.slow
 def test_idle_is_the_sum_of_its_parts_in_every_corpus_window(corpus_db: Path) -> None:
     """idle_sync + idle_host_bound + idle_other + idle_unknown = idle, to the ns, in every window of every
     corpus trace (the selected steps' windows and the whole-trace ones)."""
@@ -228,6 +232,7 @@ def run_hta_idle(trace: Path) -> dict[tuple[int, str], float]:
 HTA_DELAY_US = 30  # HTA's consecutive_kernel_delay, in the trace's unit (us)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["hta/nccl_parser_config/nccl_data.json.gz", "tracelens/mi300/resnet_act_checkpoint.json.gz"])
 def test_idle_against_hta(name: str, tmp_path: Path) -> None:
     """HTA splits the gaps of each stream; traceq splits the idle time of the device (no stream busy).

@@ -98,6 +98,7 @@ def _assert_rerun_completes(trace: Path, n_events: int, db: Path, before: dict[s
     assert after["gpu_events"] == before["gpu_events"] + gpu_rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_interrupted_ingest_leaves_nothing_and_rerun_completes(
     sig: signal.Signals, long_trace: tuple[Path, int], db: Path
@@ -168,6 +169,7 @@ def test_scratch_goes_as_soon_as_its_owner_dies_whatever_its_age(tmp_path: Path)
         owner.wait()
 
 
+@pytest.mark.slow
 def test_a_scratch_directory_being_made_is_never_taken_for_a_dead_ones(tmp_path: Path) -> None:
     """Other traceq commands clear stale scratch as they start, while this one makes its own: its
     owner lock is locked before it has its name, so no remover sees it unlocked (found by review:
@@ -191,6 +193,7 @@ def test_a_scratch_directory_being_made_is_never_taken_for_a_dead_ones(tmp_path:
     assert lost == 0
 
 
+@pytest.mark.slow
 def test_an_interrupted_parse_stops_the_ingest_and_never_changes_its_path(long_trace: tuple[Path, int], tmp_path: Path) -> None:
     """DuckDB's InterruptException is a duckdb.Error, which elsewhere means "decode this file another
     way" (NotNative): an interrupted parse must stay an interruption, or Ctrl-C would restart the
@@ -229,6 +232,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_query_ends_the_command_quietly_with_130(db: Path) -> None:
     """SIGINT while DuckDB runs a statement ends it with DuckDB's RuntimeError("Query interrupted"),
     not KeyboardInterrupt: in `sql`, `report`, `kernels` it came out as a 40-line traceback, exit 1.

@@ -93,6 +93,7 @@ PROPERTY = settings(max_examples=300, deadline=None)
 # --- property tests against the reference
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(interval_sets())
 def test_union_equals_maximal_runs_of_covered_points(a):
@@ -109,6 +110,7 @@ def test_union_equals_maximal_runs_of_covered_points(a):
     assert pairs(shifted) == [(s + shift, e + shift) for s, e in expected]
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(interval_sets(), interval_sets())
 def test_intersection_equals_points_covered_by_both(a, b):
@@ -119,6 +121,7 @@ def test_intersection_equals_points_covered_by_both(a, b):
     assert_int64_pair(got)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(interval_sets(), interval_sets())
 def test_difference_equals_points_covered_by_a_not_b(a, b):
@@ -129,6 +132,7 @@ def test_difference_equals_points_covered_by_a_not_b(a, b):
     assert_int64_pair(got)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(interval_sets())
 def test_total_length_counts_covered_points(a):
@@ -137,6 +141,7 @@ def test_total_length_counts_covered_points(a):
     assert length == sum(covered(*a))
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(interval_sets(), interval_sets())
 def test_overlap_split_counts_covered_points(comm, compute):
@@ -151,6 +156,7 @@ def test_overlap_split_counts_covered_points(comm, compute):
         assert split.overlap_ratio == split.overlapped_comm_ns / split.comm_ns
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(interval_sets(), interval_sets(), interval_sets())
 def test_breakdown_counts_covered_points(comm, compute, memcpy):
@@ -174,6 +180,7 @@ def test_breakdown_counts_covered_points(comm, compute, memcpy):
     assert all(type(v) is int for v in got.as_dict().values())
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(interval_sets(), interval_sets(), interval_sets(), st.integers(0, 50), st.integers(0, 50))
 def test_breakdown_identity_sums_to_window(comm, compute, memcpy, before, after):
@@ -378,6 +385,7 @@ def test_breakdown_clips_intervals_to_the_window():
     assert (got.comm_ns, got.compute_ns, got.exposed_memcpy_ns, got.idle_ns) == (0, 20, 20, 160)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(interval_sets(), interval_sets(), interval_sets(), st.integers(0, LIMIT), st.integers(0, LIMIT))
 def test_breakdown_identity_holds_in_any_window(comm, compute, memcpy, a, b):

@@ -43,6 +43,7 @@ def _hta_trace_frame(path: Path):
     return frame, symbols, pctg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relative", HTA_CASES)
 def test_hta_dataframe_through_the_interval_api_gives_htas_overlap(relative: str) -> None:
     """HTA's kernels (its step filter, already applied to the DataFrame it loaded), its name rules and its
@@ -63,6 +64,7 @@ def test_hta_dataframe_through_the_interval_api_gives_htas_overlap(relative: str
 _COMM = re.compile(r"^nccl|rccl|dpsk::ep::(internode|intranode)::|multimem_all_reduce")  # the corpus README's comm kernels
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relative", ["hta/nccl_parser_config/nccl_data.json.gz", "deepseek_profile_data/train.json"])
 def test_kineto_event_list_through_the_interval_api_gives_traceqs_whole_trace(relative: str, tmp_path: Path) -> None:
     """The trace's own JSON events, as Kineto wrote them: exact ns from the text, kernels by category,

@@ -60,6 +60,7 @@ def test_faults_by_hand(doc: bytes, fault: Fault) -> None:
     assert _msgspec_decodes(doc) is (fault.kind == "valid")
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.lists(values, max_size=6))
 def test_every_cut_of_a_valid_array_is_truncated_and_more_after_it_trails(items: list) -> None:
@@ -70,6 +71,7 @@ def test_every_cut_of_a_valid_array_is_truncated_and_more_after_it_trails(items:
     assert fault_of(doc + b', "x": 1}') == Fault("trailing", len(doc))
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.lists(values, min_size=1, max_size=6), st.data())
 def test_a_mutated_document_is_valid_exactly_when_msgspec_decodes_it(items: list, data: st.DataObject) -> None:

@@ -47,12 +47,14 @@ def top_kernels(path: Path) -> list[str]:
     return [name for name, _ in ranked[: min(max(k, min(15, len(ranked))), 40)]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", corpus_files(), ids=lambda p: str(p.relative_to(CORPUS)))
 def test_the_labelled_list_covers_the_top_kernels_of_every_corpus_trace(path: Path) -> None:
     missing = [name for name in top_kernels(path) if name not in labels()]
     assert not missing, f"label these in {LABELS_CSV.name} (by reading the names): {missing}"
 
 
+@pytest.mark.slow
 def test_every_labelled_kernel_gets_its_class_and_category(corpus_db: Path) -> None:
     """Each kernel of a labelled name gets the label of its context: its name's, or, launched inside an
     optimizer step, that context's (optimizer; a comm kernel stays comm). Names the corpus lacks (MTIA

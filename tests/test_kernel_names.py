@@ -124,6 +124,7 @@ def test_colliding_short_names_get_the_shortest_distinguishing_suffix() -> None:
     assert short_names(["void k<int*>(int)", "void k<int>(int)"]) == ["k", "k #2"]
 
 
+@pytest.mark.slow
 def test_the_top_kernels_of_every_corpus_run_have_short_unique_names(corpus_db: Path) -> None:
     table = kernel_report(corpus_db, top=20, selection=ALL).table
     assert table["run"].n_unique() > 20
@@ -134,6 +135,7 @@ def test_the_top_kernels_of_every_corpus_run_have_short_unique_names(corpus_db: 
         assert max(len(s) for s in short) <= WIDTH, (run, short)
 
 
+@pytest.mark.slow
 def test_kernels_top_20_fits_a_line_a_row_at_120_columns_on_every_corpus_run(corpus_db: Path) -> None:
     runs = kernel_report(corpus_db, top=1, selection=ALL).table["run"].to_list()
     runner = CliRunner()
@@ -151,6 +153,7 @@ def test_kernels_top_20_fits_a_line_a_row_at_120_columns_on_every_corpus_run(cor
         assert [line.split("│")[at].strip() for line in lines[2:]] == short_names(rows["name"].to_list())
 
 
+@pytest.mark.slow
 def test_csv_json_and_full_names_keep_the_whole_name(corpus_db: Path) -> None:
     run = "h100/Qwen_Qwen1.5-0.5B-Chat__1016005"
     whole = kernel_report(corpus_db, top=10, runs=[run]).table["name"].to_list()

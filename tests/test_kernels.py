@@ -40,6 +40,7 @@ def db(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_kernels_by_hand(db: Path) -> None:
     table = kernel_report(db, selection=ALL).table
     # 120 us of kernels in all (the 20 us beside the GEMM count too)
@@ -70,6 +71,7 @@ def test_bad_arguments(db: Path) -> None:
     assert done.exit_code == 1 and done.stderr.startswith("error: --top 0: must be 1 or more")
 
 
+@pytest.mark.slow
 def test_kernels_on_a_corpus_trace_against_a_plain_count(tmp_path: Path) -> None:
     path = corpus_path("hta/nccl_parser_config/nccl_data.json.gz")
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]

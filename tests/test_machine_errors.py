@@ -42,6 +42,7 @@ def _counts(db: Path) -> tuple[int, int, int]:
                            "(select count(*) from steps)").fetchone()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parser", ["native", "decode"])
 @pytest.mark.parametrize("files", [1, 3], ids=["one file", "a group of three"])
 @pytest.mark.parametrize("kind", list(ERRORS))
@@ -91,6 +92,7 @@ def test_duckdb_refusing_the_decoders_rows_fails_the_file_and_reads_it_no_third_
     assert _counts(tmp_path / "w.duckdb") == (0, 0, 0)
 
 
+@pytest.mark.slow
 def test_a_group_that_ran_out_of_memory_is_written_file_by_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The group's one write ran out of memory; each file alone fits: all are in, as an ingest without
     the error stores them, and none by the decoder."""
@@ -113,6 +115,7 @@ def test_a_group_that_ran_out_of_memory_is_written_file_by_file(tmp_path: Path, 
     assert expected.ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("files", [1, 3], ids=["one file", "three files"])
 @pytest.mark.parametrize("large", [False, True], ids=["small files, parsed together", "read batch by batch"])
 def test_the_machines_error_while_parsing_fails_each_file_in_one_line(

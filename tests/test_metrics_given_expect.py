@@ -97,6 +97,7 @@ def test_kernels_belong_to_the_step_that_launched_them(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_step_selection_and_whole_trace_window(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     ingest_traces([two_step_trace().write(tmp_path / "job" / "rank0.json")], db, threads=1)
@@ -147,6 +148,7 @@ def test_rank_from_file_name_and_unknown(tmp_path: Path) -> None:
     assert got == [(7, "file name"), (-1, "unknown")]  # a rank of its own: -1, the first free one
 
 
+@pytest.mark.slow
 def test_user_rules_reclassify_existing_data(tmp_path: Path) -> None:
     t = TraceBuilder(rank=0)
     t.step(1, 0, 100_000)
@@ -200,6 +202,7 @@ def test_cpu_gloo_communication_is_measured_on_cpu_only_traces(tmp_path: Path) -
     assert (row["window_ns"], row["idle_ns"]) == (100_000, 41_000)
 
 
+@pytest.mark.slow
 def test_gpu_and_cpu_only_traces_in_one_warehouse_each_get_their_own_rows(tmp_path: Path) -> None:
     """A warehouse with GPU traces only has no CPU-side rows (that sweep is skipped); one with a
     CPU-only trace beside them has both, with the values of each trace alone (one_step_trace and

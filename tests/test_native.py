@@ -45,6 +45,7 @@ def _both(paths: list[Path], tmp_path: Path) -> tuple[Path, Path, dict[str, str]
     return native, decoded, {f.path: f.message for f in summary.files}
 
 
+@pytest.mark.slow
 def test_native_rows_equal_decode_rows_on_the_corpus(tmp_path: Path) -> None:
     if not CORPUS.is_dir():
         skip_or_fail(f"corpus not found at {CORPUS} (needs ../shared/corpus beside the repository)")
@@ -97,6 +98,7 @@ def _odd_trace() -> dict:
     return b.document()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device_properties", [True, False])
 def test_native_rows_equal_decode_rows_on_odd_values(tmp_path: Path, device_properties: bool) -> None:
     doc = _odd_trace()
@@ -109,6 +111,7 @@ def test_native_rows_equal_decode_rows_on_odd_values(tmp_path: Path, device_prop
         assert _rows(native, query) == _rows(decoded, query), table
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("label", "event"),
     [
@@ -193,6 +196,7 @@ def _many_kernels(n: int) -> TraceBuilder:
     return b
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["object", "bare array", "byte order mark", "gzip", "gzip, bare array"])
 def test_file_ranges_hold_the_events_of_the_file(tmp_path: Path, layout: str) -> None:
     """Uncompressed files are cut by reading only around each cut, compressed ones into pieces of
@@ -233,6 +237,7 @@ def test_file_ranges_hold_the_events_of_the_file(tmp_path: Path, layout: str) ->
     assert header.fields == expected
 
 
+@pytest.mark.slow
 def test_external_id_in_both_spellings_goes_to_decode(tmp_path: Path) -> None:
     """2021 traces spell it "External id" on CPU ops and "external id" on kernels; one struct type
     cannot hold both, so such a file is read by traceq.ingest.decode (here the lower case comes last)."""
@@ -247,6 +252,7 @@ def test_external_id_in_both_spellings_goes_to_decode(tmp_path: Path) -> None:
         assert _rows(native, query) == _rows(decoded, query), table
 
 
+@pytest.mark.slow
 def test_batch_parsed_ahead_before_the_policy_switched_is_written_as_parsed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -292,6 +298,7 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_written_as_parsed(
         assert _rows(native_db, query) == _rows(decoded_db, query), table
 
 
+@pytest.mark.slow
 def test_a_file_read_in_one_batch_or_in_growing_batches_gives_the_decoders_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -320,6 +327,7 @@ def test_a_file_read_in_one_batch_or_in_growing_batches_gives_the_decoders_rows(
         assert _rows(tmp_path / "chunks.duckdb", query) == _rows(decoded_db, query), table
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("odd", [False, True])
 def test_the_fast_path_imports_neither_numpy_nor_pyarrow(tmp_path: Path, odd: bool) -> None:
     import subprocess
@@ -344,6 +352,7 @@ def test_the_fast_path_imports_neither_numpy_nor_pyarrow(tmp_path: Path, odd: bo
     assert "leaked" not in run.stderr, run.stderr[:500]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("leading_devices", [False, True], ids=["devices_after", "devices_first"])
 def test_a_cpu_operator_without_a_name_is_left_out_as_the_decoder_leaves_it_out(tmp_path: Path, leading_devices: bool) -> None:
     """A ``cpu_op`` with no name on a trace with GPU activity is an operator no metric reads: not
@@ -365,6 +374,7 @@ def test_a_cpu_operator_without_a_name_is_left_out_as_the_decoder_leaves_it_out(
     assert _rows(native, "select n_host_events from traces") == [(2,)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["kernel first", "bad ts first"])
 def test_an_epoch_time_with_a_fraction_is_exact_beside_a_time_that_is_no_number(tmp_path: Path, order: str) -> None:
     """float64 cannot hold epoch microseconds to the ns: such a chunk is decoded again with exact

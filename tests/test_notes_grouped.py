@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from traceq.cli import app
@@ -27,6 +28,7 @@ def test_a_kind_is_one_line_at_its_first_place_and_a_lone_note_stays_whole() -> 
     assert str(notes[1]) == f"run r0 (step 0): {LAST}" and notes[1] == f"run r0 (step 0): {LAST}"  # a note is its text
 
 
+@pytest.mark.slow
 def test_the_corpus_summary_prints_at_most_12_note_lines_and_json_every_note(corpus_db: Path) -> None:
     """The whole corpus: 30 runs, most with a note of each of several kinds (the last step left out, no step
     marker, no power log, FLOPs unknown, ...): 109 notes, shown as at most 12 lines, each kind once."""

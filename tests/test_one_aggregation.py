@@ -112,6 +112,7 @@ def assert_agree(report: pl.DataFrame, table: pl.DataFrame, keys: list[str]) -> 
 # --- every corpus run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("selection", [StepSelection(), EVERY], ids=["default", "every-step"])
 @pytest.mark.parametrize("by", ["run", "run,rank"])
 def test_summary_and_report_agree_on_every_corpus_run(corpus_db: Path, by: str, selection: StepSelection) -> None:
@@ -143,6 +144,7 @@ def row_means(rows: pl.DataFrame, columns: list[str], by: list[str]) -> pl.DataF
     return runs.group_by(by).agg(pl.col(columns).mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("by", ["run,rank", "run", "world_size", "gpu_model"])
 @pytest.mark.parametrize("metric", sorted(RATE_WEIGHTS))
 def test_every_rate_times_its_denominator_is_its_numerator_on_every_corpus_row(

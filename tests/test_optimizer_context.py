@@ -14,8 +14,10 @@ import pytest
 from tests import optimizer_reference
 from tests.conftest import corpus_path
 from tests.tracegen import TraceBuilder
+from traceq import query
 from traceq.ingest import ingest_traces
-from traceq.report.selection import relation
+from traceq.report.adhoc import warehouse_sql
+from traceq.report.selection import query_params, relation
 from traceq.store.warehouse import connect
 
 MS = 1_000_000
@@ -52,11 +54,8 @@ def categories(db: Path) -> list[tuple[str, str, str]]:
         return con.sql("select name, class, category from gpu_classified order by start_ns").fetchall()
 
 
-def test_a_kernel_launched_inside_an_optimizer_step_is_optimizer_whatever_its_name(tmp_path: Path) -> None:
-    # Optimizer.step#AdamW.step on thread 1 over [10, 20] ms. Launches: the foreach lerp at 12 ms (inside),
-    # the same kernel at 25 ms (after), at 14 ms on thread 2 (another thread), an NCCL all-reduce at 15 ms
-    # and a memcpy at 16 ms (inside: class and category kept), a kernel with no launch running at 17 ms
-    # (keeps its name's category), a launch exactly at the span's end, 20 ms (outside: [start, end)).
+def optimizer_step_db(tmp_path: Path) -> Path:
+    """A warehouse of one hand-made trace with an optimizer step (see the test below)."""
     t = TraceBuilder(rank=0)
     t.step(1, 0, 40 * MS)
     t.events.append(t._span("user_annotation", "Optimizer.step#AdamW.step", 10 * MS, 20 * MS, None))
@@ -74,6 +73,15 @@ def test_a_kernel_launched_inside_an_optimizer_step_is_optimizer_whatever_its_na
     t.kernel("void at::native::reduce_kernel<512, 1>", 28 * MS, 29 * MS, launch_ns=20 * MS)
     db = tmp_path / "w.duckdb"
     assert ingest_traces([t.write(tmp_path / "job" / "rank0.trace.json")], db, threads=1).ok
+    return db
+
+
+def test_a_kernel_launched_inside_an_optimizer_step_is_optimizer_whatever_its_name(tmp_path: Path) -> None:
+    # Optimizer.step#AdamW.step on thread 1 over [10, 20] ms. Launches: the foreach lerp at 12 ms (inside),
+    # the same kernel at 25 ms (after), at 14 ms on thread 2 (another thread), an NCCL all-reduce at 15 ms
+    # and a memcpy at 16 ms (inside: class and category kept), a kernel with no launch running at 17 ms
+    # (keeps its name's category), a launch exactly at the span's end, 20 ms (outside: [start, end)).
+    db = optimizer_step_db(tmp_path)
     assert [(c, cat) for _, c, cat in categories(db)] == [
         ("compute", "elementwise"),  # no launch, at 17 ms
         ("compute", "optimizer"),  # launched at 12 ms inside the span
@@ -85,6 +93,44 @@ def test_a_kernel_launched_inside_an_optimizer_step_is_optimizer_whatever_its_na
     ]
 
 
+def _state(con) -> tuple[list, list, list]:
+    """What a connection holds: its tables (temporary ones included), views and macros of its own."""
+    return (con.sql("select database_name, schema_name, table_name from duckdb_tables() order by all").fetchall(),
+            con.sql("select database_name, schema_name, view_name from duckdb_views() where not internal "
+                    "order by all").fetchall(),
+            con.sql("select schema_name, function_name from duckdb_functions() where not internal "
+                    "order by all").fetchall())
+
+
+@pytest.mark.slow
+def test_relation_leaves_a_users_connection_as_it_was(tmp_path: Path) -> None:
+    # traceq.relation on a user's connection gives the rows a report's own connection reads (which keeps the
+    # kernel classes and optimizer launches in temporary tables), and leaves no table, view or macro behind
+    db = optimizer_step_db(tmp_path)
+    with connect(db, read_only=True) as own:
+        want = {name: sorted(query.run(own, name, query_params()).fetchall(), key=repr)
+                for name in ("gpu_classified", "gpu_activity", "device_windows")}
+        assert "traceq_kernel_classes" in {t for _, _, t in _state(own)[0]}  # the reports' path, for contrast
+    with connect(db, read_only=True) as con:
+        before = _state(con)
+        for name, rows in want.items():
+            assert sorted(relation(con, name).fetchall(), key=repr) == rows, name
+        gpu_classified = relation(con, "gpu_classified")  # noqa: F841 (the SQL reads it by name)
+        by_category = [("elementwise", 3), ("memcpy", 1), ("nccl", 1), ("optimizer", 1), ("reduction", 1)]
+        assert con.sql("select category, count(*) from gpu_classified group by all order by all").fetchall() == by_category
+        assert _state(con) == before
+        # traceq sql's function on the same connection: its relations as temporary tables, but not on this one
+        query_text = "select category, count(*) as n from gpu_classified group by all order by all"
+        assert warehouse_sql(query_text, con).table.rows() == by_category
+        assert _state(con) == before
+    empty = tmp_path / "empty.duckdb"
+    with connect(empty) as con:  # no trace: no kernel name, no launch (an empty typed list)
+        before = _state(con)
+        assert relation(con, "gpu_activity").fetchall() == []
+        assert _state(con) == before
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("relative", WITH_OPTIMIZER_STEPS)
 def test_the_optimizer_category_holds_what_optimizer_steps_launched(corpus_db: Path, relative: str) -> None:
     path = corpus_path(relative)
@@ -101,6 +147,7 @@ def test_the_optimizer_category_holds_what_optimizer_steps_launched(corpus_db: P
     assert total_ns == pytest.approx(float(sum(Decimal(e["dur"]) * 1000 for e in want)), abs=len(want))
 
 
+@pytest.mark.slow
 def test_h200_ddp_spends_a_ninth_of_its_kernel_time_in_the_adamw_step(corpus_db: Path) -> None:
     # foreach AdamW (multi_tensor_apply lerp/mul/addcmul/sqrt/div/add/addcdiv): no optimizer row by names alone
     path = corpus_path("traceq_h200/h200-ddp/rank0.trace.json.gz")

@@ -7,10 +7,13 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.test_metrics_given_expect import one_step_trace
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_runs_ingest(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     built = subprocess.run(

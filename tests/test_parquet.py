@@ -60,6 +60,7 @@ def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.sort([c for c in KEYS if c in frame.columns], nulls_last=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("whole_trace", [False, True], ids=["steps", "trace"])
 def test_step_metrics_from_parquet_equal_the_warehouse(warehouse: Path, exported: Path, whole_trace: bool) -> None:
     with connect(warehouse, read_only=True) as db, connect(exported, read_only=True) as pq:
@@ -69,6 +70,7 @@ def test_step_metrics_from_parquet_equal_the_warehouse(warehouse: Path, exported
     assert got.equals(expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("by", [("run",), ("run", "rank"), ("run", "rank", "step")])
 def test_reports_from_parquet_equal_the_warehouse(warehouse: Path, exported: Path, by: tuple[str, ...]) -> None:
     for metric in ("exposed_comm", "overlap_ratio", "idle"):
@@ -76,6 +78,7 @@ def test_reports_from_parquet_equal_the_warehouse(warehouse: Path, exported: Pat
         assert compute_metric(exported, metric, by=by, selection=StepSelection(skip_steps=0)).equals(expected)
 
 
+@pytest.mark.slow
 def test_large_tables_are_read_as_views_with_the_same_result(warehouse: Path, exported: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(export, "IN_MEMORY_ROWS", 200)  # events become views over the files; steps stay tables
     with connect(exported, read_only=True) as pq:
@@ -145,6 +148,7 @@ def test_import_parquet_round_trips_and_skips_what_is_there(warehouse: Path, exp
         assert compute_metric(db, "exposed_comm", by=by).equals(compute_metric(warehouse, "exposed_comm", by=by))
 
 
+@pytest.mark.slow
 def test_cli_export_then_report_on_the_directory(warehouse: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "pq"

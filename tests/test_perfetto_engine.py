@@ -97,6 +97,7 @@ def test_patterns_are_translated_for_perfettos_regular_expressions() -> None:
     assert first_group_only(r"^\(x\)[(]a(?:b)(\d+)(c)") == r"^\(x\)[(]a(?:b)(\d+)(?:c)"
 
 
+@pytest.mark.slow
 def test_step_markers_with_case_and_groups_number_steps_as_at_ingest(tmp_path: Path, binary: Path) -> None:
     t = lagging_trace()
     for e in t.events:
@@ -116,6 +117,7 @@ def test_step_markers_with_case_and_groups_number_steps_as_at_ingest(tmp_path: P
 # hand-made traces
 
 
+@pytest.mark.slow
 def test_a_gpu_that_lags_its_cpu_gets_the_hand_computed_windows(tmp_path: Path, binary: Path) -> None:
     path = lagging_trace().write(tmp_path / "job" / "rank0.json")
     result = analyse_trace(path, "job", 0, binary)
@@ -131,6 +133,7 @@ def test_a_gpu_that_lags_its_cpu_gets_the_hand_computed_windows(tmp_path: Path, 
     assert result.notes == []
 
 
+@pytest.mark.slow
 def test_kernels_that_overlap_on_one_stream_are_all_counted(tmp_path: Path, binary: Path) -> None:
     """Perfetto's JSON importer cannot nest a slice that partly overlaps another on its track; it moves it
     to an overflow track. Compute A [0,50) and B [30,80) on one stream, comm C [60,100) on another:
@@ -150,6 +153,7 @@ def test_kernels_that_overlap_on_one_stream_are_all_counted(tmp_path: Path, bina
     assert any("1 slice(s) overlap others on their track" in n and "nothing lost" in n for n in result.notes), result.notes
 
 
+@pytest.mark.slow
 def test_a_step_that_launched_nothing_keeps_its_row_as_on_duckdb(tmp_path: Path, binary: Path) -> None:
     """Steps 1 [0,100), 2 [100,400) (launches nothing), 3 [400,500) us: step_time 100, 300, 100 us, a mean of
     166.667 us; step 2 has no device window, so its interval metrics are empty, not 0."""
@@ -169,6 +173,7 @@ def test_a_step_that_launched_nothing_keeps_its_row_as_on_duckdb(tmp_path: Path,
             metric_report(db, "compute,step_time", by=by, selection=EVERY_STEP).table), by
 
 
+@pytest.mark.slow
 def test_events_perfetto_reads_and_traceq_does_not_are_reported(tmp_path: Path, binary: Path) -> None:
     """Times written as strings: Perfetto reads them, traceq drops the event (DESIGN §8: not guessed at);
     a negative duration: both drop it, and Perfetto counts it in its stats."""
@@ -239,6 +244,7 @@ def _float_bound(case: dict) -> int | None:
     return None if note is None else int(note.split("off by up to ")[1].split(" ns")[0])
 
 
+@pytest.mark.slow
 def test_interval_metrics_equal_the_duckdb_engine_to_the_ns_per_step_and_whole_trace(both_engines: list[dict]) -> None:
     cols = [*KEYS, *NS_COLUMNS, "window_start_ns"]
     exact = 0
@@ -257,6 +263,7 @@ def test_interval_metrics_equal_the_duckdb_engine_to_the_ns_per_step_and_whole_t
     assert exact >= 18  # every trace but those whose times carry more digits than a double
 
 
+@pytest.mark.slow
 def test_the_float_note_appears_exactly_where_the_engines_times_differ(both_engines: list[dict]) -> None:
     noted = {Path(c["path"]).name for c in both_engines if _float_bound(c) is not None}
     assert {"nccl_data.json.gz", "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"} <= noted
@@ -268,6 +275,7 @@ def test_the_float_note_appears_exactly_where_the_engines_times_differ(both_engi
     assert time_error_ns(4_458_676_423_385_774) == 2
 
 
+@pytest.mark.slow
 def test_steps_equal_the_duckdb_engine(both_engines: list[dict]) -> None:
     for case in both_engines:
         mine = case["perfetto"].steps.sort("rank", "step")
@@ -279,6 +287,7 @@ def test_steps_equal_the_duckdb_engine(both_engines: list[dict]) -> None:
             assert (mine[col] - theirs[col]).abs().max() <= bound, (case["path"], col)
 
 
+@pytest.mark.slow
 def test_classification_collective_types_and_step_attribution_equal_the_duckdb_engine(both_engines: list[dict]) -> None:
     for case in both_engines:
         theirs = case["classes"]
@@ -287,6 +296,7 @@ def test_classification_collective_types_and_step_attribution_equal_the_duckdb_e
         assert mine.sort(keys).equals(theirs.sort(keys)), case["path"]
 
 
+@pytest.mark.slow
 def test_perfetto_slice_counts_equal_the_traces_event_counts(both_engines: list[dict]) -> None:
     kinds = {"kernel": 1, "memcpy": 2, "memset": 3}
     for case in both_engines:
@@ -299,6 +309,7 @@ def test_perfetto_slice_counts_equal_the_traces_event_counts(both_engines: list[
 # the report and the sql command
 
 
+@pytest.mark.slow
 def test_the_report_equals_the_duckdb_engines_report(tmp_path: Path, binary: Path) -> None:
     files = [corpus_path("amd_hpctraining/fused_traces/merged_all_events.json.gz"),
              corpus_path("tracelens/mi300/resnet_act_checkpoint.json.gz")]
@@ -317,6 +328,7 @@ def test_the_report_equals_the_duckdb_engines_report(tmp_path: Path, binary: Pat
     assert whole.table.equals(metric_report(db, "comm", by="run,rank", whole_trace=True).table)
 
 
+@pytest.mark.slow
 def test_a_step_marker_names_the_steps_as_at_ingest(tmp_path: Path, binary: Path) -> None:
     t = lagging_trace()
     for e in t.events:
@@ -332,6 +344,7 @@ def test_a_step_marker_names_the_steps_as_at_ingest(tmp_path: Path, binary: Path
     assert mine.table.equals(metric_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table)
 
 
+@pytest.mark.slow
 def test_two_files_holding_one_step_of_a_rank_are_refused_as_at_ingest(tmp_path: Path, binary: Path) -> None:
     for name in ("a.json", "b.json"):
         lagging_trace().write(tmp_path / "job" / name)  # both say distributedInfo.rank 0, steps 1..3
@@ -350,6 +363,7 @@ def test_two_files_holding_one_step_of_a_rank_are_refused_as_at_ingest(tmp_path:
     assert mine.table.equals(metric_report(db, "exposed_comm", by="run,rank,step", selection=EVERY_STEP).table)
 
 
+@pytest.mark.slow
 def test_notes_say_what_a_trace_lacks_and_what_exists(tmp_path: Path, binary: Path) -> None:
     t = lagging_trace()
     t.rank = None  # no distributedInfo, no rank in the file name
@@ -369,6 +383,7 @@ def test_a_cpu_only_trace_is_said_to_be_outside_the_perfetto_engine(binary: Path
         perfetto_report([trace], "exposed_comm", binary=binary)
 
 
+@pytest.mark.slow
 def test_report_engine_perfetto_on_the_command_line(binary: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_VAR, str(binary))
     trace = str(corpus_path("tracelens/mi300/resnet_act_checkpoint.json.gz"))
@@ -389,6 +404,7 @@ def test_report_engine_perfetto_on_the_command_line(binary: Path, monkeypatch: p
         assert result.exit_code == 1 and message in result.output, (args, result.output)
 
 
+@pytest.mark.slow
 def test_sql_runs_your_own_query_on_either_engine(tmp_path: Path, binary: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_VAR, str(binary))
     path = lagging_trace().write(tmp_path / "job" / "rank0.json")
@@ -421,6 +437,7 @@ def test_sql_runs_your_own_query_on_either_engine(tmp_path: Path, binary: Path, 
         assert result.exit_code == 1 and message in result.output, (args, result.output)
 
 
+@pytest.mark.slow
 def test_a_killed_command_leaves_no_trace_processor_behind() -> None:
     """The trace processor serves the trace on a localhost port: `kill -9` of traceq while it runs must
     not leave it running (reparented, the trace open to any local user). It runs under a watchdog that

@@ -211,6 +211,7 @@ def handmade_trace(handmade: Path) -> tuple[Decoded, timeline.TimelineSummary]:
     return decode(out), summary
 
 
+@pytest.mark.slow
 def test_kernels_overlapping_on_one_stream_go_on_extra_tracks_and_none_is_lost(handmade_trace) -> None:
     decoded, summary = handmade_trace
     tracks = decoded.children("overlap rank 0")
@@ -428,6 +429,7 @@ def test_an_export_removes_what_a_killed_one_left_and_nothing_else(handmade: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other.name, "run.pftrace"])
 
 
+@pytest.mark.slow
 def test_batches_of_any_size_write_the_same_file(handmade: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     export_perfetto(handmade, tmp_path / "default.pftrace")
     monkeypatch.setattr(timeline, "FETCH_ROWS", 2)
@@ -436,6 +438,7 @@ def test_batches_of_any_size_write_the_same_file(handmade: Path, tmp_path: Path,
     assert (tmp_path / "small.pftrace").read_bytes() == (tmp_path / "default.pftrace").read_bytes()
 
 
+@pytest.mark.slow
 def test_a_parquet_export_gives_the_same_trace(handmade: Path, tmp_path: Path) -> None:
     export_parquet(handmade, tmp_path / "pq")
     export_perfetto(handmade, tmp_path / "from_duckdb.pftrace")
@@ -484,6 +487,7 @@ def exported_events(db: Path) -> dict[tuple[str, str], list[int]]:
     return {key: sorted(starts) for key, starts in out.items()}
 
 
+@pytest.mark.slow
 def test_corpus_slice_counts_per_stream_equal_the_warehouse(corpus_runs) -> None:
     db, decoded, summary = corpus_runs
     expected = {key: len(starts) for key, starts in exported_events(db).items()}
@@ -621,6 +625,7 @@ def by_track(decoded: Decoded) -> tuple[dict, dict]:
     return slices, counters
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["handmade", "corpus"])
 def test_perfettos_importer_keeps_every_slice_and_counter(which: str, handmade_trace, request) -> None:
     if which == "handmade":

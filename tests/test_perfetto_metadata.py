@@ -23,6 +23,7 @@ from traceq.report.selection import StepSelection
 METRICS = "exposed_comm,idle"
 
 
+@pytest.mark.slow
 def test_both_engines_use_the_same_steps_of_a_collector_run(tmp_path: Path, binary: Path) -> None:
     """h200-compile: 15 profiled steps, run.json warmup_steps 5 (the engines read steps 6..14 by default)."""
     folder = corpus_path("traceq_h200/h200-compile")
@@ -47,6 +48,7 @@ def test_both_engines_use_the_same_steps_of_a_collector_run(tmp_path: Path, bina
         metric_report(db, "idle", by="run,rank,step", selection=every).table["step"].to_list() == list(range(1, 15))
 
 
+@pytest.mark.slow
 def test_the_run_json_names_the_run_and_its_warm_up_on_a_tiny_trace(tmp_path: Path, binary: Path) -> None:
     folder = tmp_path / "y"
     lagging_trace().write(folder / "rank0.trace.json")
@@ -60,6 +62,7 @@ def test_the_run_json_names_the_run_and_its_warm_up_on_a_tiny_trace(tmp_path: Pa
     assert perfetto_report([folder], "idle", binary=binary, name="z").table["run"].to_list() == ["z"]
 
 
+@pytest.mark.slow
 def test_a_run_without_run_json_skips_no_warm_up_and_says_so(tmp_path: Path, binary: Path) -> None:
     with_meta, bare = tmp_path / "a", tmp_path / "b"
     lagging_trace().write(with_meta / "rank0.json")

@@ -25,6 +25,7 @@ def h200_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", RUNS)
 def test_step_power_and_energy_equal_a_reference_from_the_raw_log(h200_db: Path, run: str) -> None:
     expected = power_reference.step_power(corpus_path(f"traceq_h200/{run}"))
@@ -50,6 +51,7 @@ def test_the_notes_say_where_each_power_figure_comes_from(h200_db: Path) -> None
     assert "the counter moved on" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", RUNS)
 def test_no_step_at_hundreds_of_watts_reads_0_j_and_the_steps_sum_to_the_counter(h200_db: Path, run: str) -> None:
     """The H200 counter ticks about every 100 ms; steps of ~87 ms between ticks read 0 J by raw

@@ -201,6 +201,7 @@ def test_a_power_log_cut_by_a_crash_loads_and_a_corrupt_one_fails_the_trace(tmp_
         assert con.sql("select count(*) from step_wall_times").fetchall() == [(1,)]
 
 
+@pytest.mark.slow
 def test_run_json_fills_run_metadata_and_user_settings_win(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     run_dir = tmp_path / "llama"
@@ -281,6 +282,7 @@ class ConstantNVML:
         return 10_000_000 + (now - self.t0) * 250 // 1_000_000
 
 
+@pytest.mark.slow
 def test_collector_trace_maps_into_wall_clock_and_joins_its_power_log(tmp_path: Path, monkeypatch) -> None:
     """The collector's own files: every step window lies inside the collector's lifetime (run.json
     clock start/end) and the fake NVML's 250 W comes back as each step's power."""

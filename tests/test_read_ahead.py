@@ -63,6 +63,7 @@ def _scratch_left() -> list[str]:
     return [n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("one_chunk_per_batch", [False, True])
 def test_files_parsed_ahead_end_as_files_read_one_by_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_chunk_per_batch: bool
@@ -124,6 +125,7 @@ def test_ctrl_c_while_the_writer_waits_for_the_read_ahead_is_an_interrupt_and_le
     assert [n for n in os.listdir(native.scratch_base()) if n.startswith(f"traceq-{os.getpid()}-")] == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_at_any_moment_of_an_ingest_is_an_interrupt_and_leaves_the_warehouse_whole(
     tmp_path: Path, python_sigint: None
 ) -> None:

@@ -21,6 +21,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ingest(tmp_path_factory.mktemp("shape"), late_rank_run())
 
 
+@pytest.mark.slow
 def test_every_report_of_the_api_is_a_report(db: Path) -> None:
     reports = {
         "metric_report": traceq.metric_report(db, "exposed_comm", selection=EVERY_STEP),
@@ -44,6 +45,7 @@ def test_every_report_of_the_api_is_a_report(db: Path) -> None:
     assert reports["metric_report"].rows is not None and reports["metric_report"].title.startswith("exposed_comm_us by run,rank")
 
 
+@pytest.mark.slow
 def test_the_command_line_shows_a_report_as_the_api_gives_it(db: Path) -> None:
     report = traceq.stragglers_report(db, selection=EVERY_STEP)
     done = CliRunner().invoke(app, ["stragglers", "--db", str(db), "--steps", "1:", "--skip-steps", "0",

@@ -43,6 +43,7 @@ def _same(got: pl.DataFrame, expected: pl.DataFrame) -> None:
     assert got.drop("trace_id").equals(expected.drop("trace_id"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("whole_trace", [False, True], ids=["steps", "whole trace"])
 @pytest.mark.parametrize("parts", [(False, False), (True, True)], ids=["plain", "idle split and cross-rank"])
 def test_a_runs_step_rows_do_not_depend_on_the_other_runs_of_the_warehouse(
@@ -61,6 +62,7 @@ def test_a_runs_step_rows_do_not_depend_on_the_other_runs_of_the_warehouse(
     _same(everything.filter(pl.col("run") == "job"), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", BREAKDOWNS)
 @pytest.mark.parametrize("whole_trace", [False, True], ids=["steps", "whole trace"])
 def test_a_runs_breakdown_rows_do_not_depend_on_the_other_runs_of_the_warehouse(
@@ -96,6 +98,7 @@ class Sent:
         monkeypatch.setattr(metrics, "to_polars", counted_fetch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("whole_trace", [False, True], ids=["steps", "whole trace"])
 @pytest.mark.parametrize("parts", [(False, False), (True, False), (False, True), (True, True)],
                          ids=["plain", "idle split", "cross-rank", "both"])
@@ -130,6 +133,7 @@ def test_the_breakdown_rows_are_one_statement_that_reads_the_selected_runs_alone
     assert text.count("main.steps") == 1  # the filtered one alone
 
 
+@pytest.mark.slow
 def test_a_report_on_one_run_equals_that_run_alone(warehouses: tuple[Path, Path]) -> None:
     """The table and rows of `report --run job` do not change when the warehouse holds another run."""
     both, alone = warehouses

@@ -50,6 +50,7 @@ def two_runs(tmp_path: Path) -> Path:
     return db
 
 
+@pytest.mark.slow
 def test_rm_removes_every_row_of_the_run_and_nothing_else(two_runs: Path) -> None:
     before = rows_by_run(two_runs)
     report_b = compute_metric(two_runs, "exposed_comm", runs=["b"])
@@ -64,6 +65,7 @@ def test_rm_removes_every_row_of_the_run_and_nothing_else(two_runs: Path) -> Non
     assert compute_metric(two_runs, "exposed_comm", runs=["b"]).equals(report_b)
 
 
+@pytest.mark.slow
 def test_rename_moves_every_row_and_the_settings(two_runs: Path) -> None:
     before = rows_by_run(two_runs)
     report = compute_metric(two_runs, "exposed_comm", runs=["a"]).drop("run")
@@ -78,6 +80,7 @@ def test_rename_moves_every_row_and_the_settings(two_runs: Path) -> None:
             ("tokens_per_step",), ("tp",)]
 
 
+@pytest.mark.slow
 def test_refused_changes_change_nothing(two_runs: Path) -> None:
     before = rows_by_run(two_runs)
     with pytest.raises(ConfigError, match="'b' exists already"):
@@ -114,6 +117,7 @@ def test_cli_rm_and_rename(two_runs: Path) -> None:
     assert [line.split(",")[0] for line in done.stdout.splitlines()[1:]] == ["recsys"]
 
 
+@pytest.mark.slow
 def test_ingest_force_moves_a_trace_to_another_run(two_runs: Path) -> None:
     before = rows_by_run(two_runs)
     assert ingest_traces([corpus_path(PAIR)], two_runs, name="c", threads=1).by_status("skipped")
@@ -131,6 +135,7 @@ def test_ingest_force_moves_a_trace_to_another_run(two_runs: Path) -> None:
     assert rename_run(two_runs, "c", "a") == 2  # and its name is free again
 
 
+@pytest.mark.slow
 def test_ingest_force_into_the_same_run_keeps_its_metadata(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     trace = corpus_path(ONE)
@@ -158,6 +163,7 @@ def test_a_forced_ingest_that_fails_keeps_the_earlier_trace(tmp_path: Path) -> N
     assert rows_by_run(db) == before
 
 
+@pytest.mark.slow
 def test_force_on_a_copy_of_the_warehouse_file_is_atomic_under_kill(two_runs: Path, tmp_path: Path) -> None:
     """SIGKILL in the middle of `ingest --force`: the earlier trace is there or the new one, not neither."""
     import signal

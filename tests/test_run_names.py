@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.test_step_windows import lagging_trace
-from traceq.catalog import gpu_peaks, peak_candidates, peak_for
+from traceq.peaks import gpu_peaks, peak_candidates, peak_for
 from traceq.cli import app
 from traceq.errors import ConfigError
 from traceq.ingest import ingest_traces

@@ -39,7 +39,8 @@ def _runs(db: Path, command: list[str], selection: list[str]) -> tuple[set[str],
     return set(table["run"].to_list()) if "run" in table.columns else set(), set(_LEFT.findall(out.stderr))
 
 
-@pytest.mark.parametrize("name", list(COMMANDS))
+# one command in the fast loop (make test-fast), every command in the whole suite
+@pytest.mark.parametrize("name", [n if n == "kernels" else pytest.param(n, marks=pytest.mark.slow) for n in COMMANDS])
 def test_every_run_is_in_the_table_or_named_under_each_selection(corpus_db: Path, name: str) -> None:
     command = COMMANDS[name]
     baseline, _ = _runs(corpus_db, command, ["--skip-steps", "0", "--include-last"])

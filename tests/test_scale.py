@@ -63,6 +63,7 @@ def _content(db: Path) -> dict[str, list[tuple]]:
         con.close()
 
 
+@pytest.mark.slow
 def test_many_files_ingest_in_parallel_with_no_lost_rows(rank_files: list[Path], tmp_path: Path) -> None:
     serial, parallel = tmp_path / "serial.duckdb", tmp_path / "parallel.duckdb"
     assert ingest_traces(rank_files, serial, threads=1).ok
@@ -78,6 +79,7 @@ def test_many_files_ingest_in_parallel_with_no_lost_rows(rank_files: list[Path],
             assert con.execute(f"select count(*) from {table}").fetchall()[0][0] == 8 * n > 0
 
 
+@pytest.mark.slow
 def test_many_rank_run_reports_every_rank(rank_files: list[Path], tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     assert ingest_traces(rank_files, db, threads=2).ok
@@ -88,6 +90,7 @@ def test_many_rank_run_reports_every_rank(rank_files: list[Path], tmp_path: Path
     assert by_rank["exposed_comm_us"].n_unique() == 1  # the same trace under every rank
 
 
+@pytest.mark.slow
 def test_whole_file_and_chunked_paths_store_the_same_rows(rank_files: list[Path], tmp_path: Path) -> None:
     whole, chunked = tmp_path / "whole.duckdb", tmp_path / "chunked.duckdb"
     assert ingest_traces(rank_files[:3], whole, threads=2).ok  # several files: one worker per file
@@ -140,6 +143,7 @@ def test_distributed_info_rank_fills_events_without_one_in_both_paths(tmp_path: 
             assert con.execute("select rank_source, file_rank from traces").fetchall() == [("distributedInfo", 5)]
 
 
+@pytest.mark.slow
 def test_writing_decoded_rows_keeps_no_reference_to_them_until_commit() -> None:
     """A pa.Table registered with DuckDB stays alive until the transaction ends: the writer's memory
     would then grow with the file. The writer must hand DuckDB the decoder's rows without pinning them."""
@@ -189,6 +193,7 @@ def test_json_size_reads_the_gzip_trailer(tmp_path: Path) -> None:
     assert json_size(plain) == json_size(packed) == len(data)
 
 
+@pytest.mark.slow
 def test_report_over_many_ranks_and_steps(tmp_path: Path) -> None:
     """256 ranks x 50 steps made in SQL with a known answer: compute covers 0-60 us of every step,
     comm 40-100 us, so exposed comm is 40 us and overlapped 20 us for every rank and step. (How fast:

@@ -26,6 +26,7 @@ SELECTIONS = (  # one rank of 4 of one file, a CPU-only run, a real H200 run wit
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(STATEMENTS))
 def test_a_statement_over_selected_runs_is_its_rows_over_every_run_kept_to_them(corpus_db: Path, name: str) -> None:
     with connect(corpus_db, read_only=True) as con:
@@ -53,6 +54,7 @@ def test_the_statement_of_selected_runs_reads_the_tables_through_the_selection()
     assert "power_samples as" not in text and "power_samples as" in query.selecting_runs(query.compose("step_power"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", [None, "100:200"], ids=["its steps", "no step of it"])
 def test_a_run_without_communication_is_said_to_have_none_not_to_have_no_step(corpus_db: Path, steps: str | None) -> None:
     """The H200 overlap run (one GPU) has steps 1..10 and no communication kernel: a per-collective

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +48,7 @@ def intervals_of(events: list[tuple[str, int, int, int]], *labels: str) -> tuple
     return np.array([a for a, _ in sel], dtype=np.int64), np.array([b for _, b in sel], dtype=np.int64)
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None)
 @given(st.lists(event, min_size=1, max_size=25))
 def test_sql_breakdown_equals_interval_api_on_random_kernels(events: list[tuple[str, int, int, int]]) -> None:

@@ -189,6 +189,7 @@ def every_window(corpus_db: Path) -> pl.DataFrame:
     return rows.filter(pl.col("device").is_not_null()).join(paths, on="trace_id")
 
 
+@pytest.mark.slow
 def test_idle_is_never_negative_nor_longer_than_the_window(every_window: pl.DataFrame) -> None:
     assert every_window.height >= 50  # 59 windows in the corpus as of this writing
     assert (every_window["idle_ns"] >= 0).all() and (every_window["idle_ns"] <= every_window["window_ns"]).all()
@@ -224,6 +225,7 @@ def _span_figures(activity: pl.DataFrame, lo: int, hi: int) -> dict[str, int]:
     return figures
 
 
+@pytest.mark.slow
 def test_steps_sum_to_the_whole_timeline_over_their_windows(corpus_db: Path, every_window: pl.DataFrame) -> None:
     """For every device: all its steps, and the middle ones where it has 3 or more, summed per metric,
     equal the figures of the whole timeline over the span of those windows, to the ns."""
@@ -250,6 +252,7 @@ def _reference_rank(ref_rank: int, file_rank: int | None) -> int:
     return file_rank if ref_rank == -1 and file_rank is not None else ref_rank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", corpus_files(), ids=lambda p: str(p.relative_to(CORPUS)))
 def test_per_step_figures_equal_the_brute_force_reference(every_window: pl.DataFrame, path: Path) -> None:
     ours = every_window.filter(pl.col("path") == str(path.resolve()))
@@ -269,6 +272,7 @@ def test_per_step_figures_equal_the_brute_force_reference(every_window: pl.DataF
         assert {m: got[key][m] for m in METRICS} == {m: ref[m] for m in METRICS}, key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", corpus_files(), ids=lambda p: str(p.relative_to(CORPUS)))
 def test_activity_outside_the_windows_and_the_whole_trace_equal_the_reference(corpus_db: Path, path: Path) -> None:
     with connect(corpus_db, read_only=True) as con:

@@ -92,6 +92,7 @@ def test_summary_says_what_it_cannot_group_by(tmp_path: Path) -> None:
         summary(db, by="run,rnak")
 
 
+@pytest.mark.slow
 def test_shares_of_the_window_add_up_on_every_corpus_trace(corpus_db: Path) -> None:
     report = summary(corpus_db, by="run,rank,device", selection=StepSelection(skip_steps=0, include_last=True))
     table, notes = report.table, report.notes
@@ -106,6 +107,7 @@ def test_shares_of_the_window_add_up_on_every_corpus_trace(corpus_db: Path) -> N
     assert ddp["step_range"].to_list() == ["1..20"] and ddp["steps"].to_list() == [20]
 
 
+@pytest.mark.slow
 def test_several_metrics_side_by_side(tmp_path: Path) -> None:
     from traceq.report.metrics import compute_metric
 
@@ -124,6 +126,7 @@ def test_several_metrics_side_by_side(tmp_path: Path) -> None:
         compute_metric(db, "exposed_comm,idl")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [80, 120, 200])
 @pytest.mark.parametrize("command", [["summary"], ["report", "--metric", "exposed_comm,idle"], ["kernels"]])
 def test_tables_fit_the_terminal(command: list[str], width: int, corpus_db: Path) -> None:
@@ -153,6 +156,7 @@ def _column_text(stdout: str, column: str) -> str:
     return "".join(line.split("│")[at].replace(" ", "") for line in lines[2:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("command", "column"), [
     (["kernels", "--top", "8"], "name"),
     (["runs", "--traces"], "path"),
@@ -203,6 +207,7 @@ def test_the_per_step_chart_gives_each_run_an_axis_of_its_own() -> None:
     assert sum(t.showlegend for t in fig.data) == len(STACK)  # one legend entry per part
 
 
+@pytest.mark.slow
 def test_summary_html_renders_offline_in_headless_chromium(tmp_path: Path) -> None:
     from tests.test_html_report import CHROMIUM, chromium, pixel_variance, script_errors
 

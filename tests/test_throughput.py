@@ -91,6 +91,7 @@ def test_user_flops_replace_the_convention(two_runs: Path) -> None:
     assert any("model_flops_per_token" in n and "312 TFLOP/s (table, A100 for 'NVIDIA A100-SXM4-80GB')" in n for n in notes)
 
 
+@pytest.mark.slow
 def test_steps_then_ranks_then_runs(two_runs: Path) -> None:
     per_rank = compute_metric(two_runs, "tokens_per_s", by=["run", "rank"], runs=["job"], selection=EVERY)
     assert per_rank.select("rank", "steps", "tokens_per_s", "tokens_per_s_median", "tokens_per_s_p10",
@@ -171,6 +172,7 @@ def collective_trace() -> TraceBuilder:
     return t
 
 
+@pytest.mark.slow
 def test_exposed_comm_by_collective_and_process_group_by_hand(tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     ingest_traces([collective_trace().write(tmp_path / "job" / "rank0.json")], db, threads=1)
@@ -223,6 +225,7 @@ def test_a_run_json_of_traceq_0_1_still_ingests(tmp_path: Path) -> None:
     assert mfu == pytest.approx(20_000 * 6_153_600 / 989e12)
 
 
+@pytest.mark.slow
 def test_flops_per_step_alone_gives_tflops_and_mfu_and_a_missing_input_is_named(tmp_path: Path) -> None:
     """A model without tokens (ResNet, recsys): FLOPs per step and a peak are enough (DESIGN §5)."""
     from traceq.report.scaling import scaling_report

@@ -70,6 +70,7 @@ def _same_warehouse(a: Path, b: Path) -> None:
         assert _rows(a, query) == _rows(b, query), table
 
 
+@pytest.mark.slow
 def test_small_files_together_end_as_files_ingested_one_by_one(tmp_path: Path) -> None:
     paths = _corpus(tmp_path / "job")
     together = ingest_traces(paths, tmp_path / "together.duckdb")
@@ -87,6 +88,7 @@ def test_small_files_together_end_as_files_ingested_one_by_one(tmp_path: Path) -
     assert dict(attributed) == {"launch": sum(3 * (5 + r) for r in range(10)) * 2 + 3 * 4 + 3 * 5, None: 2 * 22}
 
 
+@pytest.mark.slow
 def test_steps_that_clash_inside_a_group_fail_the_later_file_alone(tmp_path: Path) -> None:
     """A second file of rank 3 in the same run, in the same group as the first: the group is rolled
     back and its files are ingested one by one, so the later file fails with the message it gets
@@ -145,6 +147,7 @@ def test_an_interrupt_inside_a_group_leaves_none_of_its_files(tmp_path: Path, mo
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(5,)]
 
 
+@pytest.mark.slow
 def test_a_file_that_fails_after_its_events_fails_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A clock offset that puts the steps beyond 64-bit nanoseconds is found when the group's
     wall-clock windows are written: that file fails, with its name, and the others are in."""
@@ -213,6 +216,7 @@ def _with_ops(rank: int, device_properties: bool, gpu: bool) -> dict:
     return {"deviceProperties": [{"id": 0, "name": "H100"}], **b.document()} if device_properties else b.document()
 
 
+@pytest.mark.slow
 def test_small_files_parsed_in_one_statement_keep_their_own_cpu_operators(tmp_path: Path) -> None:
     """Files with and without deviceProperties, with and without kernels, parsed in one statement:
     each keeps the CPU operators it keeps alone (a CPU-only file all of them, a GPU file none that
@@ -234,6 +238,7 @@ def test_small_files_parsed_in_one_statement_keep_their_own_cpu_operators(tmp_pa
     assert ops == [(2, 2)]  # the CPU-only file's, and only its
 
 
+@pytest.mark.slow
 def test_a_file_duckdb_cannot_parse_among_small_files_is_parsed_alone(tmp_path: Path) -> None:
     """An element that is no object makes DuckDB's reader fail the statement that parses the run of
     small files it is in: the run's files are parsed one by one then, the files before the odd one
@@ -257,6 +262,7 @@ def test_a_file_duckdb_cannot_parse_among_small_files_is_parsed_alone(tmp_path: 
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
 
 
+@pytest.mark.slow
 def test_a_group_of_files_parsed_in_two_statements_is_written_as_one(tmp_path: Path) -> None:
     """A file without events ends a group (it fails alone), so the next group takes the rest of the
     first run of small files and the start of the second: its rows come from two parse statements,
@@ -270,6 +276,7 @@ def test_a_group_of_files_parsed_in_two_statements_is_written_as_one(tmp_path: P
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size_stored", [True, False], ids=["digests-before-reading", "digests-beside"])
 def test_a_copy_inside_a_group_is_skipped_as_alone(tmp_path: Path, size_stored: bool) -> None:
     """Two copies of a file in one group: the second is skipped as a copy of the first, as alone,
@@ -338,6 +345,7 @@ def test_ctrl_c_in_a_statement_of_a_group_write_stops_the_ingest(
     assert {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")} - before == set()
 
 
+@pytest.mark.slow
 def test_a_file_of_empty_events_among_small_files_fails_as_alone(tmp_path: Path) -> None:
     """A file of a million ``{}`` (4 MB of JSON: a small file, written with a group) holds nothing a trace
     event holds: refused, as it is alone, and the files beside it are in. (Written with a group, it was

@@ -15,7 +15,7 @@ from tests import step_reference as reference
 from tests.conftest import corpus_path
 from tests.test_step_windows import METRICS, lagging_trace
 from tests.tracegen import TraceBuilder
-from traceq.catalog import peak_for
+from traceq.peaks import peak_for
 from traceq.cli import app
 from traceq.ingest import ingest_traces
 from traceq.report.metrics import compute_metric, metric_report, step_metrics
@@ -152,6 +152,7 @@ def test_hccl_collectives_of_other_accelerators_are_communication(tmp_path: Path
 # ------------------------------------------------------------------------ GPU model and its peak
 
 
+@pytest.mark.slow
 def test_gpu_model_comes_from_device_properties_and_maps_to_the_peak(corpus_db: Path) -> None:
     with connect(corpus_db, read_only=True) as con:
         gpus = dict(con.sql("select split_part(path, '/', -1), gpu_model from traces").fetchall())
@@ -205,6 +206,7 @@ def test_peak_table_knows_no_consumer_or_unnamed_gpu() -> None:
 # ------------------------------------------------------- warehouses written by the schema before
 
 
+@pytest.mark.slow
 def test_a_warehouse_of_the_schema_before_is_refused_by_reports_and_migrated_by_a_writing_command(tmp_path: Path) -> None:
     """Made by 0.1 (simulated: the new columns, the whole-trace steps and the version row removed, kernels
     attributed by time as 0.1 did): a report stops untouched and names `traceq migrate`; that migrates it,

@@ -62,6 +62,7 @@ def newer(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", READ_COMMANDS, ids=" ".join)
 def test_read_commands_refuse_a_foreign_duckdb_file_and_leave_it_byte_identical(foreign: Path, command: list[str]) -> None:
     before = fingerprint(foreign)
@@ -74,6 +75,7 @@ def test_read_commands_refuse_a_foreign_duckdb_file_and_leave_it_byte_identical(
         assert con.execute("select count(*) from measurements").fetchone() == (2,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", READ_COMMANDS, ids=" ".join)
 def test_read_commands_refuse_a_newer_warehouse_and_leave_it_byte_identical(newer: Path, command: list[str]) -> None:
     before = fingerprint(newer)
@@ -129,6 +131,7 @@ def warehouse(tmp_path: Path) -> Path:
     return db
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("query", [
     "copy (select * from traces) to '{out}/leak.csv'",
     "select * from read_csv('/etc/passwd')",
@@ -262,6 +265,7 @@ def _import(folder: Path, db: Path):
     return runner.invoke(app, ["import-parquet", str(folder), "--db", str(db)])
 
 
+@pytest.mark.slow
 def test_an_export_without_its_gpu_events_is_refused_and_nothing_imported(export: Path, tmp_path: Path) -> None:
     import shutil
 
@@ -406,6 +410,7 @@ def test_a_file_name_that_is_not_utf8_fails_alone_in_one_line(tmp_path: Path) ->
     assert "1 ingested, 0 skipped, 1 failed" in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("native", [True, False], ids=["DuckDB's reader", "the decoder"])
 def test_a_file_of_empty_events_is_not_read_to_its_end(tmp_path: Path, native: bool) -> None:
     """1.5 million `{}` events (6 KB of gzip): no event holds anything, the file fails in one line once a

@@ -47,12 +47,15 @@ select trace_id, content_digest from traces
 where ($runs is null or list_contains($runs, run))
   and (trace_id, content_digest) not in (select (trace_id, content_digest) from {_TRACES_TABLE})
 """
-_KERNEL_NAMES = f"""
+_ALL_KERNEL_NAMES = """
 select distinct n.name
 from names as n
 semi join gpu_events as g on g.trace_id = n.trace_id and g.name_id = n.name_id and g.kind = 1
-where n.trace_id in (select unnest($trace_ids)) and n.name not in (select name from {TABLE})
-"""
+where n.trace_id in (select unnest($trace_ids))"""
+_KERNEL_NAMES = _ALL_KERNEL_NAMES + f" and n.name not in (select name from {TABLE})"
+# :func:`inline`'s classes: a parameter of this type, unnested into the columns of TABLE
+_CLASSES_PARAM = "kernel_class_rows"
+_CLASSES_TYPE = "struct(name varchar, class varchar, category varchar, rule_collective varchar)[]"
 
 
 def ensure(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) -> None:
@@ -86,13 +89,35 @@ def ensure(con: duckdb.DuckDBPyConnection, runs: Sequence[str] | None = None) ->
     con.execute(f"insert into {_TRACES_TABLE} select unnest($1), unnest($2)", [trace_ids, [d for _, d in new]])
 
 
+def inline(con: duckdb.DuckDBPyConnection) -> tuple[dict[str, str], dict[str, object]]:
+    """The kernel classes and optimizer launches of every trace on ``con`` as inputs of a statement that
+    leave nothing on the connection: no temporary table, unlike :func:`ensure` (for a user's connection,
+    :func:`traceq.report.selection.relation`). Returns the bindings of ``kernel_classes`` and
+    ``optimizer_launches`` for :func:`traceq.query.compose` and the parameters they name: the classes,
+    computed here as :func:`ensure` computes them, go in as one parameter; the launches are
+    ``sql/optimizer_launches.sql`` itself, a common table expression of the statement."""
+    trace_ids = [t for (t,) in con.execute("select trace_id from traces order by trace_id").fetchall()]
+    names = sorted(name for (name,) in con.execute(_ALL_KERNEL_NAMES, {"trace_ids": trace_ids}).fetchall())
+    columns = ("name", "class", "category", "rule_collective")
+    cats = event_categories()
+    bind = {"kernel_classes": f"(select unnest(${_CLASSES_PARAM}::{_CLASSES_TYPE}, recursive := true))",
+            "optimizer_launches": "optimizer_launches"}
+    return bind, {_CLASSES_PARAM: [dict(zip(columns, row)) for row in _classes(con, names)], "trace_ids": trace_ids,
+                  "runtime_cats": list(cats.cats("runtime")), "device_annotation_cats": list(cats.cats("device_annotation"))}
+
+
 def _classify(con: duckdb.DuckDBPyConnection, names: list[str]) -> None:
     """Insert ``names`` with their class into :data:`TABLE`."""
-    rules = con.execute(f"select pattern, class, category, collective from kernel_rules order by {ORDER}").fetchall()
-    winners = first_rules(con, names, [pattern for pattern, *_ in rules])
-    rows = [(name, *(rules[winners[name]][1:] if name in winners else (None, None, None))) for name in names]
+    rows = _classes(con, names)
     con.execute(f"insert into {TABLE} select unnest($1), unnest($2), unnest($3), unnest($4)",
                 [list(column) for column in zip(*rows)])
+
+
+def _classes(con: duckdb.DuckDBPyConnection, names: list[str]) -> list[tuple[str, str | None, str | None, str | None]]:
+    """(name, class, category, rule_collective) of each of ``names``: its first rule's, nulls where none matches."""
+    rules = con.execute(f"select pattern, class, category, collective from kernel_rules order by {ORDER}").fetchall()
+    winners = first_rules(con, names, [pattern for pattern, *_ in rules])
+    return [(name, *(rules[winners[name]][1:] if name in winners else (None, None, None))) for name in names]
 
 
 def first_rules(con: duckdb.DuckDBPyConnection, names: Sequence[str], patterns: Sequence[str]) -> dict[str, int]:

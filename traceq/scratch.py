@@ -59,8 +59,9 @@ def remove_at_exit(directory: ScratchDir) -> ScratchDir:
 
 
 def remove_process_scratch() -> None:
-    """Remove the directories given to :func:`remove_at_exit` (at exit; the CLI, which ends its
-    process with ``os._exit`` and so runs no atexit handler, calls it)."""
+    """Remove the directories given to :func:`remove_at_exit`: at exit, and before it where the process
+    may end without exit handlers (:func:`traceq.interrupts.end_process`, which ends a statement that heeds
+    no Ctrl-C with ``os._exit``; the CLI's ``main``, before its exit)."""
     with _AT_EXIT_LOCK:
         while _AT_EXIT:
             _AT_EXIT.pop().cleanup()

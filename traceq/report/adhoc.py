@@ -4,6 +4,8 @@ warehouse; PerfettoSQL over a trace is :func:`traceq.perfetto.engine.trace_sql` 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -11,6 +13,7 @@ import duckdb
 from traceq.errors import ConfigError
 from traceq.report.result import Report
 from traceq.report.selection import StepSelection, relation
+from traceq.store.schema import prepare_session
 from traceq.store.warehouse import DEFAULT_DB, Warehouse, opened
 
 # the relations of sql/ a query may name besides the warehouse's tables (with the report's default
@@ -36,7 +39,7 @@ def warehouse_sql(
     and a note that there were more; None: all."""
     from traceq.store.frames import to_polars
 
-    with opened(db) as con:
+    with opened(db) as given, _own_cursor(given, db) as con:
         for name in RELATIONS:
             if re.search(rf"\b{name}\b", sql, re.IGNORECASE):
                 _rows = relation(con, name, selection, BINDINGS.get(name))  # noqa: F841 (read below)
@@ -53,6 +56,22 @@ def warehouse_sql(
             return Report.of_query(to_polars(result if max_rows is None else result.limit(max_rows + 1)), (), max_rows)
         except duckdb.Error as exc:
             raise ConfigError(f"DuckDB refused the query: {str(exc).strip().splitlines()[0]}") from None
+
+
+@contextmanager
+def _own_cursor(con: duckdb.DuckDBPyConnection, db: Warehouse) -> Iterator[duckdb.DuckDBPyConnection]:
+    """``con``, or where it is the caller's own connection a cursor of it (its own connection to the same
+    database, closed after the block): the temporary tables of the query go there, and the caller's
+    connection stays as it was."""
+    if not isinstance(db, duckdb.DuckDBPyConnection):
+        yield con
+        return
+    cursor = con.cursor()
+    try:
+        prepare_session(cursor)  # the macros of the SQL files (temporary: each connection has its own)
+        yield cursor
+    finally:
+        cursor.close()
 
 
 def _sandbox(con: duckdb.DuckDBPyConnection, db: Path) -> None:

@@ -13,14 +13,8 @@ from traceq import query
 from traceq.catalog import BREAKDOWNS, METRIC_NAMES, RATE_WEIGHTS
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
-from traceq.report.metrics import (
-    breakdown_metrics,
-    nothing_selected,
-    rate_parts,
-    ratio_of_sums,
-    require_runs,
-    step_metrics,
-)
+from traceq.report.aggregation import rate_parts, ratio_of_sums
+from traceq.report.metrics import breakdown_metrics, nothing_selected, require_runs, step_metrics
 from traceq.report.result import Report
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars
@@ -154,7 +148,7 @@ def _compare(section: str, rows_a: pl.DataFrame, rows_b: pl.DataFrame) -> pl.Dat
 
     def stats(rows: pl.DataFrame, side: str) -> pl.DataFrame:
         mean = pl.col("value").mean()
-        if "den" in rows.columns:  # a rate: the ratio of its sums (traceq.report.metrics.mean_of)
+        if "den" in rows.columns:  # a rate: the ratio of its sums (traceq.report.aggregation.mean_of)
             mean = ratio_of_sums(pl.col("num"), pl.col("den")).otherwise(mean)
         return rows.group_by("name").agg(
             mean.alias(side),

@@ -18,14 +18,9 @@ import polars as pl
 from traceq.catalog import BREAKDOWN_NOTE
 from traceq.errors import ConfigError, EmptySelection
 from traceq.report import crossrank
+from traceq.report.aggregation import mean_of
 from traceq.report.collectives import MATCHED, collectives_report
-from traceq.report.metrics import (
-    breakdown_metrics,
-    mean_of,
-    nothing_selected,
-    require_runs,
-    step_metrics,
-)
+from traceq.report.metrics import breakdown_metrics, nothing_selected, require_runs, step_metrics
 from traceq.report.notes import (
     FLOPS_CONVENTION,
     NVML_NOTE,

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from traceq import query
-from traceq.catalog import BREAKDOWN_NOTE, BREAKDOWNS, WHOLE_TRACE_STEP, gpu_peaks
+from traceq.catalog import BREAKDOWN_NOTE, BREAKDOWNS, WHOLE_TRACE_STEP
+from traceq.peaks import gpu_peaks
 from traceq.report.result import RunNote
 from traceq.report.selection import StepSelection, query_params
 from traceq.store.frames import to_polars

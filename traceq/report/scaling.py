@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import polars as pl
 
 from traceq.catalog import META_COLUMNS, columns
-from traceq.report.metrics import mean_of, selected_step_rows
+from traceq.report.aggregation import mean_of
+from traceq.report.metrics import selected_step_rows
 from traceq.report.notes import flops_text, peak_text, power_notes, selection_notes
 from traceq.report.result import Report
 from traceq.report.selection import StepSelection
@@ -31,7 +32,7 @@ SCALING_NOTES = (
 
 def per_run(rows: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
     """One row per run from :func:`traceq.report.metrics.step_metrics` rows: run-level throughput, MFU,
-    power, each the ratio of sums over the run's rank-steps (:func:`traceq.report.metrics.mean_of`, the
+    power, each the ratio of sums over the run's rank-steps (:func:`traceq.report.aggregation.mean_of`, the
     formula every report uses); power_w per GPU of the power log."""
     steps = rows.unique(subset=["run", "rank", "step"], keep="first")  # one row per rank-step, not per device
     steps = steps.with_columns((pl.col("power_w") / pl.col("power_gpu_count")).alias("power_w_per_gpu"))

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import duckdb
 
-from traceq import query
-from traceq.catalog import StepMarker, event_categories, gpu_peaks
+from traceq import classify, query
+from traceq.catalog import StepMarker, event_categories
 from traceq.errors import ConfigError
+from traceq.peaks import gpu_peaks
 
 
 @dataclass(frozen=True)
@@ -102,5 +103,9 @@ def relation(
     bind: dict[str, str] | None = None,
 ) -> duckdb.DuckDBPyRelation:
     """The relation of ``sql/<name>.sql`` (e.g. ``gpu_activity``, ``device_windows``) on ``con``, with the
-    parameters reports use: for queries of your own over traceq's classification and windows."""
-    return query.run(con, name, query_params(selection), bind)
+    parameters reports use: for queries of your own over traceq's classification and windows.
+
+    It leaves ``con`` as it was: the kernel classes and optimizer launches the SQL reads go into the
+    statement (:func:`traceq.classify.inline`), not into the temporary tables traceq's own connections keep."""
+    inputs, params = classify.inline(con)
+    return query.run(con, name, {**query_params(selection), **params}, {**inputs, **(bind or {})})

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from traceq.catalog import GROUP_COLUMNS, WHOLE_TRACE_STEP, columns
-from traceq.report.metrics import mean_of, selected_step_rows, side_by_side
+from traceq.report.aggregation import mean_of
+from traceq.report.metrics import selected_step_rows, side_by_side
 from traceq.report.notes import metric_notes, selection_notes, step_window_notes
 from traceq.report.result import Report
 from traceq.report.selection import StepSelection
@@ -35,7 +36,7 @@ def summary(
     steps, with the notes a reader needs beside it and the step rows behind it.
 
     Every figure of a row comes from the aggregation ``report`` makes at that grain
-    (:func:`traceq.report.metrics.aggregate`, README: Aggregation): a rank's row pools its steps, a run's row its
+    (:func:`traceq.report.aggregation.aggregate`, README: Aggregation): a rank's row pools its steps, a run's row its
     rank-steps, a group's row its runs; a rank's row keeps its run, as in ``report``.
 
     Columns: ``steps`` (device-steps pooled), ``step_range`` (the steps used: 'a..b', or 'whole trace'),
@@ -83,7 +84,7 @@ def summary(
 def _values(rows: pl.DataFrame, names: Sequence[str], grain: Sequence[str]) -> pl.DataFrame:
     """Each metric of ``names`` aggregated to ``grain`` as ``report`` aggregates it
     (:func:`traceq.report.metrics.side_by_side`; a rank's row keeps its run), or with ``step`` in the grain,
-    the rank-steps that share a key pooled by the same formula (:func:`traceq.report.metrics.mean_of`)."""
+    the rank-steps that share a key pooled by the same formula (:func:`traceq.report.aggregation.mean_of`)."""
     if "step" in grain:
         return rows.group_by(grain).agg(mean_of(name).alias(name) for name in names)
     table = side_by_side(rows, names, grain)

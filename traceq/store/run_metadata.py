@@ -20,11 +20,10 @@ from traceq.catalog import (
     RUN_KEY_NAMES,
     RUN_KEYS,
     RunKey,
-    gpu_peaks,
-    peak_candidates,
 )
 from traceq.errors import ConfigError
 from traceq.kineto import INT64_MAX
+from traceq.peaks import gpu_peaks, peak_candidates
 from traceq.store.schema import fetch_one, rollback
 from traceq.store.warehouse import Warehouse, opened
 
@@ -107,7 +106,7 @@ def set_run_metadata(
 ) -> dict[str, Any]:
     """Set (or correct) metadata of ``run``: keys from :data:`RUN_KEY_NAMES`; None values are ignored.
 
-    Reports look the peak of ``gpu_model`` up in the peak table (:func:`traceq.catalog.peak_for`) unless
+    Reports look the peak of ``gpu_model`` up in the peak table (:func:`traceq.peaks.peak_for`) unless
     ``peak_tflops`` is set; a GPU the table does not know, or a name that could mean several of its
     GPUs ('H100'), needs ``peak_tflops`` with it (ConfigError, :func:`check_peak_known`), so that setting a
     GPU never silently leaves MFU without a peak nor takes one variant's. Returns the effective metadata.
