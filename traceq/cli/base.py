@@ -54,7 +54,19 @@ app = typer.Typer(
 )
 
 
-DbOption = Annotated[Path, typer.Option("--db", help="DuckDB warehouse file.", show_default=True)]
+def resolved(ctx: Any, param: Any, value: Any) -> Any:
+    """An option's path as the one path the command checks and opens (``~`` expanded, absolute,
+    resolved: :func:`~traceq.store.location.user_path`); ``-``, ``:memory:``, an option-like or URL
+    value refused in one line. A Typer callback of every --db and output path."""
+    from traceq.store.location import user_path
+
+    if value is None:
+        return None
+    return user_path(value, max(param.opts, key=len) if param.opts else param.name)
+
+
+DbOption = Annotated[Path, typer.Option("--db", help="DuckDB warehouse file (or a directory `traceq export --parquet` wrote).",
+                                        show_default=True, callback=resolved)]
 
 
 class Format(str, Enum):

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from traceq.cli.base import DbOption, NameOption, app, echo
+from traceq.cli.base import DbOption, NameOption, app, echo, resolved
 from traceq.errors import ConfigError
 from traceq.store.warehouse import DEFAULT_DB
 
@@ -116,7 +116,7 @@ def _with_progress(work: Any, enabled: bool) -> Any:
 @app.command("ingest-cluster")
 def ingest_cluster(
     inputs: Annotated[list[str], typer.Argument(help="Trace files, globs or directories, at paths every worker can read.")],
-    parquet: Annotated[Path, typer.Option("--parquet", help="Output directory (same layout as `traceq export`), on storage every worker can write.")],
+    parquet: Annotated[Path, typer.Option("--parquet", callback=resolved, help="Output directory (same layout as `traceq export`), on storage every worker can write.")],
     scheduler: Annotated[Optional[str], typer.Option(help="Dask scheduler address, e.g. tcp://10.0.0.5:8786 (default: a local cluster).")] = None,
     processes: Annotated[Optional[int], typer.Option(help="Worker processes of the local cluster (default: one per CPU; 1 to 4 per CPU); ignored with --scheduler.")] = None,
     name: NameOption = None,

@@ -25,6 +25,7 @@ from traceq.cli.base import (
     app,
     echo,
     emit,
+    resolved,
     show,
 )
 from traceq.errors import ConfigError
@@ -273,8 +274,8 @@ def sql(
 
 @app.command()
 def export(
-    parquet: Annotated[Optional[Path], typer.Option("--parquet", help="Output directory (hive-style run=/rank= folders) for the whole warehouse as Parquet.")] = None,
-    perfetto: Annotated[Optional[Path], typer.Option("--perfetto", help="Output trace file (.pftrace) of the selected runs, ranks and steps, for ui.perfetto.dev.")] = None,
+    parquet: Annotated[Optional[Path], typer.Option("--parquet", callback=resolved, help="Output directory (hive-style run=/rank= folders) for the whole warehouse as Parquet.")] = None,
+    perfetto: Annotated[Optional[Path], typer.Option("--perfetto", callback=resolved, help="Output trace file (.pftrace) of the selected runs, ranks and steps, for ui.perfetto.dev.")] = None,
     db: DbOption = Path(DEFAULT_DB),
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier export in the directory, or the trace file.")] = False,
     run: RunOption = None,
