@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 
 from traceq.errors import ConfigError, WarehouseError
+from traceq.store.export_check import check_export
 from traceq.store.parquet import (
     _FORMER_NAMES,
     _ONE_ROW_PER,
@@ -150,6 +151,7 @@ def import_parquet(directory: str | Path, db: str | Path) -> int:
     root = Path(directory)
     if not is_parquet_dir(root):
         raise WarehouseError(f"{root}: not a traceq Parquet directory (no {TRACES}/ folder)")
+    check_export(root)  # as a report reading it does: damage in one line, before the warehouse is opened
     con = connect(db)
     try:
         con.begin()

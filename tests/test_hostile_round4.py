@@ -1,0 +1,175 @@
+"""Hostile input, round 4 (issue 51): the shapes the probe tried, each run as the real `traceq` command in a
+process of its own and counted in the hostile suite's tally (tests/test_hostile.py's ``traceq`` and
+``one_line_error``): one error line, no traceback, nothing foreign changed."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.test_bad_input import small_trace
+from tests.test_hostile import no_loss, one_line_error, traceq
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A HOME of its own holding someone's DuckDB database (x.duckdb), and a working directory apart from it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with duckdb.connect(str(home / "x.duckdb")) as con:
+        con.execute("create table measurements (x int); insert into measurements values (42)")
+    work = tmp_path / "work"
+    work.mkdir()
+    small_trace().write(work / "t" / "rank0.json")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    return home
+
+
+# ------------------------------------------------------------------ 1. the path checked is the path opened
+
+TILDE_COMMANDS = {
+    "ingest": ["ingest", "t/rank0.json", "-q"],
+    "report": ["report"],
+    "runs": ["runs"],
+    "kernels": ["kernels"],
+    "rules --add": ["rules", "--add", "rules.csv"],
+    "runs set": ["runs", "set", "t", "--tp", "2"],
+    "export --parquet": ["export", "--parquet", "pq"],
+    "migrate": ["migrate"],
+}
+
+
+@pytest.mark.parametrize("command", list(TILDE_COMMANDS))
+def test_db_under_a_tilde_is_the_file_in_home_and_a_foreign_one_there_is_left_byte_identical(
+    command: str, home: Path
+) -> None:
+    Path("rules.csv").write_text("priority,pattern,class,category,collective\n5,^my_kernel,comm,custom,AllReduce\n")
+    before = _digest(home / "x.duckdb")
+    run = traceq(*TILDE_COMMANDS[command], "--db", "~/x.duckdb")
+    # the message names the file DuckDB would have opened, not ./~/x.duckdb
+    line = one_line_error(run, str(home / "x.duckdb"))
+    assert "not a traceq warehouse" in line or "no warehouse here" in line, line
+    no_loss(_digest(home / "x.duckdb") == before, "the foreign database in HOME changed")
+    assert not Path("~").exists() and sorted(p.name for p in home.iterdir()) == ["x.duckdb"]
+
+
+@pytest.mark.parametrize("value, needle", [
+    (":memory:", "in-memory database"),
+    (":memory:named", "in-memory database"),
+    ("-", "'-'"),
+    ("--help", "an option, not a file name"),
+    ("-q", "an option, not a file name"),
+    ("x.duckdb?access_mode=read_write", "settings"),
+    ("~/x.duckdb?access_mode=read_write", "settings"),
+])
+@pytest.mark.parametrize("command", ["ingest", "report", "import-parquet"])
+def test_db_values_that_name_no_file_of_their_own_are_refused_in_one_line(
+    value: str, needle: str, command: str, home: Path
+) -> None:
+    before = _digest(home / "x.duckdb")
+    args = {"ingest": ["ingest", "t/rank0.json"], "report": ["report"], "import-parquet": ["import-parquet", "t"]}[command]
+    run = traceq(*args, f"--db={value}")
+    one_line_error(run, "--db", needle)
+    made = sorted(str(p.relative_to(Path.cwd())) for p in Path.cwd().rglob("*"))
+    no_loss(made == ["t", "t/rank0.json"], f"{command} --db {value!r} wrote {made}")
+    no_loss(_digest(home / "x.duckdb") == before, "the foreign database in HOME changed")
+
+
+@pytest.mark.parametrize("option, value", [("--html", "-"), ("--html", "--help"), ("--html", ":memory:"),
+                                           ("--html", "a.html?x=1")])
+def test_output_paths_that_name_no_file_of_their_own_are_refused_in_one_line(option: str, value: str, home: Path) -> None:
+    assert traceq("ingest", "t/rank0.json", "--db", "w.duckdb", "-q").code == 0
+    run = traceq("report", "--db", "w.duckdb", f"{option}={value}")
+    one_line_error(run, option)
+    assert sorted(p.name for p in Path.cwd().iterdir()) == ["t", "w.duckdb"]
+
+
+def test_output_paths_under_a_tilde_are_written_in_home(home: Path) -> None:
+    assert traceq("ingest", "t/rank0.json", "--db", "~/w.duckdb", "-q").code == 0
+    assert (home / "w.duckdb").is_file() and not Path("~").exists()
+    assert traceq("report", "--db", "~/w.duckdb", "--html", "~/r.html").code == 0
+    assert traceq("export", "--parquet", "~/pq", "--db", "~/w.duckdb").code == 0
+    assert traceq("export", "--perfetto", "~/w.pftrace", "--db", "~/w.duckdb").code == 0
+    assert (home / "r.html").stat().st_size > 1000 and (home / "pq" / "traces").is_dir()
+    assert (home / "w.pftrace").stat().st_size > 0
+    assert not Path("~").exists()
+    # and what was written there reads back, through the same expansion
+    run = traceq("runs", "--db", "~/pq", "--format", "csv")
+    assert run.code == 0 and run.out.splitlines()[1].startswith("t,"), run.out + run.err
+
+
+# ------------------------------------------------------------------ 2. a Parquet directory is checked when read
+
+
+@pytest.fixture(scope="module")
+def clean_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An export of two traces (run a, ranks 0 and 1) with two GPU and three host events each."""
+    d = tmp_path_factory.mktemp("export")
+    small_trace(0).write(d / "a" / "rank0.json")
+    small_trace(1).write(d / "a" / "rank1.json")
+    assert traceq("ingest", d / "a", "--db", d / "w.duckdb", "-q").code == 0
+    assert traceq("export", "--parquet", d / "pq", "--db", d / "w.duckdb").code == 0
+    return d / "pq"
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def _link_elsewhere(path: Path) -> None:
+    moved = path.parent.parent.parent.parent.parent / f"moved-{path.parent.name}.parquet"
+    path.rename(moved)
+    path.symlink_to(moved)
+
+
+GPU0 = Path("gpu_events/run=a/rank=0/data_0.parquet")
+EXPORT_DAMAGE = {
+    # name: (damage the copy, what the one line says)
+    "gpu_events/ removed": (lambda pq: shutil.rmtree(pq / "gpu_events"), "0 of its 2 rows of gpu_events (no gpu_events/ folder)"),
+    "host_events of rank 1 removed": (lambda pq: shutil.rmtree(pq / "host_events/run=a/rank=1"), "0 of its 3 rows of host_events"),
+    "traces/run=a copied as run=z": (lambda pq: shutil.copytree(pq / "traces/run=a", pq / "traces/run=z"),
+                                     "traces/run=a and traces/run=z"),
+    "a gpu_events partition copied to rank 7": (
+        lambda pq: shutil.copytree(pq / "gpu_events/run=a/rank=0", pq / "gpu_events/run=a/rank=7"),
+        "gpu_events/run=a/rank=0 and gpu_events/run=a/rank=7"),
+    "a gpu_events file copied beside itself": (lambda pq: shutil.copy(pq / GPU0, pq / GPU0.with_name("data_1.parquet")),
+                                               "4 of its 2 rows of gpu_events"),
+    "a truncated .parquet": (lambda pq: _truncate(pq / GPU0), "data_0.parquet is not a whole Parquet file (100 bytes)"),
+    "an empty .parquet": (lambda pq: (pq / GPU0).write_bytes(b""), "data_0.parquet is empty"),
+    "a symlinked .parquet": (lambda pq: _link_elsewhere(pq / GPU0), "data_0.parquet is a symbolic link"),
+    "a dangling symlinked .parquet": (lambda pq: (pq / GPU0.with_name("x.parquet")).symlink_to("/nonexistent/x.parquet"),
+                                      "x.parquet is a symbolic link"),
+}
+
+
+@pytest.mark.parametrize("command", ["report", "kernels", "runs", "import-parquet"])
+@pytest.mark.parametrize("damage", list(EXPORT_DAMAGE))
+def test_a_damaged_export_is_refused_in_one_line_by_every_reader(
+    damage: str, command: str, clean_export: Path, tmp_path: Path
+) -> None:
+    pq = tmp_path / "pq"
+    shutil.copytree(clean_export, pq, symlinks=True)
+    make, needle = EXPORT_DAMAGE[damage]
+    make(pq)
+    new = tmp_path / "new.duckdb"
+    run = traceq(*(["import-parquet", pq, "--db", new] if command == "import-parquet" else [command, "--db", pq]))
+    one_line_error(run, f"{pq}: damaged export", needle)
+    no_loss(not new.exists(), f"a refused import left {new}")
+
+
+def test_the_export_undamaged_reads_as_its_warehouse(clean_export: Path) -> None:
+    """The check passes what export wrote: the report on the directory equals the report on the warehouse."""
+    warehouse = clean_export.parent / "w.duckdb"
+    for command in (["report", "--format", "csv"], ["kernels", "--format", "csv"]):
+        on_dir, on_db = traceq(*command, "--db", clean_export), traceq(*command, "--db", warehouse)
+        assert on_dir.code == 0 and on_dir.out == on_db.out and on_dir.out.count("\n") >= 3, on_dir.err
+
