@@ -173,3 +173,67 @@ def test_the_export_undamaged_reads_as_its_warehouse(clean_export: Path) -> None
         on_dir, on_db = traceq(*command, "--db", clean_export), traceq(*command, "--db", warehouse)
         assert on_dir.code == 0 and on_dir.out == on_db.out and on_dir.out.count("\n") >= 3, on_dir.err
 
+
+# ------------------------------------------------------------------ 5. bounded: sql results and user rules
+
+
+@pytest.fixture(scope="module")
+def small_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("small")
+    small_trace().write(d / "t" / "rank0.json")
+    assert traceq("ingest", d / "t", "--db", d / "w.duckdb", "-q").code == 0
+    return d / "w.duckdb"
+
+
+def test_sql_with_one_value_past_the_byte_bound_fails_in_one_line_in_bounded_memory(small_warehouse: Path) -> None:
+    # 200 MB in one value: before, the whole of it went to the table (300 MB took 212 s and 5.4 GB)
+    run = traceq("sql", "select repeat('x', 200000000) as s", "--db", small_warehouse, timeout=60)
+    one_line_error(run, "first row alone passes 64 MB", "--max-mb")
+    # DuckDB makes the value (2x its size, measured alone); traceq holds one batch of it, not its text too
+    assert run.maxrss_mb < 1200, f"{run.maxrss_mb:.0f} MB"
+
+
+def test_sql_rows_past_the_byte_bound_are_cut_with_a_note(small_warehouse: Path) -> None:
+    run = traceq("sql", "select i, repeat('x', 1000) as s from range(20000) as t(i)", "--db", small_warehouse,
+                 "--max-mb", "2", "--format", "csv")
+    assert run.code == 0, run.err
+    lines = run.out.splitlines()
+    shown = len(lines) - 1
+    # each row holds an int64 (8 bytes) and 1,000 bytes of text with its 4-byte offset: 1,012 bytes in Arrow;
+    # the rows kept fit 2 MB, and fall short of it by less than one batch (2,048 rows)
+    assert shown * 1012 <= 2_000_000 < (shown + 2048) * 1012, shown
+    assert lines[1:] == [f"{i},{'x' * 1000}" for i in range(shown)]
+    assert f"the query's rows pass 2 MB: the first {shown:,} are shown (--max-mb)" in run.err
+
+
+def test_rules_add_past_the_stated_number_is_refused_at_once(small_warehouse: Path, tmp_path: Path) -> None:
+    from traceq.store.schema import MAX_USER_RULES
+
+    db = tmp_path / "w.duckdb"
+    shutil.copy(small_warehouse, db)
+    many = tmp_path / "many.csv"
+    many.write_text("priority,pattern,class,category,collective\n"
+                    + "".join(f"5,^k{i}_,comm,custom,AllReduce\n" for i in range(1_200_000)))
+    run = traceq("rules", "--add", many, "--db", db, timeout=30)
+    one_line_error(run, str(many), f"more than the {MAX_USER_RULES:,} user rules")
+    assert run.maxrss_mb < 600, f"{run.maxrss_mb:.0f} MB"
+    # up to the bound they are taken; one more, with those held, is not
+    full = tmp_path / "full.csv"
+    full.write_text("priority,pattern,class,category,collective\n"
+                    + "".join(f"5,^k{i}_,comm,custom,AllReduce\n" for i in range(MAX_USER_RULES)))
+    assert traceq("rules", "--add", full, "--db", db).code == 0
+    one_more = tmp_path / "one.csv"
+    one_more.write_text("priority,pattern,class,category,collective\n5,^z_,comm,custom,AllReduce\n")
+    one_line_error(traceq("rules", "--add", one_more, "--db", db), f"holds {MAX_USER_RULES:,} user rules already")
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select count(*) from kernel_rules where source = 'user'").fetchone()[0] == MAX_USER_RULES
+    # the listing: a count and the first screen as a table; every rule as CSV
+    listed = traceq("rules", "--db", db)
+    with duckdb.connect(str(db), read_only=True) as con:
+        total = con.execute("select count(*) from kernel_rules").fetchone()[0]
+    assert listed.code == 0 and f"{total:,} rules ({total - MAX_USER_RULES:,} builtin, {MAX_USER_RULES:,} yours)" in listed.err
+    assert "the first 40" in listed.err and listed.out.count("\n") < 60
+    every = traceq("rules", "--db", db, "--format", "csv")
+    assert every.code == 0 and len(every.out.splitlines()) == total + 1
+    help_text = traceq("rules", "--help").out
+    assert f"at most {MAX_USER_RULES:,} rules of your own" in " ".join(help_text.split())
