@@ -5,7 +5,9 @@ process of its own and counted in the hostile suite's tally (tests/test_hostile.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import duckdb
@@ -237,3 +239,46 @@ def test_rules_add_past_the_stated_number_is_refused_at_once(small_warehouse: Pa
     assert every.code == 0 and len(every.out.splitlines()) == total + 1
     help_text = traceq("rules", "--help").out
     assert f"at most {MAX_USER_RULES:,} rules of your own" in " ".join(help_text.split())
+
+
+# ------------------------------------------------------------------ 6. nothing left behind
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("writer", ["export --perfetto", "report --html"])
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_command_writing_there(
+    writer: str, small_warehouse: Path, tmp_path: Path
+) -> None:
+    # what atomic_file leaves when its process is killed mid-write: .<name>.<pid>.<8 hex>.tmp
+    dead = tmp_path / f".killed.pftrace.{_dead_pid()}.0123abcd.tmp"
+    alive = tmp_path / f".writing.html.{os.getpid()}.89abcdef.tmp"  # a live writer's: kept
+    mine = tmp_path / ".notes.123.tmp"  # not a name traceq makes: kept
+    for f in (dead, alive, mine):
+        f.write_bytes(b"x" * 1000)
+    out = tmp_path / ("t.pftrace" if writer == "export --perfetto" else "t.html")
+    args = (["export", "--perfetto", out, "--db", small_warehouse] if writer == "export --perfetto"
+            else ["report", "--db", small_warehouse, "--html", out])
+    run = traceq(*args)
+    assert run.code == 0, run.err
+    assert out.is_file() and not dead.exists() and alive.exists() and mine.exists()
+
+
+def test_a_refused_first_ingest_leaves_no_warehouse_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"a": 1}')
+    good = small_trace().write(tmp_path / "t" / "rank0.json")
+    new = tmp_path / "new.duckdb"
+    one_line_error(traceq("ingest", bad, "--db", new), str(bad), "not a Kineto trace")
+    no_loss(not new.exists() and not new.with_name("new.duckdb.wal").exists(), "a refused first ingest left its file")
+    one_line_error(traceq("import-parquet", tmp_path / "t", "--db", new), "not a traceq Parquet directory")
+    assert not new.exists()
+    # a file that took one trace stays, and so does a warehouse that was there before the refusal
+    assert traceq("ingest", bad, good, "--db", new).code == 1 and new.is_file()
+    assert traceq("runs", "--db", new, "--format", "csv").out.splitlines()[1].startswith("t,")
+    assert traceq("ingest", bad, "--db", new).code == 1 and new.is_file()
+    assert traceq("runs", "--db", new, "--format", "csv").out.splitlines()[1].startswith("t,")
