@@ -282,3 +282,20 @@ def test_a_refused_first_ingest_leaves_no_warehouse_file(tmp_path: Path) -> None
     assert traceq("runs", "--db", new, "--format", "csv").out.splitlines()[1].startswith("t,")
     assert traceq("ingest", bad, "--db", new).code == 1 and new.is_file()
     assert traceq("runs", "--db", new, "--format", "csv").out.splitlines()[1].startswith("t,")
+
+
+# ------------------------------------------------------------------ 7. smaller
+
+
+def test_sql_csv_gives_list_struct_and_map_columns_as_json_text(small_warehouse: Path) -> None:
+    import csv
+    import io
+    import json
+
+    run = traceq("sql", "select [1, 2] as l, {'a': 1, 'b': 'x,y'} as s, map([7], ['q']) as m, null::int[] as n, "
+                 "[[1], [2, 3]] as ll, 'plain' as t", "--db", small_warehouse, "--format", "csv")
+    assert run.code == 0 and "Traceback" not in run.err, run.err
+    header, row = list(csv.reader(io.StringIO(run.out)))
+    assert header == ["l", "s", "m", "n", "ll", "t"]
+    assert [json.loads(v) for v in row[:3]] == [[1, 2], {"a": 1, "b": "x,y"}, {"7": "q"}]
+    assert row[3:] == ["", "[[1], [2, 3]]", "plain"]

@@ -256,6 +256,11 @@ def _csv(frame: Any, header: bool = True) -> str:
     from traceq.terminal import CONTROLS, ESCAPES
 
     buf = io.StringIO()
+    # CSV has no lists or structs (DuckDB's LIST, STRUCT, MAP): each such value as its JSON text
+    frame = frame.with_columns(
+        pl.Series(name, [None if v is None else json.dumps(v, default=str) for v in frame[name].to_list()], dtype=pl.String)
+        for name, dtype in frame.schema.items() if dtype.is_nested()
+    )
     text = [name for name in frame.columns if frame.schema[name] == pl.String]
     frame.with_columns(frame[c].str.replace_many(CONTROLS, ESCAPES) for c in text).write_csv(buf, include_header=header)
     return buf.getvalue()
