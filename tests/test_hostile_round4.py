@@ -8,11 +8,13 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
 
+from tests.conftest import skip_or_fail
 from tests.test_bad_input import small_trace
 from tests.test_hostile import no_loss, one_line_error, traceq
 
@@ -299,3 +301,70 @@ def test_sql_csv_gives_list_struct_and_map_columns_as_json_text(small_warehouse:
     assert header == ["l", "s", "m", "n", "ll", "t"]
     assert [json.loads(v) for v in row[:3]] == [[1, 2], {"a": 1, "b": "x,y"}, {"7": "q"}]
     assert row[3:] == ["", "[[1], [2, 3]]", "plain"]
+
+
+def test_with_no_trace_processor_the_first_line_says_where_to_get_one(
+    small_warehouse: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("perfetto", reason="the Perfetto engine needs the perfetto package (traceq[perfetto])")
+    monkeypatch.delenv("TRACEQ_TRACE_PROCESSOR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no trace processor the package downloaded before
+    for proxy in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(proxy, "http://127.0.0.1:9")  # its download fails at once, with or without a network
+    trace = small_trace().write(tmp_path / "rank0.json")
+    run = traceq("sql", "--engine", "perfetto", trace, "select 1 as x")
+    line = one_line_error(run, "TRACEQ_TRACE_PROCESSOR", "--trace-processor", "could not download")
+    assert run.err.splitlines()[0] == line and run.out == "", (run.out, run.err)
+
+
+@pytest.fixture
+def noexec_tmpdir(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "noexec"
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,noexec", "tmpfs", str(path)], capture_output=True)
+    if done.returncode != 0:
+        skip_or_fail(f"cannot mount a noexec tmpfs here ({done.stderr.decode().strip()}); CI runs as root")
+    yield path
+    subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_noexec_tmpdir_is_named_with_what_to_do(noexec_tmpdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_perfetto_engine import BINARY
+
+    pytest.importorskip("perfetto", reason="the Perfetto engine needs the perfetto package (traceq[perfetto])")
+    if not BINARY.is_file():
+        skip_or_fail(f"{BINARY} is absent")
+    trace = small_trace().write(tmp_path / "rank0.json")
+    monkeypatch.setenv("TMPDIR", str(noexec_tmpdir))
+    run = traceq("sql", "--engine", "perfetto", "--trace-processor", BINARY, trace, "select 1 as x")
+    one_line_error(run, f"TMPDIR {noexec_tmpdir}", "noexec", "set TMPDIR")
+    # and with a TMPDIR that may hold programs, the same command answers
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    run = traceq("sql", "--engine", "perfetto", "--trace-processor", BINARY, trace, "select 1 as x", "--format", "csv")
+    assert run.code == 0 and run.out.splitlines() == ["x", "1"], run.err
+
+
+def test_the_perfetto_load_timeout_follows_the_traces_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from traceq.perfetto import processor
+
+    sizes = {"empty.json": 0, "ten.json": 10_000_000, "two.json.gz": 2_000_000, "big.json": 1_000_000_000}
+    for name, size in sizes.items():
+        with open(tmp_path / name, "wb") as f:
+            f.truncate(size)  # sparse: the size is what counts
+    # 60 s to start, 1 s a MB of JSON, a gzip file at 15x its size
+    assert {n: processor.load_timeout_s(tmp_path / n) for n in sizes} == {
+        "empty.json": 60, "ten.json": 70, "two.json.gz": 90, "big.json": 1060}
+    perfetto = pytest.importorskip("perfetto.trace_processor", reason="the perfetto package (traceq[perfetto])")
+    given = {}
+
+    class Stop(Exception):
+        pass
+
+    def config(**kwargs: object) -> None:
+        given.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(perfetto, "TraceProcessorConfig", config)
+    with pytest.raises(Stop), processor.open_trace(tmp_path / "big.json", Path("/bin/true"), 0):
+        pass
+    assert given["load_timeout"] == 1060
