@@ -12,7 +12,6 @@ from pathlib import Path
 import duckdb
 
 from traceq.errors import ConfigError, WarehouseError
-from traceq.store.export_check import check_export
 from traceq.store.parquet import (
     _FORMER_NAMES,
     _ONE_ROW_PER,
@@ -24,6 +23,7 @@ from traceq.store.parquet import (
 )
 from traceq.store.schema import rollback
 from traceq.store.warehouse import connect
+from traceq.store.export_check import check_export  # (kept last: the directory check is a module of its own)
 
 
 def export_parquet(db: str | Path, directory: str | Path, *, overwrite: bool = False) -> dict[str, int]:
