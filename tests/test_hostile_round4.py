@@ -368,3 +368,45 @@ def test_the_perfetto_load_timeout_follows_the_traces_size(tmp_path: Path, monke
     with pytest.raises(Stop), processor.open_trace(tmp_path / "big.json", Path("/bin/true"), 0):
         pass
     assert given["load_timeout"] == 1060
+
+
+def test_side_file_values_left_out_are_named_by_check(tmp_path: Path) -> None:
+    """A collector's run.json and power log with values traceq cannot use: each file named, with its fields and
+    the records left out, counted by hand below."""
+    import csv
+    import io
+    import json
+
+    folder = tmp_path / "side"
+    small_trace().write(folder / "rank0.json")
+    (folder / "rank0.run.json").write_text(json.dumps({
+        "run": "side", "rank": 0, "world_size": "eight", "tokens_per_step": 4096.5, "tp": True,
+        "peak_tflops": 989.5, "seq_len": 2048, "model": "m"}))  # 3 bad: world_size, tokens_per_step, tp
+    records = [
+        {"kind": "header", "traceq_power_log": 1, "source": "nvml", "interval_ms": 100, "gpus": [{"gpu": 0}]},
+        {"kind": "power", "wall_ns": 1000, "step": 1, "gpu": 0, "power_w": 300.5},  # good
+        {"kind": "power", "wall_ns": 2000, "step": 1, "gpu": 0, "power_w": "hot"},  # power_w not a number
+        {"kind": "power", "step": 1, "gpu": 0, "power_w": 310},  # no wall_ns: not stored
+        {"kind": "power", "wall_ns": 4000, "step": 1, "gpu": "zero", "power_w": 310},  # no gpu: not stored
+        {"kind": "energy", "wall_ns": 5000, "step": 1, "gpu": 0, "energy_mj": "lots"},  # energy not a number
+        {"kind": "energy", "wall_ns": 6000, "step": 2, "gpu": 0, "energy_mj": 100},  # good
+    ]
+    (folder / "rank0.power.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    db = tmp_path / "w.duckdb"
+    assert traceq("ingest", folder, "--db", db, "-q").code == 0
+    run = traceq("check", "--db", db, "--format", "csv")
+    assert run.code == 1, run.err  # warnings
+    found = {Path(r["path"]).name: r for r in csv.DictReader(io.StringIO(run.out)) if r["check"] == "side_values"}
+    assert set(found) == {"rank0.run.json", "rank0.power.jsonl"}
+    meta, power = found["rank0.run.json"], found["rank0.power.jsonl"]
+    assert (meta["severity"], meta["count"], meta["rank"]) == ("warning", "3", "0")
+    assert 'tokens_per_step = 4096.5, tp = true, world_size = "eight"' in meta["detail"]
+    assert power["count"] == "4"
+    assert ("2 without a gpu or wall_ns (not stored), 1 whose power_w is not a number, "
+            "1 whose energy_mj is not an integer") in power["detail"]
+    # a clean pair of side files gives no such finding
+    (folder / "rank0.run.json").write_text(json.dumps({"run": "side", "rank": 0, "world_size": 1}))
+    (folder / "rank0.power.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:2]))
+    clean = tmp_path / "clean.duckdb"
+    assert traceq("ingest", folder, "--db", clean, "-q").code == 0
+    assert "side_values" not in traceq("check", "--db", clean, "--format", "csv").out

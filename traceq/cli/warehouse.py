@@ -213,7 +213,7 @@ def check(
     trace), devices with communication but no compute, ranks the file did not name, ranks whose
     steps two traces hold, missing metadata, incomplete steps, ranks with different step counts,
     clock skew between ranks (from the end times of the same collective), events dropped by ingest,
-    duplicate events.
+    duplicate events, values of a collector's run.json or power log left out (not numbers).
 
     Exit code: 0 when nothing needs attention (no finding, or only severity info); 1 when a
     finding has severity warning, or the warehouse cannot be read.
