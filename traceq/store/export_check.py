@@ -91,10 +91,15 @@ def _check_partitions(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
             continue
         row = con.execute(
             """
-            select trace_id, list(distinct parse_dirpath(filename) order by parse_dirpath(filename))[:2]
-            from read_parquet(?, filename = true, hive_partitioning = false, union_by_name = true)
+            with files as (
+                select distinct trace_id, filename
+                from read_parquet(?, filename = true, hive_partitioning = false, union_by_name = true)
+            ),
+            folders as (select distinct trace_id, parse_dirpath(filename) as folder from files)
+            select trace_id, list(folder order by folder)[:2]
+            from folders
             group by trace_id
-            having count(distinct parse_dirpath(filename)) > 1
+            having count(*) > 1
             order by trace_id
             limit 1
             """,
