@@ -135,6 +135,12 @@ def _link_elsewhere(path: Path) -> None:
     path.symlink_to(moved)
 
 
+def _link_folder(path: Path) -> None:
+    moved = path.parent / f"{path.name}-moved"
+    path.rename(moved)
+    path.symlink_to(moved)
+
+
 GPU0 = Path("gpu_events/run=a/rank=0/data_0.parquet")
 EXPORT_DAMAGE = {
     # name: (damage the copy, what the one line says)
@@ -150,6 +156,8 @@ EXPORT_DAMAGE = {
     "a truncated .parquet": (lambda pq: _truncate(pq / GPU0), "data_0.parquet is not a whole Parquet file (100 bytes)"),
     "an empty .parquet": (lambda pq: (pq / GPU0).write_bytes(b""), "data_0.parquet is empty"),
     "a symlinked .parquet": (lambda pq: _link_elsewhere(pq / GPU0), "data_0.parquet is a symbolic link"),
+    "a symlinked rank folder": (lambda pq: _link_folder(pq / "gpu_events/run=a/rank=1"), "gpu_events/run=a/rank=1 is a symbolic link"),
+    "a symlinked table folder": (lambda pq: _link_folder(pq / "steps"), "steps is a symbolic link"),
     "a dangling symlinked .parquet": (lambda pq: (pq / GPU0.with_name("x.parquet")).symlink_to("/nonexistent/x.parquet"),
                                       "x.parquet is a symbolic link"),
 }

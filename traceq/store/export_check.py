@@ -54,10 +54,15 @@ def _parquet_files(root: Path) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for table in sorted(os.listdir(root)):
         folder = root / table
-        if not folder.is_dir() or folder.is_symlink():
+        if folder.is_symlink():
+            raise _damaged(root, f"{table} is a symbolic link (an export holds its own files)")
+        if not folder.is_dir():
             continue
         for here, dirs, names in os.walk(folder):
             dirs.sort()
+            linked = next((d for d in dirs if (Path(here) / d).is_symlink()), None)
+            if linked is not None:
+                raise _damaged(root, f"{(Path(here) / linked).relative_to(root)} is a symbolic link (an export holds its own files)")
             for name in sorted(names):
                 if not name.endswith(".parquet"):
                     continue
