@@ -271,8 +271,7 @@ def test_an_export_without_its_gpu_events_is_refused_and_nothing_imported(export
     assert done.exit_code == 1, done.output
     assert "damaged export: trace" in done.stderr and "reads 0 of its 2 GPU events (gpu_events/)" in done.stderr
     assert "2 more trace(s) fall short" in done.stderr and "nothing was imported" in done.stderr
-    with duckdb.connect(str(db), read_only=True) as con:
-        assert con.execute("select count(*) from traces").fetchone() == (0,)
+    assert not db.exists()  # refused before a warehouse was made
 
 
 def test_an_export_file_of_another_schema_is_refused(export: Path, tmp_path: Path) -> None:

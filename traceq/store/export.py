@@ -151,7 +151,7 @@ def import_parquet(directory: str | Path, db: str | Path) -> int:
     root = Path(directory)
     if not is_parquet_dir(root):
         raise WarehouseError(f"{root}: not a traceq Parquet directory (no {TRACES}/ folder)")
-    check_export(root)  # as a report reading it does: damage in one line, before the warehouse is opened
+    check_export(root, doing="imported")  # as a report reading it does: damage in one line, before the warehouse is opened
     con = connect(db)
     try:
         con.begin()

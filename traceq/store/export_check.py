@@ -23,29 +23,38 @@ _TRACE_TABLES = ("traces", "gpu_events", "host_events", "names", "steps", "trace
                  "step_wall_times", "step_windows", "power_logs", "power_samples")
 # the tables whose rows per trace the traces row counts
 _COUNTED = {"gpu_events": "n_gpu_events", "host_events": "n_host_events"}
+_COUNTED_AS = {"gpu_events": "GPU events", "host_events": "host events"}
 
 
-def _damaged(root: Path, what: str) -> WarehouseError:
-    return WarehouseError(f"{root}: damaged export: {what}; nothing of it was read. Export the warehouse again "
-                          "(traceq export --parquet DIR --overwrite)")
+class _Damage(Exception):
+    """What is wrong with the export, said by :func:`check_export` in one line."""
 
 
-def check_export(directory: str | Path) -> None:
+def _file(shown: Path | str, what: str) -> _Damage:
+    return _Damage(f"a Parquet file of it cannot be read ({shown} {what})")
+
+
+def check_export(directory: str | Path, *, doing: str = "read") -> None:
     """WarehouseError naming the first damage of the Parquet export at ``directory`` (one line), else None.
 
     Args:
         directory: a folder `traceq export --parquet` (or a cluster ingest) wrote; it has ``traces/``.
+        doing: what the caller was to do with it ("read", "imported"), for the message.
     """
     root = Path(directory)
-    files = _parquet_files(root)
-    con = duckdb.connect(":memory:")
     try:
-        _check_partitions(con, root, files)
-        _check_counts(con, root, files)
-    except duckdb.Error as exc:
-        raise _damaged(root, f"a file of it cannot be read ({str(exc).splitlines()[0]})") from None
-    finally:
-        con.close()
+        files = _parquet_files(root)
+        con = duckdb.connect(":memory:")
+        try:
+            _check_partitions(con, root, files)
+            _check_counts(con, root, files)
+        except duckdb.Error as exc:
+            raise _Damage(f"a Parquet file of it cannot be read ({str(exc).splitlines()[0]})") from None
+        finally:
+            con.close()
+    except _Damage as damage:
+        raise WarehouseError(f"{root}: {damage}; nothing was {doing}. Export the warehouse again "
+                             "(traceq export --parquet DIR --overwrite)") from None
 
 
 def _parquet_files(root: Path) -> dict[str, list[str]]:
@@ -55,14 +64,15 @@ def _parquet_files(root: Path) -> dict[str, list[str]]:
     for table in sorted(os.listdir(root)):
         folder = root / table
         if folder.is_symlink():
-            raise _damaged(root, f"{table} is a symbolic link (an export holds its own files)")
+            raise _Damage(f"damaged export: {table} is a symbolic link (an export holds its own files)")
         if not folder.is_dir():
             continue
         for here, dirs, names in os.walk(folder):
             dirs.sort()
             linked = next((d for d in dirs if (Path(here) / d).is_symlink()), None)
             if linked is not None:
-                raise _damaged(root, f"{(Path(here) / linked).relative_to(root)} is a symbolic link (an export holds its own files)")
+                raise _Damage(f"damaged export: {(Path(here) / linked).relative_to(root)} is a symbolic link "
+                              "(an export holds its own files)")
             for name in sorted(names):
                 if not name.endswith(".parquet"):
                     continue
@@ -75,7 +85,7 @@ def _parquet_files(root: Path) -> dict[str, list[str]]:
 def _whole(root: Path, path: Path) -> None:
     shown = path.relative_to(root)
     if path.is_symlink():
-        raise _damaged(root, f"{shown} is a symbolic link (an export holds its own files)")
+        raise _file(shown, "is a symbolic link (an export holds its own files)")
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -84,9 +94,9 @@ def _whole(root: Path, path: Path) -> None:
                 f.seek(size - 4)
             tail = f.read(4)
     except OSError as exc:
-        raise _damaged(root, f"{shown} cannot be read ({exc.strerror})") from None
+        raise _file(shown, f"cannot be opened: {exc.strerror}") from None
     if size < 12 or head != _MAGIC or tail != _MAGIC:
-        raise _damaged(root, f"{shown} is {'empty' if size == 0 else f'not a whole Parquet file ({size:,} bytes)'}")
+        raise _file(shown, "is empty" if size == 0 else f"is not a whole Parquet file ({size:,} bytes)")
 
 
 def _check_partitions(con: duckdb.DuckDBPyConnection, root: Path, files: dict[str, list[str]]) -> None:
@@ -113,7 +123,7 @@ def _check_partitions(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
         if row:
             trace_id, folders = row[0]
             where = " and ".join(str(Path(f).relative_to(root)) for f in folders)
-            raise _damaged(root, f"trace {trace_id} has rows of {table} in two partitions ({where})")
+            raise _Damage(f"damaged export: trace {trace_id} has rows of {table} in two partitions ({where})")
     if _TRACES in files:
         row = con.execute(
             "select trace_id, count(*) from read_parquet(?, hive_partitioning = false, union_by_name = true) "
@@ -121,7 +131,7 @@ def _check_partitions(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
             [files[_TRACES]],
         ).fetchall()
         if row:
-            raise _damaged(root, f"trace {row[0][0]} has {row[0][1]} rows in traces/ (a file or folder copied)")
+            raise _Damage(f"damaged export: trace {row[0][0]} has {row[0][1]} rows in traces/ (a file or folder copied)")
 
 
 def _check_counts(con: duckdb.DuckDBPyConnection, root: Path, files: dict[str, list[str]]) -> None:
@@ -130,7 +140,8 @@ def _check_counts(con: duckdb.DuckDBPyConnection, root: Path, files: dict[str, l
     if _TRACES not in files:
         return
     for table, column in _COUNTED.items():
-        counted = ("select trace_id, count(*) as n from read_parquet($events, hive_partitioning = false) group by trace_id"
+        counted = ("select trace_id, count(*) as n "
+                   "from read_parquet($events, hive_partitioning = false, union_by_name = true) group by trace_id"
                    if table in files else "select null::integer as trace_id, 0::bigint as n where false")
         params = {"traces": files[_TRACES], **({"events": files[table]} if table in files else {})}
         row = con.execute(
@@ -147,6 +158,7 @@ def _check_counts(con: duckdb.DuckDBPyConnection, root: Path, files: dict[str, l
         ).fetchall()
         if row:
             path, want, got, short = row[0]
-            more = f", and {short - 1} more trace(s)" if short > 1 else ""
-            gone = "" if table in files else f" (no {table}/ folder)"
-            raise _damaged(root, f"trace {path} reads {got:,} of its {want:,} rows of {table}{gone}{more}")
+            more = f", and {short - 1} more trace(s) fall short" if short > 1 else ""
+            gone = "" if table in files else f" (the {table}/ folder is missing)"
+            raise _Damage(f"damaged export: trace {path} reads {got:,} of its {want:,} {_COUNTED_AS[table]} "
+                          f"({table}/){more}{gone}")
