@@ -422,11 +422,12 @@ def test_an_export_removes_what_a_killed_one_left_and_nothing_else(handmade: Pat
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = tmp_path / f".run.pftrace.{int(gone.stdout)}.0a1b2c3d.tmp"  # a process that has ended
     alive = tmp_path / f".run.pftrace.{os.getppid()}.0a1b2c3d.tmp"  # one still running (this one's parent)
-    other = tmp_path / f".other.pftrace.{int(gone.stdout)}.0a1b2c3d.tmp"  # another trace's
-    for path in (stale, alive, other):
+    other = tmp_path / f".other.pftrace.{int(gone.stdout)}.0a1b2c3d.tmp"  # another output's, its writer gone too
+    mine = tmp_path / ".notes.1.tmp"  # a name traceq does not make
+    for path in (stale, alive, other, mine):
         path.write_bytes(b"half")
     export_perfetto(handmade, tmp_path / "run.pftrace")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other.name, "run.pftrace"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, mine.name, "run.pftrace"])
 
 
 @pytest.mark.slow

@@ -179,6 +179,10 @@ def test_narrow_tables_keep_the_column_that_names_a_row_whole(
         from traceq.kernel_names import short_names
 
         values = short_names(values)
+    if command[0] == "rules":  # a table shows the first screen of rules (CSV every one)
+        from traceq.cli.warehouse import RULES_SCREEN
+
+        values = values[:RULES_SCREEN]
     want = [value.replace(" ", "") for value in values]
     shown, at = _column_text(narrow.stdout, column), 0
     for value in want:  # every value whole, in order

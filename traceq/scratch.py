@@ -6,7 +6,6 @@ before it imports anything heavy."""
 from __future__ import annotations
 
 import atexit
-import glob
 import os
 import re
 import secrets
@@ -213,10 +212,20 @@ def atomic_file(target: Path) -> Iterator[IO[bytes]]:
         raise
 
 
+# what atomic_file names its temporary files: .<name>.<pid>.<8 hex digits>.tmp
+_ATOMIC_TEMP = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{8}\.tmp$")
+
+
 def _remove_stale(target: Path) -> None:
-    """Remove the temporary files of ``target`` that processes no longer running left (killed mid-write)."""
-    for temp in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
-        pid = temp.name[len(target.name) + 2:].split(".")[0]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            temp.unlink(missing_ok=True)
+    """Remove the temporary files that processes no longer running (killed mid-write: SIGKILL, SIGTERM)
+    left beside ``target``: its own, and those of any other output written to that folder (a killed
+    ``export --perfetto a.pftrace`` is cleaned by the next command that writes there, whatever its file)."""
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return  # (the folder cannot be listed: opening the temporary file says why)
+    for entry in entries:
+        m = _ATOMIC_TEMP.match(entry.name)
+        if m and entry.is_file(follow_symlinks=False) and not _process_alive(int(m.group(1))):
+            Path(entry.path).unlink(missing_ok=True)
 

@@ -54,7 +54,19 @@ app = typer.Typer(
 )
 
 
-DbOption = Annotated[Path, typer.Option("--db", help="DuckDB warehouse file.", show_default=True)]
+def resolved(ctx: Any, param: Any, value: Any) -> Any:
+    """An option's path as the one path the command checks and opens (``~`` expanded, absolute,
+    resolved: :func:`~traceq.store.location.user_path`); ``-``, ``:memory:``, an option-like or URL
+    value refused in one line. A Typer callback of every --db and output path."""
+    from traceq.store.location import user_path
+
+    if value is None:
+        return None
+    return user_path(value, max(param.opts, key=len) if param.opts else param.name)
+
+
+DbOption = Annotated[Path, typer.Option("--db", help="DuckDB warehouse file (or a directory `traceq export --parquet` wrote).",
+                                        show_default=True, callback=resolved)]
 
 
 class Format(str, Enum):
@@ -244,6 +256,11 @@ def _csv(frame: Any, header: bool = True) -> str:
     from traceq.terminal import CONTROLS, ESCAPES
 
     buf = io.StringIO()
+    # CSV has no lists or structs (DuckDB's LIST, STRUCT, MAP): each such value as its JSON text
+    frame = frame.with_columns(
+        pl.Series(name, [None if v is None else json.dumps(v, default=str) for v in frame[name].to_list()], dtype=pl.String)
+        for name, dtype in frame.schema.items() if dtype.is_nested()
+    )
     text = [name for name in frame.columns if frame.schema[name] == pl.String]
     frame.with_columns(frame[c].str.replace_many(CONTROLS, ESCAPES) for c in text).write_csv(buf, include_header=header)
     return buf.getvalue()

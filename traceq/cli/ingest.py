@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from traceq.cli.base import DbOption, NameOption, app, echo
+from traceq.cli.base import DbOption, NameOption, app, echo, resolved
 from traceq.errors import ConfigError
 from traceq.store.warehouse import DEFAULT_DB
 
@@ -57,13 +60,15 @@ def ingest(
     from traceq.ingest import ingest_traces
 
     _renamed(run, workers, "--threads")
-    summary = _with_progress(
-        lambda progress: ingest_traces(
-            inputs, db, name=name, rank=rank, threads=threads, progress=progress, step_marker=step_marker,
-            force=force,
-        ),
-        enabled=not quiet and sys.stderr.isatty(),
-    )
+    with _no_new_file_if_refused(db) as refused:
+        summary = _with_progress(
+            lambda progress: ingest_traces(
+                inputs, db, name=name, rank=rank, threads=threads, progress=progress, step_marker=step_marker,
+                force=force,
+            ),
+            enabled=not quiet and sys.stderr.isatty(),
+        )
+        refused.append(not summary.by_status("ingested"))
     for note in summary.notes:
         echo(f"note: {note}", err=True)
     for f in summary.files:
@@ -80,6 +85,22 @@ def ingest(
     echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {db}")
     if not summary.ok:
         raise typer.Exit(code=1)
+
+
+@contextmanager
+def _no_new_file_if_refused(db: Path) -> Iterator[list[bool]]:
+    """A warehouse ``db`` that this command made and then stored nothing in (every file refused, an error,
+    Ctrl-C) is removed again when the block ends: a refused first ingest leaves no file. The block appends
+    whether it stored nothing."""
+    from traceq.store.manage import remove_if_empty
+
+    fresh = not os.path.lexists(db)
+    refused: list[bool] = []
+    try:
+        yield refused
+    finally:
+        if fresh and (not refused or refused[-1]) and os.path.isfile(db):
+            remove_if_empty(db)
 
 
 def _with_progress(work: Any, enabled: bool) -> Any:
@@ -116,7 +137,7 @@ def _with_progress(work: Any, enabled: bool) -> Any:
 @app.command("ingest-cluster")
 def ingest_cluster(
     inputs: Annotated[list[str], typer.Argument(help="Trace files, globs or directories, at paths every worker can read.")],
-    parquet: Annotated[Path, typer.Option("--parquet", help="Output directory (same layout as `traceq export`), on storage every worker can write.")],
+    parquet: Annotated[Path, typer.Option("--parquet", callback=resolved, help="Output directory (same layout as `traceq export`), on storage every worker can write.")],
     scheduler: Annotated[Optional[str], typer.Option(help="Dask scheduler address, e.g. tcp://10.0.0.5:8786 (default: a local cluster).")] = None,
     processes: Annotated[Optional[int], typer.Option(help="Worker processes of the local cluster (default: one per CPU; 1 to 4 per CPU); ignored with --scheduler.")] = None,
     name: NameOption = None,
@@ -167,7 +188,9 @@ def import_parquet_command(
     """
     from traceq.store.export import import_parquet
 
-    added = import_parquet(parquet, db)
+    with _no_new_file_if_refused(db) as refused:
+        added = import_parquet(parquet, db)
+        refused.append(False)
     echo(f"imported {added} trace(s) from {parquet} -> {db}")
 
 

@@ -23,6 +23,7 @@ from traceq.cli.base import (
     app,
     echo,
     emit,
+    resolved,
     selecting_steps,
     show,
 )
@@ -39,7 +40,7 @@ def report(
     whole_trace: Annotated[bool, typer.Option("--whole-trace", help="Report the whole timeline and every kernel, not the selected steps' windows.")] = False,
     run: Annotated[Optional[list[str]], typer.Option("--run", help="Only this run (repeatable).")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
-    html: Annotated[Optional[Path], typer.Option(help="Also write a self-contained HTML report (plots, tables) of the selected runs and steps to this file.")] = None,
+    html: Annotated[Optional[Path], typer.Option(callback=resolved, help="Also write a self-contained HTML report (plots, tables) of the selected runs and steps to this file.")] = None,
     traces: Annotated[Optional[list[str]], typer.Argument(help="With --engine perfetto: trace files, globs or directories, read directly (no warehouse).", show_default=False)] = None,
     engine: EngineOption = Engine.duckdb,
     trace_processor: TraceProcessorOption = None,
@@ -134,7 +135,7 @@ def summary(
     by: Annotated[str, typer.Option(help="Grain: comma-separated run, rank, device, step or run metadata columns.")] = "run,rank",
     run: RunOption = None,
     fmt: FormatOption = Format.table,
-    html: Annotated[Optional[Path], typer.Option(help="Also write the summary as a self-contained HTML page (the shares as stacked bars, the table).")] = None,
+    html: Annotated[Optional[Path], typer.Option(callback=resolved, help="Also write the summary as a self-contained HTML page (the shares as stacked bars, the table).")] = None,
     selection: Any = None,
 ) -> None:
     """Where each GPU's step time goes, on one screen: step time, then compute, overlapped comm,
@@ -278,7 +279,7 @@ def diff(
     skip_steps: Annotated[Optional[int], typer.Option(help="Leading profiled steps to skip on both sides (default: each run's warmup_steps metadata, else 0).")] = None,
     include_last: IncludeLastOption = False,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
-    html: Annotated[Optional[Path], typer.Option(help="Also write the diff as a self-contained HTML page.")] = None,
+    html: Annotated[Optional[Path], typer.Option(callback=resolved, help="Also write the diff as a self-contained HTML page.")] = None,
 ) -> None:
     """Compare two runs, two step ranges of a run, or two ranks: every metric, exposed comm per
     collective type and kernel time per category, as means over each side's rank-steps, with the
@@ -311,7 +312,7 @@ def scaling(
     by: Annotated[str, typer.Option(help="Run metadata columns that split runs into separate series, e.g. model,tp.")] = "",
     run: RunOption = None,
     fmt: FormatOption = Format.table,
-    html: Annotated[Optional[Path], typer.Option(help="Also write the HTML report (scaling curves with the ideal line) to this file.")] = None,
+    html: Annotated[Optional[Path], typer.Option(callback=resolved, help="Also write the HTML report (scaling curves with the ideal line) to this file.")] = None,
     metric: Annotated[Optional[str], typer.Option(help="A collective figure across runs instead of tokens/s: busbw_gbps, algbw_gbps, transfer_us or wait_us, per collective type.")] = None,
     selection: Any = None,
 ) -> None:

@@ -25,6 +25,7 @@ from traceq.cli.base import (
     app,
     echo,
     emit,
+    resolved,
     show,
 )
 from traceq.errors import ConfigError
@@ -165,6 +166,9 @@ def rules(
 ) -> None:
     """Show the kernel classification rules, or add your own (they apply to data already ingested).
 
+    The table shows how many there are and the first screen of them; --format csv lists every rule.
+    A warehouse holds at most 10,000 rules of your own.
+
     A rule is an RE2 regular expression on the kernel name; the lowest priority that matches wins
     (user rules win ties). Example, to count a custom all-reduce kernel as communication:
 
@@ -182,7 +186,17 @@ def rules(
         echo(f"added {added} rule(s) from {add}: {total} rule(s) now (traceq rules lists them)")
         return
     frame = rule_table(db)
+    if fmt is Format.table:
+        user = frame.filter(frame["source"] == "user").height
+        shown = min(frame.height, RULES_SCREEN)
+        echo(f"{frame.height:,} rules ({frame.height - user:,} builtin, {user:,} yours)"
+             + (f"; the first {shown:,} (the ones that win first) shown: --format csv lists them all"
+                if shown < frame.height else ""), err=True)
+        frame = frame.head(shown)
     emit(frame, fmt)
+
+
+RULES_SCREEN = 40  # rules a table shows (CSV and JSON: every rule)
 
 
 @app.command()
@@ -199,7 +213,7 @@ def check(
     trace), devices with communication but no compute, ranks the file did not name, ranks whose
     steps two traces hold, missing metadata, incomplete steps, ranks with different step counts,
     clock skew between ranks (from the end times of the same collective), events dropped by ingest,
-    duplicate events.
+    duplicate events, values of a collector's run.json or power log left out (not numbers).
 
     Exit code: 0 when nothing needs attention (no finding, or only severity info); 1 when a
     finding has severity warning, or the warehouse cannot be read.
@@ -228,6 +242,7 @@ def sql(
     rank: Annotated[Optional[int], typer.Option(help="With --engine perfetto: the rank of a trace that names none.")] = None,
     step_marker: Annotated[Optional[str], typer.Option(help="With --engine perfetto: a regular expression on the names of the step spans (as traceq ingest --step-marker).")] = None,
     max_rows: Annotated[int, typer.Option("--max-rows", help="Print at most this many rows (the query's first ones), and say so when there were more.", min=1)] = 100_000,
+    max_mb: Annotated[float, typer.Option("--max-mb", help="Hold at most this many MB of rows (the query's first ones; --engine duckdb), and say so when there were more.", min=0.001)] = 64,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Run your own query over traceq's classification, step windows and metrics.
@@ -267,14 +282,14 @@ def sql(
         if len(words) != 1:
             raise ConfigError("give the query alone (the DuckDB engine reads the warehouse, --db); "
                               "to query a trace file use --engine perfetto", param="words", value=" ".join(words))
-        result = warehouse_sql(words[0], db, max_rows=max_rows)
+        result = warehouse_sql(words[0], db, max_rows=max_rows, max_bytes=int(max_mb * 1e6))
     show(result, fmt)
 
 
 @app.command()
 def export(
-    parquet: Annotated[Optional[Path], typer.Option("--parquet", help="Output directory (hive-style run=/rank= folders) for the whole warehouse as Parquet.")] = None,
-    perfetto: Annotated[Optional[Path], typer.Option("--perfetto", help="Output trace file (.pftrace) of the selected runs, ranks and steps, for ui.perfetto.dev.")] = None,
+    parquet: Annotated[Optional[Path], typer.Option("--parquet", callback=resolved, help="Output directory (hive-style run=/rank= folders) for the whole warehouse as Parquet.")] = None,
+    perfetto: Annotated[Optional[Path], typer.Option("--perfetto", callback=resolved, help="Output trace file (.pftrace) of the selected runs, ranks and steps, for ui.perfetto.dev.")] = None,
     db: DbOption = Path(DEFAULT_DB),
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier export in the directory, or the trace file.")] = False,
     run: RunOption = None,

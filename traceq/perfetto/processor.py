@@ -6,6 +6,7 @@ step marker and the file's rank), and tied to traceq's life: a killed traceq lea
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -182,6 +183,24 @@ class PerfettoTrace:
         self.execute(f"include perfetto module traceq.{module}")
 
 
+# How long the trace processor may take to load a trace: a floor for starting it, and time per MB of JSON
+# (a .json.gz counted as 15x its size: the corpus' h200-ddp rank0 is 6.3 MB of gzip, 91 MB of JSON). That
+# trace loaded, queried and closed in 19.6 s on 2 cores shared with other work (~5 MB/s); a constant 60 s
+# failed 6 loads of a full test run on a loaded machine, so the allowance is 5x that pace: 1 s a MB.
+LOAD_FLOOR_S = 60
+LOAD_S_PER_MB = 1.0
+GZIP_RATIO = 15
+
+
+def load_timeout_s(path: Path) -> int:
+    """Seconds the trace processor may take to load ``path``: :data:`LOAD_FLOOR_S` plus
+    :data:`LOAD_S_PER_MB` per MB of its JSON (a gzip file counted at :data:`GZIP_RATIO` times its size)."""
+    size_mb = Path(path).stat().st_size / 1e6
+    if Path(path).name.endswith(".gz"):
+        size_mb *= GZIP_RATIO
+    return LOAD_FLOOR_S + math.ceil(LOAD_S_PER_MB * size_mb)  # (the package takes whole seconds)
+
+
 @contextmanager
 def open_trace(path: Path, binary: Path | None, file_rank: int, marker: StepMarker = StepMarker()) -> Iterator[PerfettoTrace]:
     """``path`` loaded in a trace processor (``binary``, else the perfetto package's download), with
@@ -199,7 +218,7 @@ def open_trace(path: Path, binary: Path | None, file_rank: int, marker: StepMark
         config = TraceProcessorConfig(
             bin_path=_tied(binary or _package_binary(), stack),
             add_sql_packages=[SqlPackage(str(modules), "traceq")],
-            load_timeout=60,
+            load_timeout=load_timeout_s(path),
         )
         try:
             processor = TraceProcessor(trace=str(path), config=config)
@@ -235,11 +254,43 @@ def _package_binary() -> Path:
     """The perfetto package's own trace processor, downloaded on first use (tied as any other)."""
     from perfetto.trace_processor.api import PLATFORM_DELEGATE
 
-    try:
-        return Path(PLATFORM_DELEGATE().get_shell_path(None))
-    except subprocess.CalledProcessError as exc:  # the package's download (curl) failed
-        raise EngineError(f"no trace processor: the perfetto package could not download one ({Path(str(exc.cmd[0])).name} "
-                          f"exit status {exc.returncode}); {GET_IT}") from None
+    with _caught_output() as caught:  # the package's "Downloading ..." (stdout) and curl's error (stderr)
+        try:
+            return Path(PLATFORM_DELEGATE().get_shell_path(None))
+        except subprocess.CalledProcessError as exc:  # the package's download (curl) failed
+            tool = Path(str(exc.cmd[0])).name
+            said = _last_line(caught)
+            raise EngineError(f"no trace processor given, and the perfetto package could not download its own ({tool} "
+                              f"exit status {exc.returncode}{': ' + said if said else ''}); {GET_IT}") from None
+
+
+@contextmanager
+def _caught_output() -> Iterator[Any]:
+    """File descriptors 1 and 2 into a temporary file while the block runs (what a child process such as
+    curl writes there too), so that the command's first line on stderr is traceq's own."""
+    import sys
+    import tempfile
+
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    with tempfile.TemporaryFile("w+b") as caught:
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(caught.fileno(), 1)
+            os.dup2(caught.fileno(), 2)
+            yield caught
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
+def _last_line(caught: Any) -> str:
+    caught.seek(0)
+    lines = [line.strip() for line in caught.read()[-4096:].decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
 
 
 def _tied(binary: Path, stack: ExitStack) -> str:
@@ -248,6 +299,9 @@ def _tied(binary: Path, stack: ExitStack) -> str:
     import tempfile
 
     folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="traceq-tp-")))
+    if os.statvfs(folder).f_flag & os.ST_NOEXEC:  # the launcher there would fail with a bare "Permission denied"
+        raise EngineError(f"TMPDIR {tempfile.gettempdir()}: on a file system mounted noexec, where the trace processor's "
+                          "launcher cannot run; set TMPDIR to a folder that may hold programs (e.g. TMPDIR=~/.cache/tmp)")
     launcher = folder / "trace_processor_shell"
     launcher.write_text(_TIED.format(binary=shlex.quote(str(Path(binary).resolve()))))
     launcher.chmod(0o700)

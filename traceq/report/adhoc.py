@@ -27,7 +27,7 @@ BINDINGS = {"interval_breakdown": {"windows": "selected_windows"}}  # the select
 
 def warehouse_sql(
     sql: str, db: Warehouse = DEFAULT_DB, selection: StepSelection = StepSelection(include_last=True),
-    max_rows: int | None = None,
+    max_rows: int | None = None, max_bytes: int | None = None,
 ) -> Report:
     """The rows of ``sql`` (DuckDB) on the warehouse, as a report's table, where the names of :data:`RELATIONS` are traceq's
     relations (by default over every step, the open last one included, as the Perfetto engine's tables
@@ -36,8 +36,10 @@ def warehouse_sql(
     The query reads the warehouse and nothing else: where ``db`` is a path, the connection is closed to
     files (DuckDB's external access off: no COPY TO, no read_csv of other files, no ATTACH), to extensions
     (none installed or loaded) and to configuration changes. ``max_rows``: give at most this many rows
-    and a note that there were more; None: all."""
-    from traceq.store.frames import to_polars
+    and a note that there were more; None: all. ``max_bytes``: give the first rows within this many bytes
+    (read a batch at a time: a value of gigabytes is never held whole) and a note, or ConfigError where
+    the first row alone passes it; None: no bound."""
+    from traceq.store.frames import to_polars, to_polars_bounded
 
     with opened(db) as given, _own_cursor(given, db) as con:
         for name in RELATIONS:
@@ -53,7 +55,18 @@ def warehouse_sql(
             twice = sorted({c for c in result.columns if result.columns.count(c) > 1})
             if twice:
                 raise ConfigError(f"the query gives two columns named {', '.join(twice)}; name them apart (AS)")
-            return Report.of_query(to_polars(result if max_rows is None else result.limit(max_rows + 1)), (), max_rows)
+            if max_rows is not None:
+                result = result.limit(max_rows + 1)
+            if max_bytes is None:
+                return Report.of_query(to_polars(result), (), max_rows)
+            rows, complete = to_polars_bounded(result, max_bytes)
+            if complete:
+                return Report.of_query(rows, (), max_rows)
+            if not rows.height:
+                raise ConfigError(f"the query's first row alone passes {_mb(max_bytes)}, the most a result may hold "
+                                  "(--max-mb): select less of it (substr, fewer columns), or raise --max-mb")
+            note = f"the query's rows pass {_mb(max_bytes)}: the first {rows.height:,} are shown (--max-mb)"
+            return Report.of_query(rows, [note], max_rows)
         except duckdb.Error as exc:
             raise ConfigError(f"DuckDB refused the query: {str(exc).strip().splitlines()[0]}") from None
 
@@ -72,6 +85,10 @@ def _own_cursor(con: duckdb.DuckDBPyConnection, db: Warehouse) -> Iterator[duckd
         yield cursor
     finally:
         cursor.close()
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:,.0f} MB" if size >= 1e6 else f"{size:,} bytes"
 
 
 def _sandbox(con: duckdb.DuckDBPyConnection, db: Path) -> None:

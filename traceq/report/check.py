@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from traceq import query
+from traceq.catalog import RUN_KEYS
 from traceq.report.result import Report
 from traceq.report.selection import query_params
 from traceq.store.frames import to_polars
@@ -31,6 +32,7 @@ CHECKS = (
     "comm_without_compute",
     "incomplete_steps",
     "missing_metadata",
+    "side_values",
     "duplicate_ranks",
     "step_counts",
     "clock_skew",
@@ -60,7 +62,9 @@ def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = D
     rank), check, severity (warning | info), count (of the things found) and detail, warnings first. An
     empty table means every check passed.
     """
-    params = {"threshold_ns": skew_threshold_us * 1000, **query_params()}
+    numeric = [k for k in RUN_KEYS if k.kind in (int, float)]
+    params = {"threshold_ns": skew_threshold_us * 1000, "run_keys": [k.key for k in numeric],
+              "run_key_kinds": [k.kind.__name__ for k in numeric], **query_params()}
     con = connect(db, read_only=True)
     try:
         frames = []

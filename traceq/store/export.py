@@ -24,6 +24,7 @@ from traceq.store.parquet import (
 )
 from traceq.store.schema import rollback
 from traceq.store.warehouse import connect
+from traceq.store.export_check import check_export  # (kept last: the directory check is a module of its own)
 
 
 def export_parquet(db: str | Path, directory: str | Path, *, overwrite: bool = False) -> dict[str, int]:
@@ -151,6 +152,7 @@ def import_parquet(directory: str | Path, db: str | Path) -> int:
     root = Path(directory)
     if not is_parquet_dir(root):
         raise WarehouseError(f"{root}: not a traceq Parquet directory (no {TRACES}/ folder)")
+    check_export(root, doing="imported")  # as a report reading it does: damage in one line, before the warehouse is opened
     con = connect(db)
     try:
         con.begin()

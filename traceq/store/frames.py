@@ -55,3 +55,42 @@ class _ArrowStream:
 
     def __arrow_c_stream__(self, requested_schema: object = None) -> object:
         return self.relation.__arrow_c_stream__(requested_schema)
+
+
+def to_polars_bounded(relation: duckdb.DuckDBPyRelation, max_bytes: int, batch_rows: int = 2048) -> tuple[pl.DataFrame, bool]:
+    """The first rows of ``relation`` that fit ``max_bytes`` of Arrow memory, as a polars DataFrame, and
+    whether they are all of its rows. Rows come a batch at a time and reading stops at the first batch
+    past the bound, so a result of gigabytes (one value of ``repeat('x', 1e9)``) is never held whole
+    beyond the batch that passes it.
+
+    Args:
+        relation: the query.
+        max_bytes: the most bytes of the rows kept (Arrow's size of them: text, lists and numbers).
+        batch_rows: rows read at a time.
+    """
+    import polars as pl
+    import pyarrow as pa
+
+    reader = relation.to_arrow_reader(batch_rows)
+    kept: list[pa.RecordBatch] = []
+    held = 0
+    complete = True
+    for batch in reader:
+        if held + batch.nbytes > max_bytes:
+            complete = False
+            rows = _rows_within(batch, max_bytes - held)
+            if rows:
+                kept.append(batch.slice(0, rows))
+            break
+        kept.append(batch)
+        held += batch.nbytes
+    table = pa.Table.from_batches(kept, schema=reader.schema)
+    return pl.from_arrow(table), complete
+
+
+def _rows_within(batch: object, room: int) -> int:
+    """How many of ``batch``'s first rows fit ``room`` bytes (halving from all of them)."""
+    rows = batch.num_rows  # type: ignore[attr-defined]
+    while rows and batch.slice(0, rows).nbytes > room:  # type: ignore[attr-defined]
+        rows //= 2
+    return rows

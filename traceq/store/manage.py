@@ -111,3 +111,35 @@ def rules(db: Warehouse) -> pl.DataFrame:
     """The kernel classification rules in force, the one that wins first (``traceq rules``)."""
     with opened(db) as con:
         return to_polars(list_rules(con))
+
+
+def remove_if_empty(db: str | Path) -> bool:
+    """Remove the warehouse file ``db`` (and its write-ahead log) where it holds nothing anyone put in it:
+    traceq's schema and builtin rules alone (what a refused first ingest made). Taken with the write lock
+    held, so no other writer is in it; a file that is not such a warehouse, or one in use, stays. Returns
+    whether it was removed."""
+    from traceq.store.warehouse import inspect_warehouse
+
+    path = Path(db)
+    try:
+        con = duckdb.connect(str(path))
+    except duckdb.Error:
+        return False  # locked by another writer, or not a DuckDB file: not ours to remove
+    try:
+        state, _ = inspect_warehouse(con)
+        if state not in ("current", "empty"):
+            return False
+        if state == "current":
+            held = con.execute(
+                "select (select count(*) from traces) + (select count(*) from runs) + (select count(*) from run_settings)"
+                " + (select count(*) from kernel_rules where source = 'user')").fetchall()[0][0]
+            if held:
+                return False
+        # unlinked while the lock is held: a writer that waits for it opens a new file
+        path.with_name(path.name + ".wal").unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+        return True
+    except (duckdb.Error, OSError):
+        return False
+    finally:
+        con.close()

@@ -26,6 +26,7 @@ import duckdb
 
 from traceq.errors import WarehouseError
 from traceq.query import sql_text
+from traceq.store.export_check import check_export
 from traceq.store.schema import builtin_rules, prepare_session
 
 # Written last, read first: a trace's rows count only once its traces row exists.
@@ -123,6 +124,7 @@ def open_parquet(directory: str | Path, *, read_only: bool = True) -> duckdb.Duc
         raise WarehouseError(
             f"{root}: not a traceq Parquet directory (no {TRACES}/ folder); write one with `traceq export --parquet {root}`"
         )
+    check_export(root)  # damage said in one line, before a view over it reads wrong
     con = duckdb.connect(":memory:")
     con.execute(sql_text("schema.sql"))
     con.executemany("insert into kernel_rules values (?, ?, ?, ?, ?, 'builtin')", builtin_rules())

@@ -230,6 +230,11 @@ def _load_builtin_rules(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+# User rules a warehouse holds at most: every kernel name is matched against each rule, so a report's cost
+# grows with them (and a listing of a million rules took gigabytes)
+MAX_USER_RULES = 10_000
+
+
 def add_rules(con: duckdb.DuckDBPyConnection, path: Path) -> int:
     """Add user classification rules from a CSV file; they win over builtin rules of equal priority.
 
@@ -243,9 +248,16 @@ def add_rules(con: duckdb.DuckDBPyConnection, path: Path) -> int:
         raise ConfigError(f"{path}: cannot read the rules file ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save the rules file as UTF-8") from None
+    if text.count("\n") > MAX_USER_RULES + 1:  # before parsing: a file of a million rules is refused at once
+        raise ConfigError(f"{path}: {text.count(chr(10)):,} lines, more than the {MAX_USER_RULES:,} user rules a "
+                          "warehouse holds; merge rules into fewer patterns (a|b)")
     rows = read_rules(text, str(path))
     if not rows:
         raise ConfigError(f"{path}: holds no rule, only a header")
+    held = con.execute("select count(*) from kernel_rules where source = 'user'").fetchall()[0][0]
+    if held + len(rows) > MAX_USER_RULES:
+        raise ConfigError(f"{path}: {len(rows):,} rules, and the warehouse holds {held:,} user rules already: more than "
+                          f"the {MAX_USER_RULES:,} it holds; merge rules into fewer patterns (a|b)")
     patterns = [r[1] for r in rows]
     try:  # every pattern in one query; on an error, find the row it came from
         con.execute("select count(regexp_matches('', p)) from unnest(?) as t(p)", [patterns])

@@ -18,6 +18,7 @@ import duckdb
 
 from traceq import scratch
 from traceq.errors import ConfigError, WarehouseError
+from traceq.store.location import warehouse_path
 from traceq.store.parquet import is_parquet_dir, open_parquet
 from traceq.store.schema import (
     FORMER_COLUMNS,
@@ -35,7 +36,6 @@ DEFAULT_DB = "traceq.duckdb"
 REPORT_MEMORY_LIMIT = "2GB"
 _SIZE = re.compile(r"\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
 _spill_ids = itertools.count()
-_REMOTE = re.compile(r"^(?:md|motherduck):|^[A-Za-z][A-Za-z0-9+.-]+:/")  # md:db, s3://..., https://...
 Warehouse = str | Path | duckdb.DuckDBPyConnection  # a path to open, or a connection already open
 
 
@@ -84,15 +84,12 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False, wait_s: flo
     connections never write to the file.
 
     Args:
-        db: path of the DuckDB file, or ":memory:".
+        db: path of the DuckDB file (``~`` expanded: :func:`~traceq.store.location.user_path`), or ":memory:".
         read_only: open without taking the write lock (reports).
         wait_s: how long to wait for another process that holds the write lock (default
             :func:`lock_wait_s`).
     """
-    path = str(db)
-    if _REMOTE.match(path):
-        raise WarehouseError(f"{path}: a warehouse is a local DuckDB file or Parquet directory; traceq opens no URL "
-                             "and no MotherDuck database (copy it here first)")
+    path = warehouse_path(db)  # the one path checked below and opened (DuckDB's own reading of `~` never comes in)
     if path != ":memory:" and Path(path).is_dir():  # Parquet written by `traceq export` or a cluster ingest
         if not is_parquet_dir(path):
             raise WarehouseError(f"{path}: a directory, and not a traceq Parquet export (no traces/ folder); give --db "

@@ -1,0 +1,420 @@
+"""Hostile input, round 4 (issue 51): the shapes the probe tried, each run as the real `traceq` command in a
+process of its own and counted in the hostile suite's tally (tests/test_hostile.py's ``traceq`` and
+``one_line_error``): one error line, no traceback, nothing foreign changed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import skip_or_fail
+from tests.test_bad_input import small_trace
+from tests.test_hostile import no_loss, one_line_error, traceq
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A HOME of its own holding someone's DuckDB database (x.duckdb), and a working directory apart from it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with duckdb.connect(str(home / "x.duckdb")) as con:
+        con.execute("create table measurements (x int); insert into measurements values (42)")
+    work = tmp_path / "work"
+    work.mkdir()
+    small_trace().write(work / "t" / "rank0.json")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    return home
+
+
+# ------------------------------------------------------------------ 1. the path checked is the path opened
+
+TILDE_COMMANDS = {
+    "ingest": ["ingest", "t/rank0.json", "-q"],
+    "report": ["report"],
+    "runs": ["runs"],
+    "kernels": ["kernels"],
+    "rules --add": ["rules", "--add", "rules.csv"],
+    "runs set": ["runs", "set", "t", "--tp", "2"],
+    "export --parquet": ["export", "--parquet", "pq"],
+    "migrate": ["migrate"],
+}
+
+
+@pytest.mark.parametrize("command", list(TILDE_COMMANDS))
+def test_db_under_a_tilde_is_the_file_in_home_and_a_foreign_one_there_is_left_byte_identical(
+    command: str, home: Path
+) -> None:
+    Path("rules.csv").write_text("priority,pattern,class,category,collective\n5,^my_kernel,comm,custom,AllReduce\n")
+    before = _digest(home / "x.duckdb")
+    run = traceq(*TILDE_COMMANDS[command], "--db", "~/x.duckdb")
+    # the message names the file DuckDB would have opened, not ./~/x.duckdb
+    line = one_line_error(run, str(home / "x.duckdb"))
+    assert "not a traceq warehouse" in line or "no warehouse here" in line, line
+    no_loss(_digest(home / "x.duckdb") == before, "the foreign database in HOME changed")
+    assert not Path("~").exists() and sorted(p.name for p in home.iterdir()) == ["x.duckdb"]
+
+
+@pytest.mark.parametrize("value, needle", [
+    (":memory:", "in-memory database"),
+    (":memory:named", "in-memory database"),
+    ("-", "'-'"),
+    ("--help", "an option, not a file name"),
+    ("-q", "an option, not a file name"),
+    ("x.duckdb?access_mode=read_write", "settings"),
+    ("~/x.duckdb?access_mode=read_write", "settings"),
+])
+@pytest.mark.parametrize("command", ["ingest", "report", "import-parquet"])
+def test_db_values_that_name_no_file_of_their_own_are_refused_in_one_line(
+    value: str, needle: str, command: str, home: Path
+) -> None:
+    before = _digest(home / "x.duckdb")
+    args = {"ingest": ["ingest", "t/rank0.json"], "report": ["report"], "import-parquet": ["import-parquet", "t"]}[command]
+    run = traceq(*args, f"--db={value}")
+    one_line_error(run, "--db", needle)
+    made = sorted(str(p.relative_to(Path.cwd())) for p in Path.cwd().rglob("*"))
+    no_loss(made == ["t", "t/rank0.json"], f"{command} --db {value!r} wrote {made}")
+    no_loss(_digest(home / "x.duckdb") == before, "the foreign database in HOME changed")
+
+
+@pytest.mark.parametrize("option, value", [("--html", "-"), ("--html", "--help"), ("--html", ":memory:"),
+                                           ("--html", "a.html?x=1")])
+def test_output_paths_that_name_no_file_of_their_own_are_refused_in_one_line(option: str, value: str, home: Path) -> None:
+    assert traceq("ingest", "t/rank0.json", "--db", "w.duckdb", "-q").code == 0
+    run = traceq("report", "--db", "w.duckdb", f"{option}={value}")
+    one_line_error(run, option)
+    assert sorted(p.name for p in Path.cwd().iterdir()) == ["t", "w.duckdb"]
+
+
+def test_output_paths_under_a_tilde_are_written_in_home(home: Path) -> None:
+    assert traceq("ingest", "t/rank0.json", "--db", "~/w.duckdb", "-q").code == 0
+    assert (home / "w.duckdb").is_file() and not Path("~").exists()
+    assert traceq("report", "--db", "~/w.duckdb", "--html", "~/r.html").code == 0
+    assert traceq("export", "--parquet", "~/pq", "--db", "~/w.duckdb").code == 0
+    assert traceq("export", "--perfetto", "~/w.pftrace", "--db", "~/w.duckdb").code == 0
+    assert (home / "r.html").stat().st_size > 1000 and (home / "pq" / "traces").is_dir()
+    assert (home / "w.pftrace").stat().st_size > 0
+    assert not Path("~").exists()
+    # and what was written there reads back, through the same expansion
+    run = traceq("runs", "--db", "~/pq", "--format", "csv")
+    assert run.code == 0 and run.out.splitlines()[1].startswith("t,"), run.out + run.err
+
+
+# ------------------------------------------------------------------ 2. a Parquet directory is checked when read
+
+
+@pytest.fixture(scope="module")
+def clean_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An export of two traces (run a, ranks 0 and 1) with two GPU and three host events each."""
+    d = tmp_path_factory.mktemp("export")
+    small_trace(0).write(d / "a" / "rank0.json")
+    small_trace(1).write(d / "a" / "rank1.json")
+    assert traceq("ingest", d / "a", "--db", d / "w.duckdb", "-q").code == 0
+    assert traceq("export", "--parquet", d / "pq", "--db", d / "w.duckdb").code == 0
+    return d / "pq"
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def _link_elsewhere(path: Path) -> None:
+    moved = path.parent.parent.parent.parent.parent / f"moved-{path.parent.name}.parquet"
+    path.rename(moved)
+    path.symlink_to(moved)
+
+
+def _link_folder(path: Path) -> None:
+    moved = path.parent / f"{path.name}-moved"
+    path.rename(moved)
+    path.symlink_to(moved)
+
+
+GPU0 = Path("gpu_events/run=a/rank=0/data_0.parquet")
+EXPORT_DAMAGE = {
+    # name: (damage the copy, what the one line says)
+    "gpu_events/ removed": (lambda pq: shutil.rmtree(pq / "gpu_events"), "0 of its 2 GPU events (gpu_events/), and 1 more trace(s) fall short (the gpu_events/ folder is missing)"),
+    "host_events of rank 1 removed": (lambda pq: shutil.rmtree(pq / "host_events/run=a/rank=1"), "0 of its 3 host events (host_events/)"),
+    "traces/run=a copied as run=z": (lambda pq: shutil.copytree(pq / "traces/run=a", pq / "traces/run=z"),
+                                     "traces/run=a and traces/run=z"),
+    "a gpu_events partition copied to rank 7": (
+        lambda pq: shutil.copytree(pq / "gpu_events/run=a/rank=0", pq / "gpu_events/run=a/rank=7"),
+        "gpu_events/run=a/rank=0 and gpu_events/run=a/rank=7"),
+    "a gpu_events file copied beside itself": (lambda pq: shutil.copy(pq / GPU0, pq / GPU0.with_name("data_1.parquet")),
+                                               "4 of its 2 GPU events (gpu_events/)"),
+    "a truncated .parquet": (lambda pq: _truncate(pq / GPU0), "cannot be read (gpu_events/run=a/rank=0/data_0.parquet is not a whole Parquet file (100 bytes))"),
+    "an empty .parquet": (lambda pq: (pq / GPU0).write_bytes(b""), "data_0.parquet is empty"),
+    "a symlinked .parquet": (lambda pq: _link_elsewhere(pq / GPU0), "data_0.parquet is a symbolic link"),
+    "a symlinked rank folder": (lambda pq: _link_folder(pq / "gpu_events/run=a/rank=1"), "gpu_events/run=a/rank=1 is a symbolic link"),
+    "a symlinked table folder": (lambda pq: _link_folder(pq / "steps"), "steps is a symbolic link"),
+    "a dangling symlinked .parquet": (lambda pq: (pq / GPU0.with_name("x.parquet")).symlink_to("/nonexistent/x.parquet"),
+                                      "x.parquet is a symbolic link"),
+}
+
+
+@pytest.mark.parametrize("command", ["report", "kernels", "runs", "import-parquet"])
+@pytest.mark.parametrize("damage", list(EXPORT_DAMAGE))
+def test_a_damaged_export_is_refused_in_one_line_by_every_reader(
+    damage: str, command: str, clean_export: Path, tmp_path: Path
+) -> None:
+    pq = tmp_path / "pq"
+    shutil.copytree(clean_export, pq, symlinks=True)
+    make, needle = EXPORT_DAMAGE[damage]
+    make(pq)
+    new = tmp_path / "new.duckdb"
+    run = traceq(*(["import-parquet", pq, "--db", new] if command == "import-parquet" else [command, "--db", pq]))
+    one_line_error(run, f"{pq}: ", needle, "nothing was imported" if command == "import-parquet" else "nothing was read")
+    no_loss(not new.exists(), f"a refused import left {new}")
+
+
+def test_the_export_undamaged_reads_as_its_warehouse(clean_export: Path) -> None:
+    """The check passes what export wrote: the report on the directory equals the report on the warehouse."""
+    warehouse = clean_export.parent / "w.duckdb"
+    for command in (["report", "--format", "csv"], ["kernels", "--format", "csv"]):
+        on_dir, on_db = traceq(*command, "--db", clean_export), traceq(*command, "--db", warehouse)
+        assert on_dir.code == 0 and on_dir.out == on_db.out and on_dir.out.count("\n") >= 3, on_dir.err
+
+
+# ------------------------------------------------------------------ 5. bounded: sql results and user rules
+
+
+@pytest.fixture(scope="module")
+def small_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("small")
+    small_trace().write(d / "t" / "rank0.json")
+    assert traceq("ingest", d / "t", "--db", d / "w.duckdb", "-q").code == 0
+    return d / "w.duckdb"
+
+
+def test_sql_with_one_value_past_the_byte_bound_fails_in_one_line_in_bounded_memory(small_warehouse: Path) -> None:
+    # 200 MB in one value: before, the whole of it went to the table (300 MB took 212 s and 5.4 GB)
+    run = traceq("sql", "select repeat('x', 200000000) as s", "--db", small_warehouse, timeout=60)
+    one_line_error(run, "first row alone passes 64 MB", "--max-mb")
+    # DuckDB makes the value (2x its size, measured alone); traceq holds one batch of it, not its text too
+    assert run.maxrss_mb < 1200, f"{run.maxrss_mb:.0f} MB"
+
+
+def test_sql_rows_past_the_byte_bound_are_cut_with_a_note(small_warehouse: Path) -> None:
+    run = traceq("sql", "select i, repeat('x', 1000) as s from range(20000) as t(i)", "--db", small_warehouse,
+                 "--max-mb", "2", "--format", "csv")
+    assert run.code == 0, run.err
+    lines = run.out.splitlines()
+    shown = len(lines) - 1
+    # each row holds an int64 (8 bytes) and 1,000 bytes of text with its 4-byte offset: 1,012 bytes in Arrow;
+    # the rows kept fit 2 MB, and fall short of it by less than one batch (2,048 rows)
+    assert shown * 1012 <= 2_000_000 < (shown + 2048) * 1012, shown
+    assert lines[1:] == [f"{i},{'x' * 1000}" for i in range(shown)]
+    assert f"the query's rows pass 2 MB: the first {shown:,} are shown (--max-mb)" in run.err
+
+
+def test_rules_add_past_the_stated_number_is_refused_at_once(small_warehouse: Path, tmp_path: Path) -> None:
+    from traceq.store.schema import MAX_USER_RULES
+
+    db = tmp_path / "w.duckdb"
+    shutil.copy(small_warehouse, db)
+    many = tmp_path / "many.csv"
+    many.write_text("priority,pattern,class,category,collective\n"
+                    + "".join(f"5,^k{i}_,comm,custom,AllReduce\n" for i in range(1_200_000)))
+    run = traceq("rules", "--add", many, "--db", db, timeout=30)
+    one_line_error(run, str(many), f"more than the {MAX_USER_RULES:,} user rules")
+    assert run.maxrss_mb < 600, f"{run.maxrss_mb:.0f} MB"
+    # up to the bound they are taken; one more, with those held, is not
+    full = tmp_path / "full.csv"
+    full.write_text("priority,pattern,class,category,collective\n"
+                    + "".join(f"5,^k{i}_,comm,custom,AllReduce\n" for i in range(MAX_USER_RULES)))
+    assert traceq("rules", "--add", full, "--db", db).code == 0
+    one_more = tmp_path / "one.csv"
+    one_more.write_text("priority,pattern,class,category,collective\n5,^z_,comm,custom,AllReduce\n")
+    one_line_error(traceq("rules", "--add", one_more, "--db", db), f"holds {MAX_USER_RULES:,} user rules already")
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select count(*) from kernel_rules where source = 'user'").fetchone()[0] == MAX_USER_RULES
+    # the listing: a count and the first screen as a table; every rule as CSV
+    listed = traceq("rules", "--db", db)
+    with duckdb.connect(str(db), read_only=True) as con:
+        total = con.execute("select count(*) from kernel_rules").fetchone()[0]
+    assert listed.code == 0 and f"{total:,} rules ({total - MAX_USER_RULES:,} builtin, {MAX_USER_RULES:,} yours)" in listed.err
+    assert "the first 40" in listed.err and listed.out.count("\n") < 60
+    every = traceq("rules", "--db", db, "--format", "csv")
+    assert every.code == 0 and len(every.out.splitlines()) == total + 1
+    help_text = traceq("rules", "--help").out
+    assert f"at most {MAX_USER_RULES:,} rules of your own" in " ".join(help_text.split())
+
+
+# ------------------------------------------------------------------ 6. nothing left behind
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("writer", ["export --perfetto", "report --html"])
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_command_writing_there(
+    writer: str, small_warehouse: Path, tmp_path: Path
+) -> None:
+    # what atomic_file leaves when its process is killed mid-write: .<name>.<pid>.<8 hex>.tmp
+    dead = tmp_path / f".killed.pftrace.{_dead_pid()}.0123abcd.tmp"
+    alive = tmp_path / f".writing.html.{os.getpid()}.89abcdef.tmp"  # a live writer's: kept
+    mine = tmp_path / ".notes.123.tmp"  # not a name traceq makes: kept
+    for f in (dead, alive, mine):
+        f.write_bytes(b"x" * 1000)
+    out = tmp_path / ("t.pftrace" if writer == "export --perfetto" else "t.html")
+    args = (["export", "--perfetto", out, "--db", small_warehouse] if writer == "export --perfetto"
+            else ["report", "--db", small_warehouse, "--html", out])
+    run = traceq(*args)
+    assert run.code == 0, run.err
+    assert out.is_file() and not dead.exists() and alive.exists() and mine.exists()
+
+
+def test_a_refused_first_ingest_leaves_no_warehouse_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"a": 1}')
+    good = small_trace().write(tmp_path / "t" / "rank0.json")
+    new = tmp_path / "new.duckdb"
+    one_line_error(traceq("ingest", bad, "--db", new), str(bad), "not a Kineto trace")
+    no_loss(not new.exists() and not new.with_name("new.duckdb.wal").exists(), "a refused first ingest left its file")
+    one_line_error(traceq("import-parquet", tmp_path / "t", "--db", new), "not a traceq Parquet directory")
+    assert not new.exists()
+    # a file that took one trace stays, and so does a warehouse that was there before the refusal
+    assert traceq("ingest", bad, good, "--db", new).code == 1 and new.is_file()
+    assert traceq("runs", "--db", new, "--format", "csv").out.splitlines()[1].startswith("t,")
+    assert traceq("ingest", bad, "--db", new).code == 1 and new.is_file()
+    assert traceq("runs", "--db", new, "--format", "csv").out.splitlines()[1].startswith("t,")
+
+
+# ------------------------------------------------------------------ 7. smaller
+
+
+def test_sql_csv_gives_list_struct_and_map_columns_as_json_text(small_warehouse: Path) -> None:
+    import csv
+    import io
+    import json
+
+    run = traceq("sql", "select [1, 2] as l, {'a': 1, 'b': 'x,y'} as s, map([7], ['q']) as m, null::int[] as n, "
+                 "[[1], [2, 3]] as ll, 'plain' as t", "--db", small_warehouse, "--format", "csv")
+    assert run.code == 0 and "Traceback" not in run.err, run.err
+    header, row = list(csv.reader(io.StringIO(run.out)))
+    assert header == ["l", "s", "m", "n", "ll", "t"]
+    assert [json.loads(v) for v in row[:3]] == [[1, 2], {"a": 1, "b": "x,y"}, {"7": "q"}]
+    assert row[3:] == ["", "[[1], [2, 3]]", "plain"]
+
+
+def test_with_no_trace_processor_the_first_line_says_where_to_get_one(
+    small_warehouse: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("perfetto", reason="the Perfetto engine needs the perfetto package (traceq[perfetto])")
+    monkeypatch.delenv("TRACEQ_TRACE_PROCESSOR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no trace processor the package downloaded before
+    for proxy in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(proxy, "http://127.0.0.1:9")  # its download fails at once, with or without a network
+    trace = small_trace().write(tmp_path / "rank0.json")
+    run = traceq("sql", "--engine", "perfetto", trace, "select 1 as x")
+    line = one_line_error(run, "TRACEQ_TRACE_PROCESSOR", "--trace-processor", "could not download")
+    assert run.err.splitlines()[0] == line and run.out == "", (run.out, run.err)
+
+
+@pytest.fixture
+def noexec_tmpdir(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "noexec"
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,noexec", "tmpfs", str(path)], capture_output=True)
+    if done.returncode != 0:
+        skip_or_fail(f"cannot mount a noexec tmpfs here ({done.stderr.decode().strip()}); CI runs as root")
+    yield path
+    subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_noexec_tmpdir_is_named_with_what_to_do(noexec_tmpdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_perfetto_engine import BINARY
+
+    pytest.importorskip("perfetto", reason="the Perfetto engine needs the perfetto package (traceq[perfetto])")
+    if not BINARY.is_file():
+        skip_or_fail(f"{BINARY} is absent")
+    trace = small_trace().write(tmp_path / "rank0.json")
+    monkeypatch.setenv("TMPDIR", str(noexec_tmpdir))
+    run = traceq("sql", "--engine", "perfetto", "--trace-processor", BINARY, trace, "select 1 as x")
+    one_line_error(run, f"TMPDIR {noexec_tmpdir}", "noexec", "set TMPDIR")
+    # and with a TMPDIR that may hold programs, the same command answers
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    run = traceq("sql", "--engine", "perfetto", "--trace-processor", BINARY, trace, "select 1 as x", "--format", "csv")
+    assert run.code == 0 and run.out.splitlines() == ["x", "1"], run.err
+
+
+def test_the_perfetto_load_timeout_follows_the_traces_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from traceq.perfetto import processor
+
+    sizes = {"empty.json": 0, "ten.json": 10_000_000, "two.json.gz": 2_000_000, "big.json": 1_000_000_000}
+    for name, size in sizes.items():
+        with open(tmp_path / name, "wb") as f:
+            f.truncate(size)  # sparse: the size is what counts
+    # 60 s to start, 1 s a MB of JSON, a gzip file at 15x its size
+    assert {n: processor.load_timeout_s(tmp_path / n) for n in sizes} == {
+        "empty.json": 60, "ten.json": 70, "two.json.gz": 90, "big.json": 1060}
+    perfetto = pytest.importorskip("perfetto.trace_processor", reason="the perfetto package (traceq[perfetto])")
+    given = {}
+
+    class Stop(Exception):
+        pass
+
+    def config(**kwargs: object) -> None:
+        given.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(perfetto, "TraceProcessorConfig", config)
+    with pytest.raises(Stop), processor.open_trace(tmp_path / "big.json", Path("/bin/true"), 0):
+        pass
+    assert given["load_timeout"] == 1060
+
+
+def test_side_file_values_left_out_are_named_by_check(tmp_path: Path) -> None:
+    """A collector's run.json and power log with values traceq cannot use: each file named, with its fields and
+    the records left out, counted by hand below."""
+    import csv
+    import io
+    import json
+
+    folder = tmp_path / "side"
+    small_trace().write(folder / "rank0.json")
+    (folder / "rank0.run.json").write_text(json.dumps({
+        "run": "side", "rank": 0, "world_size": "eight", "tokens_per_step": 4096.5, "tp": True,
+        "peak_tflops": 989.5, "seq_len": 2048, "model": "m"}))  # 3 bad: world_size, tokens_per_step, tp
+    records = [
+        {"kind": "header", "traceq_power_log": 1, "source": "nvml", "interval_ms": 100, "gpus": [{"gpu": 0}]},
+        {"kind": "power", "wall_ns": 1000, "step": 1, "gpu": 0, "power_w": 300.5},  # good
+        {"kind": "power", "wall_ns": 2000, "step": 1, "gpu": 0, "power_w": "hot"},  # power_w not a number
+        {"kind": "power", "step": 1, "gpu": 0, "power_w": 310},  # no wall_ns: not stored
+        {"kind": "power", "wall_ns": 4000, "step": 1, "gpu": "zero", "power_w": 310},  # no gpu: not stored
+        {"kind": "energy", "wall_ns": 5000, "step": 1, "gpu": 0, "energy_mj": "lots"},  # energy not a number
+        {"kind": "energy", "wall_ns": 6000, "step": 2, "gpu": 0, "energy_mj": 100},  # good
+    ]
+    (folder / "rank0.power.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    db = tmp_path / "w.duckdb"
+    assert traceq("ingest", folder, "--db", db, "-q").code == 0
+    run = traceq("check", "--db", db, "--format", "csv")
+    assert run.code == 1, run.err  # warnings
+    found = {Path(r["path"]).name: r for r in csv.DictReader(io.StringIO(run.out)) if r["check"] == "side_values"}
+    assert set(found) == {"rank0.run.json", "rank0.power.jsonl"}
+    meta, power = found["rank0.run.json"], found["rank0.power.jsonl"]
+    assert (meta["severity"], meta["count"], meta["rank"]) == ("warning", "3", "0")
+    assert 'tokens_per_step = 4096.5, tp = true, world_size = "eight"' in meta["detail"]
+    assert power["count"] == "4"
+    assert ("2 without a gpu or wall_ns (not stored), 1 whose power_w is not a number, "
+            "1 whose energy_mj is not an integer") in power["detail"]
+    # a clean pair of side files gives no such finding
+    (folder / "rank0.run.json").write_text(json.dumps({"run": "side", "rank": 0, "world_size": 1}))
+    (folder / "rank0.power.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:2]))
+    clean = tmp_path / "clean.duckdb"
+    assert traceq("ingest", folder, "--db", clean, "-q").code == 0
+    assert "side_values" not in traceq("check", "--db", clean, "--format", "csv").out
