@@ -123,11 +123,6 @@ def test_every_tool_is_listed_read_only_with_its_output_schema(server: Session) 
         assert tool.description, tool.name
 
 
-def test_explain_is_served_and_gives_what_the_python_api_gives(server: Session, corpus_db: Path) -> None:
-    assert "explain" in {t.name for t in server.tools()}
-    same_report(server.answer("explain", {"run": [RUN]}), traceq.explain(corpus_db, runs=[RUN], selection=StepSelection()))
-
-
 def calls(db: Path) -> list[tuple[str, dict[str, Any], Callable[[], traceq.Report]]]:
     """(tool, arguments, the Python API's report for them)."""
     every = StepSelection()
@@ -150,6 +145,7 @@ def calls(db: Path) -> list[tuple[str, dict[str, Any], Callable[[], traceq.Repor
         ("critical_path", {"run": [RUN], "view": "segments"},
          lambda: traceq.critical_path(db, runs=[RUN], segments=True).report("segments")),
         ("diff", {"a": f"{RUN},rank=0", "b": f"{RUN},rank=3"}, lambda: traceq.diff(db, f"{RUN},rank=0", f"{RUN},rank=3")),
+        ("explain", {"run": [RUN]}, lambda: traceq.explain(db, runs=[RUN], selection=every)),
         ("sql", {"query": "select class, count(*) as n, sum(dur_ns) as dur_ns from gpu_activity group by class order by class"},
          lambda: traceq.warehouse_sql("select class, count(*) as n, sum(dur_ns) as dur_ns from gpu_activity group by class "
                                       "order by class", db)),

@@ -74,7 +74,7 @@ def list_traces(db: Warehouse = DEFAULT_DB) -> pl.DataFrame:
             """
             select
                 t.run,
-                string_agg(distinct s.rank::varchar, ',') as ranks,
+                array_to_string(list_sort(list(distinct s.rank)), ',') as ranks,  -- in rank order, every time
                 t.rank_source,
                 count(s.step) filter (where s.source = 'marker') as steps,
                 min(s.step) filter (where s.source = 'marker') as first_step,
