@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import skip_or_fail
+from tests.conftest import require_module, skip_or_fail
 from tests.test_bad_input import small_trace
 from tests.test_hostile import no_loss, one_line_error, traceq
 
@@ -418,3 +418,47 @@ def test_side_file_values_left_out_are_named_by_check(tmp_path: Path) -> None:
     clean = tmp_path / "clean.duckdb"
     assert traceq("ingest", folder, "--db", clean, "-q").code == 0
     assert "side_values" not in traceq("check", "--db", clean, "--format", "csv").out
+
+
+# ------------------------------------------------------------------ ingest-cluster against a scheduler no worker joins
+
+
+@pytest.fixture(scope="module")
+def lone_scheduler() -> Iterator[str]:
+    """A real Dask scheduler on loopback that no worker ever joins."""
+    require_module("distributed", 'Dask is optional: pip install "traceq[dask]" to run the cluster tests')
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=0, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address=None) as cluster:
+        yield cluster.scheduler_address
+
+
+def test_ingest_cluster_with_no_worker_gives_up_after_the_bound_naming_the_scheduler(
+    lone_scheduler: str, tmp_path: Path
+) -> None:
+    import time
+
+    small_trace().write(tmp_path / "t" / "rank0.json")
+    started = time.monotonic()
+    run = traceq("ingest-cluster", tmp_path / "t", "--parquet", tmp_path / "pq", "--scheduler", lone_scheduler,
+                 "--worker-wait", "2", timeout=45)
+    took = time.monotonic() - started
+    one_line_error(run, f"no worker joined scheduler {lone_scheduler} in 2 s",
+                   f"start dask workers (dask worker {lone_scheduler}) or use traceq ingest")
+    assert 2 <= took < 40, took  # the bound, plus starting Python and reaching the scheduler
+    assert not (tmp_path / "pq").exists()  # given up before any output was made
+
+
+def test_ingest_cluster_worker_wait_from_the_environment_and_refused_when_not_seconds(
+    lone_scheduler: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small_trace().write(tmp_path / "t" / "rank0.json")
+    monkeypatch.setenv("TRACEQ_WORKER_WAIT_S", "1.5")
+    run = traceq("ingest-cluster", tmp_path / "t", "--parquet", tmp_path / "pq", "--scheduler", lone_scheduler,
+                 timeout=45)
+    one_line_error(run, f"no worker joined scheduler {lone_scheduler} in 1.5 s")
+    monkeypatch.setenv("TRACEQ_WORKER_WAIT_S", "soon")
+    one_line_error(traceq("ingest-cluster", tmp_path / "t", "--parquet", tmp_path / "pq", "--scheduler", lone_scheduler),
+                   "TRACEQ_WORKER_WAIT_S='soon'", "seconds")
+    help_text = traceq("ingest-cluster", "--help").out
+    assert "--worker-wait" in help_text and "60" in help_text

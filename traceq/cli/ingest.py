@@ -142,6 +142,7 @@ def ingest_cluster(
     processes: Annotated[Optional[int], typer.Option(help="Worker processes of the local cluster (default: one per CPU; 1 to 4 per CPU); ignored with --scheduler.")] = None,
     name: NameOption = None,
     rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none.")] = None,
+    worker_wait: Annotated[Optional[float], typer.Option(help="Seconds to wait for a first worker to join --scheduler before giving up in one line (default: $TRACEQ_WORKER_WAIT_S, else 60).")] = None,
     run: FormerRunOption = None,
     workers: FormerWorkersOption = None,
 ) -> None:
@@ -149,7 +150,8 @@ def ingest_cluster(
 
     Needs the dask extra (pip install "traceq[dask]") here and on every worker. Files already in
     the directory are skipped. Report on the directory, or load it into a warehouse with
-    `traceq import-parquet`.
+    `traceq import-parquet`. A scheduler that no worker joins within --worker-wait seconds (60 by
+    default) is given up on, naming the `dask worker` command to start.
 
     Example:
 
@@ -161,7 +163,8 @@ def ingest_cluster(
     from traceq.ingest.cluster import ingest_with_dask
 
     _renamed(run, workers, "--processes")
-    summary = ingest_with_dask(inputs, parquet, scheduler=scheduler, processes=processes, name=name, rank=rank)
+    summary = ingest_with_dask(inputs, parquet, scheduler=scheduler, processes=processes, name=name, rank=rank,
+                               worker_wait=worker_wait)
     for note in summary.notes:
         echo(f"note: {note}", err=True)
     for f in summary.files:
