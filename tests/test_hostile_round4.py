@@ -462,3 +462,51 @@ def test_ingest_cluster_worker_wait_from_the_environment_and_refused_when_not_se
                    "TRACEQ_WORKER_WAIT_S='soon'", "seconds")
     help_text = traceq("ingest-cluster", "--help").out
     assert "--worker-wait" in help_text and "60" in help_text
+
+
+# ------------------------------------------------------------------ a lone surrogate escape in a kernel name
+
+
+def _with_lone_surrogate(folder: Path) -> Path:
+    """small_trace with its first kernel named ``gemm_kernel\\ud800`` (a lone high surrogate escape, as JSON text)."""
+    path = small_trace().write(folder / "rank0.json")
+    text = path.read_text()
+    assert text.count('"gemm_kernel"') >= 1
+    path.write_text(text.replace('"gemm_kernel"', '"gemm_kernel\\ud800"', 1))
+    return path
+
+
+def test_lone_surrogate_escapes_are_replaced_in_place_by_ufffd() -> None:
+    """Every parser of the ingest refuses a lone surrogate escape (msgspec, DuckDB's JSON reader); the replaced
+    bytes keep their length and read as U+FFFD in both, a pair and an escaped backslash left as they were."""
+    import msgspec
+
+    from traceq.ingest.jsonfault import replace_lone_surrogates
+
+    data = rb'[{"name": "k\ud800", "a": "\\ud800", "p": "\ud83d\ude00", "l": "\udc00x", "q": "\uDBFF\u0041"}]'
+    for value in (data, rb'["k\ud800"]'):
+        with pytest.raises(msgspec.DecodeError):
+            msgspec.json.decode(value)
+        with pytest.raises(duckdb.InvalidInputException, match="surrogate"):
+            duckdb.sql("select json(?)", params=[value.decode()]).fetchall()
+    fixed, count = replace_lone_surrogates(data)
+    assert count == 3 and len(fixed) == len(data)
+    assert msgspec.json.decode(fixed) == [
+        {"name": "k\ufffd", "a": "\\ud800", "p": "\U0001f600", "l": "\ufffdx", "q": "\ufffdA"}]
+    assert duckdb.sql("select json_extract_string(json(?), '$[0].name')", params=[fixed.decode()]).fetchall() == [
+        ("k\ufffd",)]
+    clean = rb'[{"name": "gemm", "p": "\ud83d\ude00", "a": "\\udc00"}]'
+    assert replace_lone_surrogates(clean) == (clean, 0)
+
+
+@pytest.mark.xfail(strict=True, reason="the event array is verified with msgspec in traceq/ingest/reader.py's _cut "
+                   "(not this branch's to edit): its chunks must pass through jsonfault.replace_lone_surrogates first")
+def test_a_lone_surrogate_escape_in_a_kernel_name_is_ingested_as_ufffd_with_a_note(tmp_path: Path) -> None:
+    path = _with_lone_surrogate(tmp_path / "t")
+    db = tmp_path / "w.duckdb"
+    run = traceq("ingest", path, "--db", db, "-q")
+    assert run.code == 0, run.err
+    assert "surrogate" in run.err and str(path) in run.err
+    with duckdb.connect(str(db), read_only=True) as con:
+        names = {n for (n,) in con.execute("select name from names").fetchall()}
+    assert "gemm_kernel\ufffd" in names and "gemm_kernel" not in names
