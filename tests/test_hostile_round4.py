@@ -378,6 +378,30 @@ def test_the_perfetto_load_timeout_follows_the_traces_size(tmp_path: Path, monke
     assert given["load_timeout"] == 1060
 
 
+SIDE_RECORDS = [
+    {"kind": "header", "traceq_power_log": 1, "source": "nvml", "interval_ms": 100, "gpus": [{"gpu": 0}]},
+    {"kind": "power", "wall_ns": 1000, "step": 1, "gpu": 0, "power_w": 300.5},  # good
+    {"kind": "power", "wall_ns": 2000, "step": 1, "gpu": 0, "power_w": "hot"},  # power_w not a number
+    {"kind": "power", "step": 1, "gpu": 0, "power_w": 310},  # no wall_ns: not stored
+    {"kind": "power", "wall_ns": 4000, "step": 1, "gpu": "zero", "power_w": 310},  # no gpu: not stored
+    {"kind": "energy", "wall_ns": 5000, "step": 1, "gpu": 0, "energy_mj": "lots"},  # energy not a number
+    {"kind": "energy", "wall_ns": 6000, "step": 2, "gpu": 0, "energy_mj": 100},  # good
+]
+
+
+def _side_files_with_bad_values(folder: Path) -> Path:
+    """small_trace with a run.json of 3 bad values (world_size, tokens_per_step, tp) and a power log of 4 bad
+    records (SIDE_RECORDS) beside it; returns the trace."""
+    import json
+
+    trace = small_trace().write(folder / "rank0.json")
+    (folder / "rank0.run.json").write_text(json.dumps({
+        "run": "side", "rank": 0, "world_size": "eight", "tokens_per_step": 4096.5, "tp": True,
+        "peak_tflops": 989.5, "seq_len": 2048, "model": "m"}))  # 3 bad: world_size, tokens_per_step, tp
+    (folder / "rank0.power.jsonl").write_text("".join(json.dumps(r) + "\n" for r in SIDE_RECORDS))
+    return trace
+
+
 def test_side_file_values_left_out_are_named_by_check(tmp_path: Path) -> None:
     """A collector's run.json and power log with values traceq cannot use: each file named, with its fields and
     the records left out, counted by hand below."""
@@ -386,20 +410,8 @@ def test_side_file_values_left_out_are_named_by_check(tmp_path: Path) -> None:
     import json
 
     folder = tmp_path / "side"
-    small_trace().write(folder / "rank0.json")
-    (folder / "rank0.run.json").write_text(json.dumps({
-        "run": "side", "rank": 0, "world_size": "eight", "tokens_per_step": 4096.5, "tp": True,
-        "peak_tflops": 989.5, "seq_len": 2048, "model": "m"}))  # 3 bad: world_size, tokens_per_step, tp
-    records = [
-        {"kind": "header", "traceq_power_log": 1, "source": "nvml", "interval_ms": 100, "gpus": [{"gpu": 0}]},
-        {"kind": "power", "wall_ns": 1000, "step": 1, "gpu": 0, "power_w": 300.5},  # good
-        {"kind": "power", "wall_ns": 2000, "step": 1, "gpu": 0, "power_w": "hot"},  # power_w not a number
-        {"kind": "power", "step": 1, "gpu": 0, "power_w": 310},  # no wall_ns: not stored
-        {"kind": "power", "wall_ns": 4000, "step": 1, "gpu": "zero", "power_w": 310},  # no gpu: not stored
-        {"kind": "energy", "wall_ns": 5000, "step": 1, "gpu": 0, "energy_mj": "lots"},  # energy not a number
-        {"kind": "energy", "wall_ns": 6000, "step": 2, "gpu": 0, "energy_mj": 100},  # good
-    ]
-    (folder / "rank0.power.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    _side_files_with_bad_values(folder)
+    records = SIDE_RECORDS
     db = tmp_path / "w.duckdb"
     assert traceq("ingest", folder, "--db", db, "-q").code == 0
     run = traceq("check", "--db", db, "--format", "csv")
@@ -418,6 +430,46 @@ def test_side_file_values_left_out_are_named_by_check(tmp_path: Path) -> None:
     clean = tmp_path / "clean.duckdb"
     assert traceq("ingest", folder, "--db", clean, "-q").code == 0
     assert "side_values" not in traceq("check", "--db", clean, "--format", "csv").out
+
+
+def test_ingest_says_which_side_file_values_it_left_out_one_note_per_file(tmp_path: Path) -> None:
+    """The values `traceq check` finds (above) are named at ingest time: one note per side file, each field with
+    its value and why, the power log's records counted by hand (SIDE_RECORDS); a clean pair gives no note."""
+    import json
+
+    folder = tmp_path / "side"
+    trace = _side_files_with_bad_values(folder)
+    run = traceq("ingest", trace, "--db", tmp_path / "w.duckdb", "-q")
+    assert run.code == 0, run.err
+    notes = [line for line in run.err.splitlines() if line.startswith("note: ")]
+    meta = [n for n in notes if "rank0.run.json" in n]
+    power = [n for n in notes if "rank0.power.jsonl" in n]
+    assert len(meta) == 1 and len(power) == 1, notes
+    assert meta[0].startswith(f"note: {folder / 'rank0.run.json'}: ")
+    assert ('tokens_per_step=4096.5 is not an integer, tp=true is not an integer, world_size="eight" is not an '
+            "integer, left out") in meta[0]
+    assert "peak_tflops" not in meta[0] and "seq_len" not in meta[0]  # a float where a float goes; an integer
+    assert power[0].startswith(f"note: {folder / 'rank0.power.jsonl'}: ")
+    assert ("2 records without a gpu or wall_ns (not stored), 1 whose power_w is not a number, 1 whose energy_mj "
+            "is not an integer, left out of the power figures") in power[0]
+
+    (folder / "rank0.run.json").write_text(json.dumps({"run": "side", "rank": 0, "world_size": 1, "peak_tflops": 989}))
+    (folder / "rank0.power.jsonl").write_text("".join(json.dumps(r) + "\n" for r in SIDE_RECORDS[:2]))
+    clean = traceq("ingest", trace, "--db", tmp_path / "clean.duckdb", "-q")
+    assert clean.code == 0 and "note:" not in clean.err, clean.err
+
+
+def test_a_cluster_task_notes_the_side_file_values_it_left_out(tmp_path: Path) -> None:
+    """The task ingest-cluster runs on a worker, run here in-process: its result carries the same notes."""
+    from traceq.ingest.cluster import ingest_file_to_parquet
+
+    folder = tmp_path / "side"
+    trace = _side_files_with_bad_values(folder)
+    result, digest = ingest_file_to_parquet(str(trace), 7, str(tmp_path / "pq"))
+    assert result.status == "ingested" and digest is not None, result.message
+    side = [n for n in result.notes if "rank0.run.json" in n or "rank0.power.jsonl" in n]
+    assert [n.split(": ", 1)[0] for n in side] == [str(folder / "rank0.power.jsonl"), str(folder / "rank0.run.json")]
+    assert 'world_size="eight" is not an integer' in side[1] and "1 whose power_w is not a number" in side[0]
 
 
 # ------------------------------------------------------------------ ingest-cluster against a scheduler no worker joins
