@@ -549,6 +549,12 @@ def test_lone_surrogate_escapes_are_replaced_in_place_by_ufffd() -> None:
         ("k\ufffd",)]
     clean = rb'[{"name": "gemm", "p": "\ud83d\ude00", "a": "\\udc00"}]'
     assert replace_lone_surrogates(clean) == (clean, 0)
+    # a buffer read from a stream may end inside a pair: its high half is left for the next read to tell
+    for cut in (b'"k\\ud83d', b'"k\\ud83d\\', b'"k\\ud83d\\ude', b'"k\\ud83d\\ude0'):
+        assert replace_lone_surrogates(cut) == (cut, 0)
+    for lone in (rb'"k\ud83d\u00', rb'"k\ud83dx', rb'"k\udc00', rb'"k\ud83d\\'):  # no low half can follow
+        fixed, count = replace_lone_surrogates(lone)
+        assert count == 1 and fixed == lone.replace(lone[2:8], rb"\ufffd"), fixed
 
 
 @pytest.mark.xfail(strict=True, reason="the event array is verified with msgspec in traceq/ingest/reader.py's _cut "
