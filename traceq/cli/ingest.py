@@ -69,6 +69,7 @@ def ingest(
             enabled=not quiet and sys.stderr.isatty(),
         )
         refused.append(not summary.by_status("ingested"))
+    _side_value_notes(db, summary.by_status("ingested"))
     for note in summary.notes:
         echo(f"note: {note}", err=True)
     for f in summary.files:
@@ -85,6 +86,24 @@ def ingest(
     echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {db}")
     if not summary.ok:
         raise typer.Exit(code=1)
+
+
+def _side_value_notes(db: Path, ingested: list[Any]) -> None:
+    """Add to each ingested file's notes the values its side files held that were left out
+    (:func:`traceq.ingest.sidecar.side_value_notes`), read back from the warehouse just written."""
+    ids = [f.trace_id for f in ingested if f.trace_id is not None]
+    if not ids:
+        return
+    from traceq.ingest.sidecar import side_value_notes
+    from traceq.store.warehouse import connect
+
+    con = connect(db, read_only=True)
+    try:
+        notes = side_value_notes(con, ids)
+    finally:
+        con.close()
+    for f in ingested:
+        f.notes.extend(notes.get(f.trace_id, []))
 
 
 @contextmanager
@@ -142,6 +161,7 @@ def ingest_cluster(
     processes: Annotated[Optional[int], typer.Option(help="Worker processes of the local cluster (default: one per CPU; 1 to 4 per CPU); ignored with --scheduler.")] = None,
     name: NameOption = None,
     rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none.")] = None,
+    worker_wait: Annotated[Optional[float], typer.Option(help="Seconds to wait for a first worker to join --scheduler before giving up in one line (default: $TRACEQ_WORKER_WAIT_S, else 60).")] = None,
     run: FormerRunOption = None,
     workers: FormerWorkersOption = None,
 ) -> None:
@@ -149,7 +169,8 @@ def ingest_cluster(
 
     Needs the dask extra (pip install "traceq[dask]") here and on every worker. Files already in
     the directory are skipped. Report on the directory, or load it into a warehouse with
-    `traceq import-parquet`.
+    `traceq import-parquet`. A scheduler that no worker joins within --worker-wait seconds (60 by
+    default) is given up on, naming the `dask worker` command to start.
 
     Example:
 
@@ -161,7 +182,8 @@ def ingest_cluster(
     from traceq.ingest.cluster import ingest_with_dask
 
     _renamed(run, workers, "--processes")
-    summary = ingest_with_dask(inputs, parquet, scheduler=scheduler, processes=processes, name=name, rank=rank)
+    summary = ingest_with_dask(inputs, parquet, scheduler=scheduler, processes=processes, name=name, rank=rank,
+                               worker_wait=worker_wait)
     for note in summary.notes:
         echo(f"note: {note}", err=True)
     for f in summary.files:
@@ -169,6 +191,9 @@ def ingest_cluster(
             echo(f"failed {f.message}", err=True)
         elif f.status == "skipped":
             echo(f"skipped {f.message}")
+        else:
+            for note in f.notes:
+                echo(f"note: {note}", err=True)
     counts = {s: len(summary.by_status(s)) for s in ("ingested", "skipped", "failed")}
     echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {parquet}")
     if not summary.ok:

@@ -17,6 +17,7 @@ trace files and the output directory at the same paths on every machine (a share
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Iterable
@@ -30,6 +31,7 @@ from traceq.ingest.inputs import check_run_name, expand_inputs
 from traceq.ingest.identity import check_rank, header_identity, run_of
 from traceq.ingest.loader import INGEST_CHUNK_BYTES, Loader
 from traceq.ingest.results import FileResult, IngestSummary, not_utf8
+from traceq.ingest.sidecar import side_value_notes
 from traceq.ingest.write import check_marker
 from traceq.ingest.digests import digest_in
 from traceq.store.parquet import (
@@ -41,6 +43,41 @@ from traceq.store.parquet import (
     write_partitions,
 )
 from traceq.store.warehouse import connect
+
+
+WORKER_WAIT_ENV = "TRACEQ_WORKER_WAIT_S"  # seconds to wait for a first worker to join the scheduler (default 60)
+WORKER_WAIT_S = 60.0
+
+
+def worker_wait_s(given: float | None = None) -> float:
+    """How long to wait for a first worker on the scheduler: ``given``, else $TRACEQ_WORKER_WAIT_S, else 60 s."""
+    if given is None:
+        text = os.environ.get(WORKER_WAIT_ENV, "").strip()
+        if not text:
+            return WORKER_WAIT_S
+        try:
+            given = float(text)
+        except ValueError:
+            given = -1.0
+        where = f"{WORKER_WAIT_ENV}={text!r}"
+    else:
+        where = f"--worker-wait {given:g}"
+    if not 0 < given <= 86_400:
+        raise ConfigError(f"{where}: give the seconds to wait for a first Dask worker, above 0 and at most 86400")
+    return given
+
+
+def wait_for_a_worker(client: Any, wait_s: float) -> None:
+    """Return once the client's scheduler has a worker; ConfigError naming the scheduler and the fix after
+    ``wait_s`` seconds (else tasks would wait for a worker forever, silently)."""
+    try:
+        client.wait_for_workers(1, timeout=wait_s)
+    except TimeoutError:
+        address = client.scheduler.address
+        raise ConfigError(
+            f"no worker joined scheduler {address} in {wait_s:g} s: start dask workers (dask worker {address}) "
+            f"or use traceq ingest (wait longer with --worker-wait or {WORKER_WAIT_ENV})"
+        ) from None
 
 
 def ingest_in_process(
@@ -103,6 +140,7 @@ def ingest_file_to_parquet(
         if result.status != "ingested":
             return result, None
         stored, digest = con.execute("select trace_id, content_digest from traces").fetchall()[0]
+        result.notes.extend(side_value_notes(con, [stored]).get(stored, []))
         if stored != trace_id:  # read a second time (with CPU operators, or by the decoder): a later id was drawn
             for table in warehouse_tables(con):
                 if "trace_id" in table.columns:
@@ -132,6 +170,7 @@ def ingest_with_dask(
     name: str | None = None,
     rank: int | None = None,
     chunk_bytes: int = INGEST_CHUNK_BYTES,
+    worker_wait: float | None = None,
 ) -> IngestSummary:
     """Ingest trace files into a Parquet directory with one Dask task per file.
 
@@ -144,6 +183,8 @@ def ingest_with_dask(
         scheduler: address of a running scheduler, e.g. ``tcp://10.0.0.5:8786``.
         name, rank: as for ``ingest_traces``.
         chunk_bytes: decode chunk size (bytes of JSON).
+        worker_wait: seconds to wait for a first worker on the scheduler before giving up with a
+            ConfigError (:func:`worker_wait_s`: default $TRACEQ_WORKER_WAIT_S, else 60).
 
     Returns one result per file, in input order.
     """
@@ -151,11 +192,13 @@ def ingest_with_dask(
     if client is None and scheduler is None:
         check_parallelism(processes, "processes")
     run = name if name is None else check_run_name(name, "name")
+    wait_s = worker_wait_s(worker_wait)
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise ConfigError('Dask is not installed; pip install "traceq[dask]" on the client and every worker') from None
     if client is not None:
+        wait_for_a_worker(client, wait_s)
         return _ingest(client, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
     if scheduler is not None:
         try:
@@ -164,6 +207,7 @@ def ingest_with_dask(
             raise ConfigError(f"no Dask scheduler reached at this address ({type(exc).__name__}: {exc}); give a "
                               "running scheduler's address, e.g. tcp://head:8786", param="scheduler", value=scheduler) from None
         with own:
+            wait_for_a_worker(own, wait_s)
             return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
     with LocalCluster(n_workers=processes, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         with Client(cluster) as own:

@@ -106,3 +106,35 @@ def _cut_short(text: str, pos: int) -> bool:
 def _byte(text: str, index: int) -> int:
     """The byte offset in the UTF-8 encoding of ``text`` of its character ``index``."""
     return len(text[:index].encode("utf-8", "surrogateescape"))
+
+
+# the escapes of a string, as bytes (as _ESCAPES); a document holds backslashes only inside strings, so
+# pairing them from the left from any point outside a string finds each escape
+_BYTE_ESCAPES = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})|\\.",
+                           re.DOTALL)
+_MAYBE_LONE = re.compile(rb"\\u[dD][89a-fA-F]")
+# what may begin a low surrogate escape: after a high one at the end of a buffer, the pair may be cut there
+_LOW_BEGUN = re.compile(rb"(?:\\(?:u(?:[dD](?:[c-fC-F][0-9a-fA-F]{0,2})?)?)?)?\Z")
+REPLACEMENT_ESCAPE = rb"\ufffd"  # U+FFFD, six bytes as a lone surrogate's escape is
+
+
+def replace_lone_surrogates(data: bytes) -> tuple[bytes, int]:
+    """``data`` (JSON that starts outside a string) with each lone surrogate escape (``\\ud800`` not
+    followed by a low one, or a low one alone: JSON allows them, UTF-8, msgspec and DuckDB's reader do not)
+    replaced by ``\\ufffd``, and how many were replaced. The length is kept, so byte offsets still hold;
+    a surrogate pair and an escaped backslash before ``u`` are left as they are, and so is a high surrogate
+    escape that only the end of ``data`` follows (with at most the beginning of a low one): a buffer read
+    from a stream may cut a pair there, and the next read, scanned again, tells."""
+    if _MAYBE_LONE.search(data) is None:
+        return data, 0
+    replaced = 0
+
+    def one(match: re.Match[bytes]) -> bytes:
+        nonlocal replaced
+        lone = match.group(1)
+        if lone is None or (lone[3:4] in b"89abAB" and _LOW_BEGUN.match(data, match.end())):
+            return match.group(0)
+        replaced += 1
+        return REPLACEMENT_ESCAPE
+
+    return _BYTE_ESCAPES.sub(one, data), replaced

@@ -25,7 +25,9 @@ from typing import Any
 
 import duckdb
 
+from traceq.catalog import RUN_KEYS
 from traceq.errors import TraceFormatError
+from traceq.query import params_of, sql_text
 from traceq.store.run_metadata import merge_run_metadata, run_level
 from traceq.store.schema import execute_over
 
@@ -113,6 +115,24 @@ def write_wall_times(con: duckdb.DuckDBPyConnection, offsets: dict[int, tuple[in
         {"ids": ids, "offsets": [offsets[i][0] for i in ids], "sources": [offsets[i][1] for i in ids],
          "first": ids[0], "last": ids[-1]},
     )
+
+
+def side_value_notes(con: duckdb.DuckDBPyConnection, trace_ids: list[int]) -> dict[int, list[str]]:
+    """Per trace of ``trace_ids`` (stored on ``con``), one note per side file of it holding values left out:
+    run.json fields of numeric run keys that are not numbers of their kind, power log records not stored or
+    stored without their figure (``sql/side_value_notes.sql``: the rules of ``traceq check``'s side_values)."""
+    if not trace_ids:
+        return {}
+    numeric = [k for k in RUN_KEYS if k.kind in (int, float)]
+    params = {"first": min(trace_ids), "last": max(trace_ids), "run_keys": [k.key for k in numeric],
+              "run_key_kinds": [k.kind.__name__ for k in numeric]}
+    text = sql_text("side_value_notes.sql")
+    wanted = set(trace_ids)
+    notes: dict[int, list[str]] = {}
+    for trace_id, _, note in con.execute(text, params_of(text, params)).fetchall():
+        if trace_id in wanted:
+            notes.setdefault(trace_id, []).append(note)
+    return notes
 
 
 def read_run_file(path: Path) -> dict[str, Any]:
