@@ -87,6 +87,16 @@ WholeTraceOption = Annotated[bool, typer.Option("--whole-trace", help="Every col
 FullNamesOption = Annotated[bool, typer.Option("--full-names", help="Kernel names whole in the table (by default a table shows them short: at most 60 characters, unique within the table; CSV, JSON and HTML keep them whole).")]
 
 
+def shown(path: Any) -> str:
+    """A path as a message shows it: relative to the working directory where it lies below it (the
+    options hold the resolved path, :func:`resolved`; ``traceq.duckdb`` reads better than its absolute
+    path), else whole."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def selecting_steps(command: Callable[..., Any]) -> Callable[..., Any]:
     """``command``, which takes ``selection`` (a :class:`~traceq.report.selection.StepSelection`), as a
     command that has the step options every report shares in its place: --steps, --skip-steps,

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from traceq.cli.base import DbOption, Format, FormatOption, RunOption, app, echo, selecting_steps, show, show_notes
+from traceq.cli.base import DbOption, Format, FormatOption, RunOption, app, echo, selecting_steps, show, show_notes, shown
 from traceq.store.warehouse import DEFAULT_DB
 
 
@@ -52,7 +52,7 @@ def explain(
     else:
         show(report, fmt)
     if html is not None:
-        echo(f"wrote {html}", err=True)
+        echo(f"wrote {shown(html)}", err=True)
 
 
 def findings_text(table: Any, runs: bool) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from traceq.cli.base import DbOption, NameOption, app, echo, resolved
+from traceq.cli.base import DbOption, NameOption, app, echo, resolved, shown
 from traceq.errors import ConfigError
 from traceq.store.warehouse import DEFAULT_DB
 
@@ -83,7 +83,7 @@ def ingest(
         else:
             echo(f"failed {f.message}", err=True)
     counts = {s: len(summary.by_status(s)) for s in ("ingested", "skipped", "failed")}
-    echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {db}")
+    echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {shown(db)}")
     if not summary.ok:
         raise typer.Exit(code=1)
 
@@ -195,7 +195,7 @@ def ingest_cluster(
             for note in f.notes:
                 echo(f"note: {note}", err=True)
     counts = {s: len(summary.by_status(s)) for s in ("ingested", "skipped", "failed")}
-    echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {parquet}")
+    echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {shown(parquet)}")
     if not summary.ok:
         raise typer.Exit(code=1)
 
@@ -216,7 +216,7 @@ def import_parquet_command(
     with _no_new_file_if_refused(db) as refused:
         added = import_parquet(parquet, db)
         refused.append(False)
-    echo(f"imported {added} trace(s) from {parquet} -> {db}")
+    echo(f"imported {added} trace(s) from {shown(parquet)} -> {shown(db)}")
 
 
 @app.command()

@@ -23,8 +23,7 @@ from traceq.cli.base import (
     emit_stream,
     selecting_steps,
     show,
-    show_notes,
-)
+    show_notes, shown)
 from traceq.errors import ConfigError
 from traceq.store.warehouse import DEFAULT_DB
 
@@ -81,7 +80,7 @@ def critical_path(
     show(result.report("segments" if segments else "ranks" if ranks else "kernels" if kernels else "steps", top), fmt,
          full_names)
     if drawn is not None:
-        echo(f"wrote {html} (step {drawn})", err=True)
+        echo(f"wrote {shown(html)} (step {drawn})", err=True)
 
 
 SCREEN_ROWS = 40  # segments a table shows (the rest: --format csv or json)

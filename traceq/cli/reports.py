@@ -25,8 +25,7 @@ from traceq.cli.base import (
     emit,
     resolved,
     selecting_steps,
-    show,
-)
+    show, shown)
 from traceq.errors import ConfigError
 from traceq.store.warehouse import DEFAULT_DB
 
@@ -102,7 +101,7 @@ def report(
         write_html_report(db, html, selection=selection, runs=run, steps=result.rows if reuse else None)
     show(result, fmt)
     if html is not None:
-        echo(f"wrote {html}", err=True)
+        echo(f"wrote {shown(html)}", err=True)
 
 
 def _perfetto_report(traces: list[str] | None, engine: Engine, metric: str, by: str, whole_trace: bool,
@@ -170,7 +169,7 @@ def summary(
         write_summary_html(result, html, by)
     show(result, fmt)
     if html is not None:
-        echo(f"wrote {html}", err=True)
+        echo(f"wrote {shown(html)}", err=True)
 
 
 @app.command()
@@ -302,7 +301,7 @@ def diff(
         write_diff_html(result, html, a, b)
     show(result, fmt)
     if html is not None:
-        echo(f"wrote {html}", err=True)
+        echo(f"wrote {shown(html)}", err=True)
 
 
 @app.command()
@@ -349,7 +348,7 @@ def scaling(
         write_html_report(db, html, selection=selection, runs=run, scaling_by=group, steps=result.rows)
     show(result, fmt)
     if html is not None:
-        echo(f"wrote {html}", err=True)
+        echo(f"wrote {shown(html)}", err=True)
 
 
 @app.command()

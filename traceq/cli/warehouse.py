@@ -26,8 +26,7 @@ from traceq.cli.base import (
     echo,
     emit,
     resolved,
-    show,
-)
+    show, shown)
 from traceq.errors import ConfigError
 from traceq.store.warehouse import DEFAULT_DB
 
@@ -336,7 +335,7 @@ def export(
 
         written = export_parquet(db, parquet, overwrite=overwrite)
         tables = ", ".join(f"{name} {n:,}" for name, n in written.items() if n)
-        echo(f"exported {db} -> {parquet} (rows: {tables})")
+        echo(f"exported {shown(db)} -> {shown(parquet)} (rows: {tables})")
         return
     from traceq.report.selection import StepSelection
     from traceq.perfetto.timeline import export_perfetto
