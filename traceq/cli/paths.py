@@ -126,10 +126,10 @@ def _stream_segments(db: Path, run: list[str] | None, selection: Any, fmt: Forma
                 first.append(frame.head(SCREEN_ROWS))
             total += frame.height
             runs += [r for r in frame["run"].unique(maintain_order=True).to_list() if r not in runs]
-    shown = pl.concat(first).head(SCREEN_ROWS)
-    if total > shown.height:
-        notes.append(f"{total:,} segments: the first {shown.height} are shown; --format csv (or json) writes "
+    screen = pl.concat(first).head(SCREEN_ROWS)
+    if total > screen.height:
+        notes.append(f"{total:,} segments: the first {screen.height} are screen; --format csv (or json) writes "
                      "all of them, as the walk makes them")
     echo(path_title(runs, "segments", selection.describe()), err=True)
     show_notes(notes, fmt)
-    emit(shown, fmt, NARROW, () if full_names else NAMES)
+    emit(screen, fmt, NARROW, () if full_names else NAMES)

@@ -187,11 +187,11 @@ def rules(
     frame = rule_table(db)
     if fmt is Format.table:
         user = frame.filter(frame["source"] == "user").height
-        shown = min(frame.height, RULES_SCREEN)
+        on_screen = min(frame.height, RULES_SCREEN)
         echo(f"{frame.height:,} rules ({frame.height - user:,} builtin, {user:,} yours)"
-             + (f"; the first {shown:,} (the ones that win first) shown: --format csv lists them all"
-                if shown < frame.height else ""), err=True)
-        frame = frame.head(shown)
+             + (f"; the first {on_screen:,} (the ones that win first) on_screen: --format csv lists them all"
+                if on_screen < frame.height else ""), err=True)
+        frame = frame.head(on_screen)
     emit(frame, fmt)
 
 
