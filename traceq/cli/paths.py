@@ -128,7 +128,7 @@ def _stream_segments(db: Path, run: list[str] | None, selection: Any, fmt: Forma
             runs += [r for r in frame["run"].unique(maintain_order=True).to_list() if r not in runs]
     screen = pl.concat(first).head(SCREEN_ROWS)
     if total > screen.height:
-        notes.append(f"{total:,} segments: the first {screen.height} are screen; --format csv (or json) writes "
+        notes.append(f"{total:,} segments: the first {screen.height} are shown; --format csv (or json) writes "
                      "all of them, as the walk makes them")
     echo(path_title(runs, "segments", selection.describe()), err=True)
     show_notes(notes, fmt)

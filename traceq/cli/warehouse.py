@@ -189,7 +189,7 @@ def rules(
         user = frame.filter(frame["source"] == "user").height
         on_screen = min(frame.height, RULES_SCREEN)
         echo(f"{frame.height:,} rules ({frame.height - user:,} builtin, {user:,} yours)"
-             + (f"; the first {on_screen:,} (the ones that win first) on_screen: --format csv lists them all"
+             + (f"; the first {on_screen:,} (the ones that win first) shown: --format csv lists them all"
                 if on_screen < frame.height else ""), err=True)
         frame = frame.head(on_screen)
     emit(frame, fmt)
