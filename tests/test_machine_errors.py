@@ -47,7 +47,7 @@ def _counts(db: Path) -> tuple[int, int, int]:
 @pytest.mark.parametrize("files", [1, 3], ids=["one file", "a group of three"])
 @pytest.mark.parametrize("kind", list(ERRORS))
 def test_the_machines_error_fails_each_file_in_one_line_and_stores_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, files: int, parser: str
+    tmp_path: Path, kind: str, files: int, parser: str
 ) -> None:
     """Whichever parser read the rows: one writer writes them."""
     error, words = ERRORS[kind]
@@ -66,7 +66,7 @@ def test_the_machines_error_fails_each_file_in_one_line_and_stores_nothing(
 
 @pytest.mark.parametrize("parser", ["native", "decode"])
 def test_duckdb_refusing_the_decoders_rows_fails_the_file_and_reads_it_no_third_way(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parser: str
+    tmp_path: Path, parser: str
 ) -> None:
     """DuckDB refusing input (the signal that sends a file to the decoder) on the decoder's own rows
     is a fault of traceq's: the file fails in one line. Natively, a file (a group of one) is written as
@@ -91,12 +91,16 @@ def test_duckdb_refusing_the_decoders_rows_fails_the_file_and_reads_it_no_third_
     assert _counts(tmp_path / "w.duckdb") == (0, 0, 0)
 
 
-def test_a_group_that_ran_out_of_memory_is_written_file_by_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_group_that_ran_out_of_memory_is_written_file_by_file(tmp_path: Path) -> None:
     """The group's one write ran out of memory; each file alone fits: all are in, as an ingest without
-    the error stores them, and none by the decoder."""
-    calls = []
+    the error stores them, none by the decoder and none parsed again (written from the group's rows)."""
+    calls, parses = [], []
 
     class Once(Executor):
+        def parse(self, cursor, statement, params):
+            parses.append(params["files"])
+            return super().parse(cursor, statement, params)
+
         def run(self, con, statement, params, rows):
             if "insert into gpu_events" in statement:
                 calls.append(len(params["trace_ids"]))
@@ -109,6 +113,7 @@ def test_a_group_that_ran_out_of_memory_is_written_file_by_file(tmp_path: Path, 
     done = ingest_traces(paths, tmp_path / "w.duckdb", executor=Once())
     assert [f.status for f in done.files] == ["ingested"] * 3 and not any(f.message for f in done.files)
     assert calls == [3, 1, 1, 1]  # the group, then each file
+    assert len(parses) == 1  # the three in one statement, once
     assert _counts(tmp_path / "w.duckdb") == _counts(tmp_path / "plain.duckdb") == (3, 3, 3)
     assert expected.ok
 
