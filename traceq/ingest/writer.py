@@ -172,13 +172,13 @@ class Writer:
                 e.counts.add_batch(c, keep)
                 parts.append(Part(b.files, e.trace_id, e.names, e.fill, keep))
             added = write_parts(con, rows, parts, self.executor)
-            del rows
             stale = len(taken) > 1
             for e, _, b in taken:
                 e.names += added
                 if not e.file.held:
                     b.files.remove()  # written, and never again
                 e.counts.require_usable(e.file.job.path)
+            del rows, taken, b, parts  # the batch's rows go before the next batch is waited for
 
     def _finish(self, e: _Entry, started: float) -> FileResult:
         """After the events of a file are in: its rank and its traces row; its steps, step attribution
