@@ -153,7 +153,8 @@ class Writer:
         one, in one statement per table (a small file has one batch; a large file is written alone)."""
         con, live, stale = self.con, [(e, iter(e.file.batches)) for e in entries], False
         while live:
-            taken = [(e, it, batch) for e, it in live if (batch := next(it, None)) is not None]
+            taken = [(e, it, next(it, None)) for e, it in live]
+            taken = [(e, it, b) for e, it, b in taken if b is not None]
             live = [(e, it) for e, it, _ in taken]
             if not taken:
                 return
