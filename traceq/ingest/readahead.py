@@ -68,7 +68,7 @@ class ReadAhead:
                 continue
             self.budget.wait(small=True)  # before its files are cut: they take room too
             files = self.parser.group(jobs)
-            self.budget.add(sum(f.job.json_bytes for f in files))
+            self.budget.add(sum(f.job.json_bytes for f in files), len(files))
             yield Group(files)
 
     def _one_file(self, job: FileJob) -> Iterator[Item]:
@@ -148,7 +148,7 @@ class ReadAhead:
         if isinstance(item, Parsed):
             self.budget.taken(item.batch.files.bytes)
         elif isinstance(item, Group):
-            self.budget.taken(sum(f.job.json_bytes for f in item.files))
+            self.budget.taken(sum(f.job.json_bytes for f in item.files), len(item.files))
         got = item.files[0].job.path if isinstance(item, Group) else item.file.job.path if isinstance(item, Start) \
             else item.path
         if got != path:  # the writer takes files in the order they were planned
@@ -164,7 +164,7 @@ class ReadAhead:
 class _Budget:
     """How far the reading thread runs ahead of the writer: it parses another batch of a file while
     fewer than ``batches`` wait for the writer, and another group of small files while fewer than
-    ``batches`` or ``json_bytes`` of JSON wait. Also the files the writer stopped taking (cut no more)."""
+    ``batches`` (a group's files count one each) or ``json_bytes`` of JSON wait. Also the files the writer stopped taking (cut no more)."""
 
     def __init__(self, batches: int, json_bytes: int) -> None:
         self._room = threading.Condition()
@@ -180,14 +180,15 @@ class _Budget:
             self._room.wait_for(
                 lambda: self._closed or self._batches < batches or (small and self._bytes < json_bytes))
 
-    def add(self, json_bytes: int) -> None:
+    def add(self, json_bytes: int, batches: int = 1) -> None:
+        """``batches`` (a group: one per file) of ``json_bytes`` wait for the writer."""
         with self._room:
-            self._batches += 1
+            self._batches += batches
             self._bytes += json_bytes
 
-    def taken(self, json_bytes: int) -> None:
+    def taken(self, json_bytes: int, batches: int = 1) -> None:
         with self._room:
-            self._batches -= 1
+            self._batches -= batches
             self._bytes -= json_bytes
             self._room.notify_all()
 
