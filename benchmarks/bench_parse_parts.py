@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from traceq.catalog import StepMarker, event_categories  # noqa: E402
-from traceq.ingest import groups, loader, pipeline  # noqa: E402
+from traceq.ingest import loader, pipeline, readahead, writer  # noqa: E402
+from traceq.ingest.native import Executor  # noqa: E402
 from traceq.ingest.native import BATCH_BYTES, batch_files  # noqa: E402
 from traceq.ingest.reader import read_trace_ranges  # noqa: E402
 from traceq.query import params_of, sql_text  # noqa: E402
@@ -101,21 +102,20 @@ def phases(path: Path, db: Path) -> tuple[float, dict[str, float]]:
                 spent[name] += cpu_s() - before
         return run
 
-    patched = [  # (module, name, phase); every module that calls it under that name
-        (pipeline, "parse_batch", "parse (with the batch files and the digest beside it)"),
-        (pipeline, "parse_batches", "parse (with the batch files and the digest beside it)"),
-        (loader, "count_batches", "count"), (groups, "count_batches", "count"),
-        (loader, "write_parts", "writes"), (groups, "write_parts", "writes"),
-        (loader, "derive", "steps and attribution"),
-    ]
-    saved = [(module, name, getattr(module, name)) for module, name, _ in patched]
-    saved.append((pipeline, "prefetch", pipeline.prefetch))
-    pipeline.prefetch = lambda items, stop, discard=None: iter(items)  # the read-ahead, in this thread
-    for (module, name, label), (_, _, f) in zip(patched, saved):
-        setattr(module, name, timed(label, f))
+    class Timed(Executor):  # the ingest's statements, timed by phase (the seam tests inject faults through)
+        def parse(self, cursor, statement, params):
+            return timed("parse (with the batch files and the digest beside it)", super().parse)(cursor, statement, params)
+
+        def run(self, con, statement, params, rows):
+            label = "count" if statement.startswith("-- batch_counts") else "writes"
+            return timed(label, super().run)(con, statement, params, rows)
+
+    saved = [(writer, "derive", writer.derive), (readahead, "prefetch", readahead.prefetch)]
+    writer.derive = timed("steps and attribution", writer.derive)
+    readahead.prefetch = lambda items, stop, discard, interrupt: iter(items)  # the read-ahead, in this thread
     try:
         before = cpu_s()
-        summary = loader.ingest_traces([path], db)
+        summary = loader.ingest_traces([path], db, executor=Timed())
         total = cpu_s() - before
     finally:
         for module, name, f in saved:
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     if not path.exists():
         raise SystemExit(f"{path}: not found; make it with python benchmarks/make_large_trace.py")
     with tempfile.TemporaryDirectory(prefix="traceq-parse-parts-") as scratch:
-        _, chunks = read_trace_ranges(path, loader.INGEST_CHUNK_BYTES)
+        _, chunks = read_trace_ranges(path, pipeline.INGEST_CHUNK_BYTES)
         names = [n for batch in batch_files(chunks, scratch, BATCH_BYTES) for n in batch.names]
         started = time.perf_counter()
         forms = time_forms(names, args.repeats)

@@ -22,7 +22,7 @@ import traceq
 from traceq.ingest.native import batch_files, scratch_base
 from traceq.ingest.reader import read_trace_ranges
 
-CHUNK_BYTES = 8 << 20  # traceq.ingest.loader.INGEST_CHUNK_BYTES
+CHUNK_BYTES = 8 << 20  # traceq.ingest.pipeline.INGEST_CHUNK_BYTES
 
 
 def cpu_s() -> float:

@@ -362,7 +362,7 @@ from pathlib import Path
 # no gc.set_threshold: ingest no longer changes it (measured: no gain, BENCHMARKS.md)
 from traceq.ingest.decode import _FAST, decode_chunk
 from traceq.ingest.reader import read_trace
-from traceq.ingest.loader import INGEST_CHUNK_BYTES
+from traceq.ingest.pipeline import INGEST_CHUNK_BYTES
 t0 = time.process_time(); n = 0
 header, chunks = read_trace(Path({str(path)!r}), INGEST_CHUNK_BYTES)
 read_s = decode_s = arrow_s = 0.0

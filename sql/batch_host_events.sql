@@ -1,7 +1,7 @@
 -- batch_host_events: the rows of the host_events table of the parsed batches $parts (_rows), written as in
 -- sql/batch_gpu_events.sql (device-side annotations without args.device take the trace viewer's pid, as on ROCm:
 -- $device_annotation_cats). A batch's keep_plain_ops false leaves out the CPU operators it was parsed with (all_ops)
--- once its trace showed device activity (traceq.ingest.loader.OpsPolicy). Columns by name, as the table's.
+-- once its trace showed device activity (traceq.ingest.writer.Writer). Columns by name, as the table's.
 select
     p.trace_id,
     coalesce(e.rank, p.fill_rank) as rank,

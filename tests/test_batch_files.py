@@ -14,7 +14,6 @@ import pytest
 
 import traceq.ingest.native as native
 from tests.test_native import TABLES, _many_kernels, _rows
-from traceq.catalog import StepMarker
 from traceq.ingest import ingest_traces
 from traceq.ingest.reader import FileRange
 
@@ -119,35 +118,16 @@ def _chunks_of(path: Path) -> int:
     return sum(1 for _ in chunks)
 
 
-def _batch_sizes(tmp_path: Path, flags: list[bool]) -> list[int]:
-    """Chunks per batch of 40 ranges of 100 bytes, batches of 1000 bytes, with small() answering
-    ``flags`` in turn (then False)."""
-    answers = iter(flags)
-    path = tmp_path / "t.json"
-    path.write_bytes(b" " * 4000)
-    directory = tmp_path / f"batches{len(flags)}"
-    directory.mkdir()
-    batches = native.batch_files(iter(_ranges(path, [100] * 40)), str(directory), 1000,
-                                 small=lambda: next(answers, False))
-    return [len(b.names) for b in batches]
-
-
-def test_batches_start_at_one_chunk_and_double_while_the_file_may_drop_its_cpu_operators(tmp_path: Path) -> None:
-    assert _batch_sizes(tmp_path, []) == [10, 10, 10, 10]  # decided from the start (deviceProperties)
-    assert _batch_sizes(tmp_path, [True, True, True]) == [1, 2, 4, 10, 10, 10, 3]  # GPU activity seen late
-    assert _batch_sizes(tmp_path, [True] * 99) == [1, 2, 4, 8, 10, 10, 5]  # CPU only: up to full batches
-
-
 @pytest.mark.slow
-def test_a_file_without_device_properties_reads_little_with_every_cpu_operator(
+def test_a_file_without_device_properties_is_parsed_with_every_cpu_operator_each_chunk_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Kernels from the first chunk on, but no deviceProperties before the events: the file starts
-    with every CPU operator and switches once the first batch, of one chunk, is counted. By then the
-    reader may have parsed the next two batches (one waits for the writer, one is being parsed), of
-    two chunks and about four, with them: those are written as parsed, the rest is parsed without
-    them, in full batches; every batch once."""
-    import traceq.ingest.pipeline as ingest
+    """Kernels from the first chunk on, but no deviceProperties before the events: the file is parsed
+    with every CPU operator (its header decides; nothing switches mid-file), in full batches, each chunk
+    once; the writer leaves its CPU operators out from the first batch with GPU activity on and deletes
+    those written before: the rows are the reference decoder's."""
+    from traceq.ingest import plan
+    from traceq.ingest.native import Executor
 
     b = _many_kernels(6000)
     for i in range(6000):
@@ -157,18 +137,18 @@ def test_a_file_without_device_properties_reads_little_with_every_cpu_operator(
     assert b"deviceProperties" not in path.read_bytes()
     parses: list[tuple[int, bool]] = []  # chunks, all_ops of each parse
 
-    def recording_parse(con: object, files: native.BatchFiles, all_ops: bool, marker: StepMarker) -> object:
-        parses.append((len(files.names), all_ops))
-        return native.parse_batch(con, files, all_ops, marker)
+    class Recording(Executor):
+        def parse(self, cursor, statement, params):
+            parses.append((len(params["files"]), all(params["file_all_ops"])))
+            return super().parse(cursor, statement, params)
 
-    monkeypatch.setattr(ingest, "parse_batch", recording_parse)
-    monkeypatch.setattr(ingest, "WHOLE_FILE_BATCH_BYTES", 0)  # a small file, read as a large one is
+    monkeypatch.setattr(plan, "WHOLE_FILE_BATCH_BYTES", 0)  # a small file, read as a large one is
+    monkeypatch.setattr(native, "BATCH_BYTES", 4 * CHUNK)  # several batches
     db, decoded = tmp_path / "w.duckdb", tmp_path / "decoded.duckdb"
-    summary = ingest_traces([path], db, chunk_bytes=CHUNK)
+    summary = ingest_traces([path], db, chunk_bytes=CHUNK, executor=Recording())
     assert summary.ok and summary.files[0].message == ""
-    assert parses[0] == (1, True)
-    assert sum(n for n, all_ops in parses if all_ops) <= 1 + 2 + 5, parses
-    assert len(parses) <= 3 + 2 + 3 and sum(n for n, _ in parses) == _chunks_of(path), parses  # each chunk parsed once
+    assert len(parses) > 1 and all(all_ops for _, all_ops in parses), parses
+    assert sum(n for n, _ in parses) == _chunks_of(path), parses  # each chunk parsed once
     assert ingest_traces([path], decoded, native=False).ok
     for table, query in TABLES.items():
         assert _rows(db, query) == _rows(decoded, query), table

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import traceq.ingest.reader as reader
+import traceq.ingest.ending as ending
 from traceq.errors import TraceFormatError
 from traceq.ingest.jsonfault import Fault, fault_of
 
@@ -99,25 +99,25 @@ def test_a_mutated_document_is_valid_exactly_when_msgspec_decodes_it(items: list
 def test_the_end_of_the_event_array_is_found_without_reading_any_message(
     rest: bytes, events: bytes, tail: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(reader, "_array_end_reported", lambda *a: pytest.fail("looked for the fault"))
-    assert reader._split_tail(rest, Path("t.json"), 0) == (events, tail)
+    monkeypatch.setattr(ending, "array_end_reported", lambda *a: pytest.fail("looked for the fault"))
+    assert ending.split_tail(rest, Path("t.json"), 0) == (events, tail)
 
 
 def test_an_odd_end_is_told_by_the_message() -> None:
     """Garbage after the trace: the array's end is where fault_of says a value ends and more follows,
     and the header parse names the garbage; a truncated array and a syntax error in the last events are
     told apart by fault_of too."""
-    assert reader._split_tail(b'{"a": 1}]}\x00garbage', Path("t.json"), 0) == (b'{"a": 1}', b"}\x00garbage")
+    assert ending.split_tail(b'{"a": 1}]}\x00garbage', Path("t.json"), 0) == (b'{"a": 1}', b"}\x00garbage")
     with pytest.raises(TraceFormatError, match="truncated trace"):
-        reader._split_tail(b'{"a": 1}, {"b": "x', Path("t.json"), 0)
+        ending.split_tail(b'{"a": 1}, {"b": "x', Path("t.json"), 0)
     with pytest.raises(TraceFormatError, match=r"invalid JSON in the event array near byte 116: .*NaN and Infinity"):
-        reader._split_tail(b'{"a": 1}, {"b": NaN}]}', Path("t.json"), 100)
+        ending.split_tail(b'{"a": 1}, {"b": NaN}]}', Path("t.json"), 100)
 
 
 def test_a_top_level_object_cut_short_after_the_array_is_truncated_not_malformed() -> None:
     for tail in (b', "traceName": "x"', b', "traceName": "x', b', "traceName"', b', "traceName":', b",", b"",
                  b', "deviceProperties": [{"id": 0, "name": "H1'):  # inside a nested value: told by fault_of
         with pytest.raises(TraceFormatError, match="truncated trace"):
-            reader._parse_header(b'{"schemaVersion": 1, "traceEvents": ', tail, Path("t.json"), False)
+            ending.parse_header(b'{"schemaVersion": 1, "traceEvents": ', tail, Path("t.json"), False)
     with pytest.raises(TraceFormatError, match="malformed"):
-        reader._parse_header(b'{"traceEvents": ', b', "x": 1} junk', Path("t.json"), False)
+        ending.parse_header(b'{"traceEvents": ', b', "x": 1} junk', Path("t.json"), False)

@@ -177,10 +177,10 @@ def test_no_room_for_scratch_files_falls_back_to_decode(tmp_path: Path, monkeypa
     """Batch files that cannot be written (a full or missing temp directory) are not an error."""
     import types
 
-    import traceq.ingest.loader
+    from traceq import scratch
 
     gone = types.SimpleNamespace(name=str(tmp_path / "gone"), cleanup=lambda: None)
-    monkeypatch.setattr(traceq.ingest.loader, "scratch_dir", lambda: gone)
+    monkeypatch.setattr(scratch, "scratch_dir", lambda base: gone)
     path = _write(tmp_path, _odd_trace())
     summary = ingest_traces([path], tmp_path / "w.duckdb")
     assert summary.ok
@@ -253,16 +253,15 @@ def test_external_id_in_both_spellings_goes_to_decode(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_batch_parsed_ahead_before_the_policy_switched_is_written_as_parsed(
+def test_a_file_without_device_properties_drops_its_cpu_operators_from_its_first_gpu_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without deviceProperties a file starts with every CPU operator and drops them once a batch
-    shows GPU activity; the next batch, already parsed with them in the reader's thread, is written
-    as it was parsed (never parsed twice) and its CPU operators go with the first batch's: the rows
-    equal the reference decoder's. Small chunks and one chunk per batch make several batches of a
-    small file (which is otherwise parsed in one batch)."""
-    import traceq.ingest.pipeline as ingest
-    import traceq.ingest.native as native
+    """Without deviceProperties a file is parsed with every CPU operator; the writer keeps them while
+    no batch has shown GPU activity, leaves them out from then on and deletes those kept at the end:
+    the rows equal the reference decoder's, each batch parsed once. Small chunks and one chunk per
+    batch make several batches of a small file (which is otherwise parsed in one batch)."""
+    from traceq.ingest import native, plan
+    from traceq.ingest.native import Executor
 
     b = TraceBuilder(rank=0)
     for i in range(3000):  # CPU operators first: the first batches have no GPU activity
@@ -279,17 +278,16 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_written_as_parsed(
                                      "dur": -1, "args": {"External id": 10**6 + k}})
     path = b.write(tmp_path / "job" / "trace.json")
     parsed: list[tuple[str, ...]] = []  # the batch files of each parse
-    parse_batch = ingest.parse_batch
 
-    def recording(con: object, files: native.BatchFiles, all_ops: bool, marker: object) -> object:
-        parsed.append(tuple(files.names))
-        return parse_batch(con, files, all_ops, marker)
+    class Recording(Executor):
+        def parse(self, cursor, statement, params):
+            parsed.append(tuple(params["files"]))
+            return super().parse(cursor, statement, params)
 
-    monkeypatch.setattr(ingest, "parse_batch", recording)
-    monkeypatch.setattr(ingest, "WHOLE_FILE_BATCH_BYTES", 0)
-    monkeypatch.setattr(ingest, "batch_files", lambda chunks, directory, **_: native.batch_files(chunks, directory, 1))
+    monkeypatch.setattr(plan, "WHOLE_FILE_BATCH_BYTES", 0)
+    monkeypatch.setattr(native, "BATCH_BYTES", 1)
     native_db, decoded_db = tmp_path / "native.duckdb", tmp_path / "decode.duckdb"
-    summary = ingest_traces([path], native_db, chunk_bytes=64 << 10)
+    summary = ingest_traces([path], native_db, chunk_bytes=64 << 10, executor=Recording())
     assert summary.ok and summary.files[0].message == ""
     assert ingest_traces([path], decoded_db, native=False).ok
     assert _rows(native_db, "select n_dropped from traces") == [(60,)]  # the annotations: 4 steps x 15
@@ -302,10 +300,10 @@ def test_batch_parsed_ahead_before_the_policy_switched_is_written_as_parsed(
 def test_a_file_read_in_one_batch_or_in_growing_batches_gives_the_decoders_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A small file is read in one batch, even without deviceProperties; a large one in batches that
-    start small while its CPU operators may still be dropped: either way the rows are the reference
-    decoder's (the same file is read as both by moving the line between them)."""
-    import traceq.ingest.pipeline as ingest
+    """A small file is read in one batch, even without deviceProperties; a large one batch by batch:
+    either way the rows are the reference decoder's (the same file is read as both by moving the line
+    between them)."""
+    from traceq.ingest import plan
 
     b = _many_kernels(20_000)
     for i in range(3000):
@@ -316,10 +314,10 @@ def test_a_file_read_in_one_batch_or_in_growing_batches_gives_the_decoders_rows(
     chunk = path.stat().st_size // 8
     native_db, decoded_db = tmp_path / "native.duckdb", tmp_path / "decode.duckdb"
     assert ingest_traces([path], native_db, chunk_bytes=chunk).ok
-    monkeypatch.setattr(ingest, "WHOLE_FILE_BATCH_BYTES", path.stat().st_size - 1)
+    monkeypatch.setattr(plan, "WHOLE_FILE_BATCH_BYTES", path.stat().st_size - 1)
     assert ingest_traces([path], tmp_path / "large.duckdb", chunk_bytes=chunk).ok
     assert ingest_traces([path], decoded_db, native=False).ok
-    # decoded in chunks: one chunk to a batch while the policy may switch, then several to one
+    # decoded in chunks, several to a batch
     assert ingest_traces([path], tmp_path / "chunks.duckdb", chunk_bytes=chunk, native=False).ok
     for table, query in TABLES.items():
         assert _rows(native_db, query) == _rows(decoded_db, query), table
@@ -393,26 +391,24 @@ def test_an_epoch_time_with_a_fraction_is_exact_beside_a_time_that_is_no_number(
         assert _rows(db, "select n_events, n_dropped from traces") == [(2, 1)]
 
 
-def test_decoded_chunks_are_batched_one_at_a_time_while_the_policy_may_switch() -> None:
-    """Without deviceProperties a file keeps its CPU operators until it shows GPU activity: each chunk
-    is a batch of its own until then (the writer switches the policy between batches), and the chunks
-    after it are decoded without them, several to a batch."""
+def test_decoded_chunks_are_batched_up_to_the_batch_size_with_the_policy_of_the_header() -> None:
+    """The decoder's chunks are written several to a batch, up to its bytes; with every CPU operator
+    (no deviceProperties) each batch keeps them, GPU activity or not (the writer decides what it writes)."""
     from traceq.catalog import StepMarker
     from traceq.ingest.pipeline import decoded_batches
-    from traceq.ingest.write import OpsPolicy
 
     def chunk(cat: str, n: int) -> bytes:
         return ", ".join(json.dumps({"ph": "X", "cat": cat, "name": f"{cat}{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1})
                          for i in range(n)).encode()
 
-    policy = OpsPolicy({}, StepMarker())
+    chunks = [chunk("cpu_op", 3), chunk("kernel", 2), chunk("cpu_op", 4), chunk("cpu_op", 5)]
     seen = []
-    for batch in decoded_batches(iter([chunk("cpu_op", 3), chunk("kernel", 2), chunk("cpu_op", 4), chunk("cpu_op", 5)]),
-                                 policy):
+    for batch in decoded_batches(iter(chunks), True, StepMarker(), batch_bytes=len(chunks[0]) + len(chunks[1])):
         spans, ops, kernels = _counted(batch.rows)
-        seen.append((batch.all_ops, batch.rows.num_rows, spans, ops))
-        policy.saw(kernels)
-    assert seen == [(True, 3, 3, 3), (True, 2, 2, 0), (False, 9, 0, 0)]
+        seen.append((batch.rows.num_rows, spans, ops, kernels))
+    assert seen == [(5, 5, 3, 2), (9, 9, 9, 0)]
+    (without,) = decoded_batches(iter(chunks), False, StepMarker())
+    assert _counted(without.rows) == (2, 0, 2)
 
 
 def _counted(rows: object) -> tuple[int, int, int]:

@@ -1,4 +1,4 @@
-"""Several files in one ingest are parsed ahead, across file boundaries (traceq.ingest.pipeline.ReadAhead):
+"""Several files in one ingest are parsed ahead, across file boundaries (traceq.ingest.readahead.ReadAhead):
 whatever happens to a file in the middle of the list, the warehouse ends up as if each file had been
 ingested on its own (one file per call reads without read-ahead)."""
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import traceq.ingest.loader as ingest
 import traceq.ingest.native as native
-import traceq.ingest.pipeline as pipeline
+import traceq.ingest.plan as plan
+from traceq.ingest import FileResult
+from traceq.ingest.native import Executor
 from tests.test_native import TABLES, _rows
 from tests.tracegen import TraceBuilder
 from traceq.ingest import ingest_traces
@@ -54,7 +55,7 @@ def _files(tmp_path: Path) -> tuple[list[Path], dict[str, str]]:
     return sorted(job.glob("*.json")), expect
 
 
-def _outcome(files: list[ingest.FileResult]) -> dict[str, tuple[str, str]]:
+def _outcome(files: list[FileResult]) -> dict[str, tuple[str, str]]:
     return {Path(f.path).stem: (f.status, f.message) for f in files}
 
 
@@ -69,8 +70,9 @@ def test_files_parsed_ahead_end_as_files_read_one_by_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_chunk_per_batch: bool
 ) -> None:
     paths, expect = _files(tmp_path)
-    if one_chunk_per_batch:  # several batches per file: a file is given up with batches still to come
-        monkeypatch.setattr(pipeline, "batch_files", lambda chunks, directory, **_: native.batch_files(chunks, directory, 1))
+    if one_chunk_per_batch:  # several batches per file, each alone: a file is given up with batches still to come
+        monkeypatch.setattr(native, "BATCH_BYTES", 1)
+        monkeypatch.setattr(plan, "WHOLE_FILE_BATCH_BYTES", 0)
     ahead, alone = tmp_path / "ahead.duckdb", tmp_path / "alone.duckdb"
     kwargs = {"chunk_bytes": 4 << 10} if one_chunk_per_batch else {}
     together = ingest_traces(paths, ahead, **kwargs)
@@ -109,19 +111,18 @@ def test_ctrl_c_while_the_writer_waits_for_the_read_ahead_is_an_interrupt_and_le
     job = tmp_path / "job"
     job.mkdir()
     paths = [_gpu_trace(rank, 40).write(job / f"rank{rank}.json") for rank in range(2)]
-    parse_batches = pipeline.parse_batches  # small files are parsed together
     sent = []
 
-    def interrupted_parse(cursor: object, *args: object) -> object:
-        if not sent:  # one Ctrl-C: a second one, sent from the next file's parse, could land in the
-            sent.append(True)  # cleanup of the first and leave the reader running past this test
-            os.kill(os.getpid(), signal.SIGINT)  # the main thread gets it, wherever it is by now
-            time.sleep(0.5)
-        return parse_batches(cursor, *args)
+    class Interrupted(Executor):
+        def parse(self, cursor, statement, params):
+            if not sent:  # one Ctrl-C: a second one, sent from the next file's parse, could land in the
+                sent.append(True)  # cleanup of the first and leave the reader running past this test
+                os.kill(os.getpid(), signal.SIGINT)  # the main thread gets it, wherever it is by now
+                time.sleep(0.5)
+            return super().parse(cursor, statement, params)
 
-    monkeypatch.setattr(pipeline, "parse_batches", interrupted_parse)
     with pytest.raises(KeyboardInterrupt):
-        ingest_traces(paths, tmp_path / "w.duckdb", threads=1)
+        ingest_traces(paths, tmp_path / "w.duckdb", threads=1, executor=Interrupted())
     assert [n for n in os.listdir(native.scratch_base()) if n.startswith(f"traceq-{os.getpid()}-")] == []
 
 

@@ -1,5 +1,5 @@
 """Small files are written several to a transaction, their steps derived in one statement for all of
-them (traceq.ingest.groups.Together): the warehouse must end up exactly as if each file had been
+them (traceq.ingest.groups.write_group): the warehouse must end up exactly as if each file had been
 ingested on its own (one file per call is written alone), whatever happens inside a group."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import traceq.ingest.groups as groups
-import traceq.ingest.loader as ingest
 import traceq.ingest.native as native
+import traceq.ingest.plan as plan
 import traceq.ingest.write as write
+from traceq.ingest import FileResult
+from traceq.ingest.native import Executor
 from tests.test_native import TABLES, _rows
 from tests.tracegen import TraceBuilder
 from traceq.ingest import ingest_traces
@@ -57,11 +58,11 @@ def _corpus(tmp_path: Path) -> list[Path]:
     return paths
 
 
-def _one_by_one(paths: list[Path], db: Path) -> list[ingest.FileResult]:
+def _one_by_one(paths: list[Path], db: Path) -> list[FileResult]:
     return [ingest_traces([p], db).files[0] for p in paths]
 
 
-def _outcome(files: list[ingest.FileResult]) -> list[tuple]:
+def _outcome(files: list[FileResult]) -> list[tuple]:
     return [(Path(f.path).name, f.status, f.message, f.run, f.ranks, f.events, f.gpu_events, f.notes) for f in files]
 
 
@@ -119,21 +120,21 @@ def test_an_interrupt_inside_a_group_leaves_none_of_its_files(tmp_path: Path, mo
     one; none of them stays, and no scratch directory either."""
     job = tmp_path / "job" / "a"
     paths = [_rank_trace(r, r * 10_000, 4).write(job / f"rank{r}.json") for r in range(5)]
-    finish = ingest.Loader._finish_file
     calls = []
 
-    def interrupted(self: ingest.Loader, path: Path, *args: object) -> ingest.FileResult:
-        calls.append(path)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return finish(self, path, *args)
+    class Interrupted(Executor):
+        def step(self, name: str, paths: list[Path]) -> None:
+            if name == "traces row":
+                calls.append(paths)
+                if len(calls) == 3:
+                    raise KeyboardInterrupt
 
-    monkeypatch.setattr(ingest.Loader, "_finish_file", interrupted)
     base = native.scratch_base()
     before = {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")}  # other tests' business
     seen: list[str] = []
     with pytest.raises(KeyboardInterrupt):
-        ingest_traces(paths, tmp_path / "w.duckdb", progress=lambda event, info: seen.append(event))
+        ingest_traces(paths, tmp_path / "w.duckdb", progress=lambda event, info: seen.append(event),
+                      executor=Interrupted())
     assert "done" not in seen  # no file was reported done
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(0,)]
     for table in ("gpu_events", "host_events", "steps", "names", "runs"):
@@ -142,8 +143,7 @@ def test_an_interrupt_inside_a_group_leaves_none_of_its_files(tmp_path: Path, mo
             for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-") and n not in before}
     assert left == {}, (base, left)
 
-    monkeypatch.undo()  # the same files again, whole
-    assert ingest_traces(paths, tmp_path / "w.duckdb").ok
+    assert ingest_traces(paths, tmp_path / "w.duckdb").ok  # the same files again, whole
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(5,)]
 
 
@@ -161,19 +161,16 @@ def test_a_file_that_fails_after_its_events_fails_alone(tmp_path: Path, monkeypa
     assert together.files[2].message.startswith(f"{paths[2]}: its clock offset (baseTimeNanoseconds")
     _same_warehouse(tmp_path / "together.duckdb", tmp_path / "alone.duckdb")
 
-    # an error that is not about a file (here: raised for the third file's side files) stops the
+    # an error that is not about a file (here: raised for the third file's traces row) stops the
     # ingest, and the files before it are in, as when each is committed on its own
-    load_side_files = write.load_side_files
+    class Failing(Executor):
+        def step(self, name: str, paths: list[Path]) -> None:
+            if name == "traces row" and paths[0].name == "rank2.json":
+                raise RuntimeError("disk on fire")
 
-    def failing(con: object, trace_id: int, path: Path, *args: object) -> object:
-        if path.name == "rank2.json":
-            raise RuntimeError("disk on fire")
-        return load_side_files(con, trace_id, path, *args)
-
-    monkeypatch.setattr(write, "load_side_files", failing)
     paths[2] = _rank_trace(2, 20_000, 4).write(job / "rank2.json")
     with pytest.raises(RuntimeError, match="disk on fire"):
-        ingest_traces(paths, tmp_path / "stopped.duckdb")
+        ingest_traces(paths, tmp_path / "stopped.duckdb", executor=Failing())
     assert _rows(tmp_path / "stopped.duckdb", "select path from traces order by path") == [
         (str(paths[0]),), (str(paths[1]),)]
 
@@ -199,7 +196,7 @@ def test_a_progress_callback_that_raises_stops_the_reading_thread_at_once(tmp_pa
     assert [t.name for t in threading.enumerate() if t.name.startswith("traceq-")] == []
     assert {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")} - before == set()
     # the first group is in; the rest ingest on the next call
-    assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(groups.Together.FILES,)]
+    assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(plan.GROUP_FILES,)]
     assert ingest_traces(paths, tmp_path / "w.duckdb").ok
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(24,)]
 
@@ -322,24 +319,24 @@ def test_ctrl_c_in_a_statement_of_a_group_write_stops_the_ingest(
     job = tmp_path / "job" / "a"
     paths = [_rank_trace(r, r * 10_000, 4).write(job / f"rank{r}.json") for r in range(4)]
 
-    write_parts = groups.write_parts
     calls = []
 
-    def interrupted(*args: object) -> int:
-        calls.append(args)
-        if len(calls) == 1:  # the group's: read one by one, each file's would succeed
-            try:
-                signal.raise_signal(signal.SIGINT)
-            except (KeyboardInterrupt, Stop):
-                raise RuntimeError("Query interrupted") from None
-            pytest.fail("SIGINT raised nothing")
-        return write_parts(*args)
+    class Interrupted(Executor):
+        def run(self, con, statement, params, rows):
+            if statement.startswith("insert into names"):  # the first of a write's statements
+                calls.append(statement)
+                if len(calls) == 1:  # the group's: read one by one, each file's would succeed
+                    try:
+                        signal.raise_signal(signal.SIGINT)
+                    except (KeyboardInterrupt, Stop):
+                        raise RuntimeError("Query interrupted") from None
+                    pytest.fail("SIGINT raised nothing")
+            return super().run(con, statement, params, rows)
 
-    monkeypatch.setattr(groups, "write_parts", interrupted)
     base = native.scratch_base()
     before = {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")}
     with pytest.raises(KeyboardInterrupt):
-        ingest_traces(paths, tmp_path / "w.duckdb")
+        ingest_traces(paths, tmp_path / "w.duckdb", executor=Interrupted())
     assert len(calls) == 1
     assert _rows(tmp_path / "w.duckdb", "select count(*) from traces") == [(0,)]
     assert {n for n in os.listdir(base) if n.startswith(f"traceq-{os.getpid()}-")} - before == set()

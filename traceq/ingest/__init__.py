@@ -1,14 +1,15 @@
 """Ingest: Kineto trace files (and the collectors' side files) into the warehouse.
 
-The pipeline of a file: :mod:`~traceq.ingest.inputs` (which files, which run) ->
-:mod:`~traceq.ingest.reader` (cut the event array into chunks) -> :mod:`~traceq.ingest.native` (DuckDB
-parses batches of chunks) or :mod:`~traceq.ingest.decode` (the msgspec reference, its rows the same) ->
-:mod:`~traceq.ingest.pipeline` (batches parsed ahead of the writer, across files) ->
-:mod:`~traceq.ingest.loader` (each file all or nothing, in one transaction; small files several to one,
-:mod:`~traceq.ingest.groups`) -> :mod:`~traceq.ingest.write` (a file's counts, rank and traces row; steps
-and step attribution by :mod:`traceq.store.derive`) -> :mod:`~traceq.ingest.sidecar` (run.json, power
-logs). :mod:`~traceq.ingest.digests` tells the files the warehouse holds already;
-:mod:`~traceq.ingest.results` is what an ingest says.
+The pipeline of a file: :mod:`~traceq.ingest.inputs` (which files, which run) -> :mod:`~traceq.ingest.plan`
+(a :class:`~traceq.ingest.plan.FileJob` each, made once) -> :mod:`~traceq.ingest.pipeline` (the parse
+stage: :mod:`~traceq.ingest.reader` cuts the event array into chunks, :mod:`~traceq.ingest.native`
+has DuckDB parse batches of them, or :mod:`~traceq.ingest.decode`, the msgspec reference, gives the same
+rows), run ahead on one thread by :mod:`~traceq.ingest.readahead` -> :func:`~traceq.ingest.groups.write_group`
+(each group of files all or nothing, one failure rule) by the one :class:`~traceq.ingest.writer.Writer`
+-> :mod:`~traceq.ingest.write` (a file's counts, rank and traces row; steps and step attribution by
+:mod:`traceq.store.derive`) -> :mod:`~traceq.ingest.sidecar` (run.json, power logs).
+:mod:`~traceq.ingest.loader` is the entry (:func:`ingest_traces`); :mod:`~traceq.ingest.digests` tells
+the files the warehouse holds already; :mod:`~traceq.ingest.results` is what an ingest says.
 :mod:`~traceq.ingest.cluster` runs the same per file on a Dask cluster.
 """
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from contextlib import closing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,12 @@ from traceq.identity import GIVEN_RANKS, Claim, overlaps, rankless_ranks
 from traceq.catalog import StepMarker, check_parallelism
 from traceq.ingest.inputs import check_run_name, expand_inputs
 from traceq.ingest.identity import check_rank, header_identity, run_of
-from traceq.ingest.loader import INGEST_CHUNK_BYTES, Loader
+from traceq.ingest.loader import load
+from traceq.ingest.pipeline import INGEST_CHUNK_BYTES
 from traceq.ingest.results import FileResult, IngestSummary, not_utf8
 from traceq.ingest.sidecar import side_value_notes
 from traceq.ingest.write import check_marker
+from traceq.ingest.writer import WriteOptions
 from traceq.ingest.digests import digest_in
 from traceq.store.parquet import (
     TRACES,
@@ -92,11 +95,9 @@ def ingest_in_process(
     """
     marker = StepMarker.parse(step_marker)
     check_marker(con, marker)
-    loader = Loader(con, run, rank, chunk_bytes, lambda event, info: None, marker=marker, rank_if_none=rank_if_none)
-    try:
-        return next(loader.load([path]))
-    finally:
-        loader.close()
+    with closing(load(con, [path], WriteOptions(run, rank, marker, rank_if_none=rank_if_none),
+                      chunk_bytes=chunk_bytes)) as results:
+        return next(results)
 
 
 def ingest_file_to_parquet(

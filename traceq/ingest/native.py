@@ -24,10 +24,9 @@ import functools
 import itertools
 import mmap
 import os
-import queue
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -84,11 +83,32 @@ _BATCH_ROWS = (
 )
 
 
-def _run(con: Any, statement: str, params: dict[str, Any], events: Any = None) -> list[tuple]:
+class Executor:
+    """How the ingest runs DuckDB: the one seam where a test injects a fault (a subclass given to
+    :func:`traceq.ingest.ingest_traces` as ``executor``), never a name patched in an importing module.
+
+    :meth:`parse` runs a batch's ``sql/read_events.sql`` (on the reading thread's cursor), :meth:`run`
+    a statement over parsed rows (counts, writes), and :meth:`step` is called before each of the
+    writer's other steps: ``"traces row"`` (one file's, ``paths`` of one) and ``"steps"`` (the steps,
+    step attribution and side files of the files of a transaction)."""
+
+    def parse(self, cursor: duckdb.DuckDBPyConnection, statement: str, params: dict[str, Any]) -> Any:
+        """The rows of ``statement`` (a parse), as a materialized relation of ``cursor``."""
+        return cursor.sql(statement, params=params).materialize()
+
+    def run(self, con: duckdb.DuckDBPyConnection, statement: str, params: dict[str, Any], rows: Any) -> list[tuple]:
+        """The result rows of ``statement``, which reads ``rows`` as ``_rows`` (:func:`execute_over`)."""
+        return execute_over(con, statement, params, rows)
+
+    def step(self, name: str, paths: list[Path]) -> None:
+        """Called before the writer's step ``name`` for the files ``paths``."""
+
+
+def _run(executor: Executor, con: Any, statement: str, params: dict[str, Any], events: Any = None) -> list[tuple]:
     """Execute ``statement`` with the named parameters it uses, reading the parsed batch ``events``
     (:func:`parse_batch`) as ``_rows``."""
     try:
-        return execute_over(con, statement, params_of(statement, params), events)
+        return executor.run(con, statement, params_of(statement, params), events)
     except duckdb.Error as exc:
         raise _not_native(exc) from None
 
@@ -151,29 +171,18 @@ class BatchFiles:
                 pass
 
 
-def batch_files(
-    chunks: Iterator[Chunk],
-    directory: str,
-    batch_bytes: int = BATCH_BYTES,
-    small: Callable[[], bool] = lambda: False,
-) -> Iterator[BatchFiles]:
+def batch_files(chunks: Iterator[Chunk], directory: str, batch_bytes: int | None = None) -> Iterator[BatchFiles]:
     """The chunks (bytes, or ranges of the trace file) as the JSON array files of batches of about
-    ``batch_bytes`` (the consumer deletes them, :meth:`BatchFiles.remove`).
-
-    While ``small()`` holds (asked as each batch starts), batches start at one chunk and double:
-    ingest keeps the CPU operators of a file until it shows GPU activity, and what is read before
-    that is written in vain.
-    """
-    limit = 0 if small() else batch_bytes
+    ``batch_bytes`` (default :data:`BATCH_BYTES`; the consumer deletes them, :meth:`BatchFiles.remove`)."""
+    batch_bytes = BATCH_BYTES if batch_bytes is None else batch_bytes
     batch, size = BatchFiles(), 0
     for n, chunk in enumerate(chunks):
         name = os.path.join(directory, f"{n}.json")
         batch.add(name, len(chunk) + 2)
         _write_array(name, chunk, directory)
         size += len(chunk)
-        if size >= limit:
+        if size >= batch_bytes:
             yield batch
-            limit = min(batch_bytes, 2 * size) if small() else batch_bytes
             batch, size = BatchFiles(), 0
     if batch.names:
         yield batch
@@ -192,77 +201,6 @@ def _write_array(name: str, chunk: Chunk, directory: str) -> None:
         raise NotNative(f"cannot write scratch files in {directory} ({exc.strerror or exc})") from None
 
 
-def prefetch(
-    items: Iterator[Any], stop: threading.Event, discard: Callable[[Any], None] = lambda item: None,
-) -> Iterator[Any]:
-    """``items``, produced in a thread (reading and cutting overlap DuckDB's parsing); the producer
-    bounds how far it runs ahead, and ends once ``stop`` is set (:class:`traceq.ingest.pipeline.ReadAhead`).
-
-    When the consumer stops early, ``stop`` is set, ``items`` is closed in its thread (its
-    ``finally`` blocks run then, not when it is collected) and every item produced but not taken is
-    given to ``discard`` (to remove its files) before this generator's ``close`` returns.
-    """
-    q: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if stop.is_set():
-                    discard(item)
-                    return
-                q.put(("item", item))
-                del item  # not held while the next is produced (a parsed batch is ~100 MB)
-            q.put(("end", None))
-        except BaseException as exc:  # handed to the consumer, raised there
-            q.put(("error", exc))
-        finally:
-            _close_quietly(items)
-
-    thread = threading.Thread(target=produce, name="traceq-reader", daemon=True)
-    try:
-        thread.start()  # Ctrl-C while it starts: the producer may run, and is stopped below
-        while True:
-            kind, value = q.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            yield value
-            del value  # nor while the consumer waits for the next
-    finally:
-        stop.set()
-        taken: list[Any] = []  # discarded once the producer is gone: it may still be writing into them
-        while thread.is_alive():  # let the producer see `stop` (it may be waiting for room, ReadAhead.close)
-            _drain(q, taken.append)
-            thread.join(timeout=0.05)
-        _drain(q, taken.append)
-        for item in taken:
-            discard(item)
-
-
-def _close_quietly(items: Iterator[Any]) -> None:
-    """Close the generator ``items`` (its ``finally`` blocks run), in the producer thread. What that
-    raises has no one to go to (the consumer has stopped taking, or has the error that ended it):
-    dropped, never printed by the thread's excepthook as a traceback of its own."""
-    close = getattr(items, "close", None)
-    if close is None:
-        return
-    try:
-        close()
-    except Exception:
-        pass
-
-
-def _drain(q: queue.SimpleQueue[tuple[str, Any]], discard: Callable[[Any], None]) -> None:
-    while True:
-        try:
-            kind, value = q.get_nowait()
-        except queue.Empty:
-            return
-        if kind == "item":
-            discard(value)
-
-
 def parser(con: Any) -> Any:
     """A cursor of ``con`` for :func:`parse_batch` in another thread (it holds the macros the parse
     uses; ``con`` keeps writing meanwhile)."""
@@ -271,7 +209,9 @@ def parser(con: Any) -> Any:
     return cursor
 
 
-def parse_batch(con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker = StepMarker()) -> Any:
+def parse_batch(
+    con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker = StepMarker(), executor: Executor = Executor(),
+) -> Any:
     """Parse ``files`` (``sql/read_events.sql``) into a materialized relation, one row per event,
     that statements on ``con``'s connection read as ``_rows``. (Per 500 MB: 0.14 CPU s less than an
     Arrow table, which was 0.5 s less than a DuckDB temp table, and no pyarrow import.) ``all_ops``:
@@ -279,10 +219,12 @@ def parse_batch(con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker =
 
     Raises :class:`NotNative` when DuckDB cannot parse them.
     """
-    return parse_batches(con, [(files, all_ops)], marker)
+    return parse_batches(con, [(files, all_ops)], marker, executor)
 
 
-def parse_batches(con: Any, batches: list[tuple[BatchFiles, bool]], marker: StepMarker = StepMarker()) -> Any:
+def parse_batches(
+    con: Any, batches: list[tuple[BatchFiles, bool]], marker: StepMarker = StepMarker(), executor: Executor = Executor(),
+) -> Any:
     """Parse several batches (their files, and ``all_ops`` for each) in one statement, as
     :func:`parse_batch`: each row's ``part`` tells its batch. A statement costs milliseconds
     whatever its rows (13 ms to parse 50 events, 22 a 1.3 MB file): the batches of small files are
@@ -297,7 +239,7 @@ def parse_batches(con: Any, batches: list[tuple[BatchFiles, bool]], marker: Step
         **event_categories().sql_params(), **marker.sql_params(),
     }
     try:
-        return con.sql(read, params=params_of(read, params)).materialize()
+        return executor.parse(con, read, params_of(read, params))
     except duckdb.Error as exc:
         raise _not_native(exc) from None
 
@@ -338,13 +280,13 @@ def _on(con: Any, rows: Any) -> Any:
     return con.sql("select * from _rows")
 
 
-def count_batches(con: Any, rows: Any, batches: list[BatchFiles]) -> list[BatchCounts]:
+def count_batches(con: Any, rows: Any, batches: list[BatchFiles], executor: Executor = Executor()) -> list[BatchCounts]:
     """What each batch (``batches``, parsed into ``rows``: :func:`rows_of`) holds, in one statement
     for them all (``sql/batch_counts.sql``).
 
     Raises :class:`NotNative` when a row needs :mod:`traceq.ingest.decode`.
     """
-    by_part = {row[0]: BatchCounts(*row[1:]) for row in _run(con, sql_text("batch_counts.sql"), {}, rows)}
+    by_part = {row[0]: BatchCounts(*row[1:]) for row in _run(executor, con, sql_text("batch_counts.sql"), {}, rows)}
     if None in by_part:  # a row of no batch: DuckDB named a file otherwise than it was given
         raise NotNative("rows DuckDB's JSON reader gave no batch file's name")
     counts = [by_part.get(files.part) or BatchCounts.empty() for files in batches]
@@ -357,7 +299,7 @@ def count_batches(con: Any, rows: Any, batches: list[BatchFiles]) -> list[BatchC
     return counts
 
 
-def write_parts(con: Any, rows: Any, parts: list[Part]) -> int:
+def write_parts(con: Any, rows: Any, parts: list[Part], executor: Executor = Executor()) -> int:
     """Write the parsed ``rows`` (:func:`rows_of`) of the batches ``parts``, one statement per table for
     them all; returns how many new names they added. One batch per trace: the name ids of a
     trace's batch depend on the names written before it."""
@@ -372,7 +314,7 @@ def write_parts(con: Any, rows: Any, parts: list[Part]) -> int:
         "first_trace": min(p.trace_id for p in parts), "last_trace": max(p.trace_id for p in parts),
         **event_categories().sql_params(),
     }
-    added = _run(con, f"insert into names by name {sql_text('batch_names.sql')}", params, rows)[0][0]
+    added = _run(executor, con, f"insert into names by name {sql_text('batch_names.sql')}", params, rows)[0][0]
     for table, statement in _BATCH_ROWS:
-        _run(con, f"insert into {table} by name {sql_text(statement)}", params, rows)
+        _run(executor, con, f"insert into {table} by name {sql_text(statement)}", params, rows)
     return added

@@ -33,6 +33,7 @@ try:  # ISA-L inflates 3-4 times as fast as zlib: a .json.gz ingest takes ~10 % 
     from isal.isal_zlib import error as _InflateError
 except ImportError:  # a platform without its wheels: the standard library's
     _GzipFile, _InflateError = gzip.GzipFile, zlib.error
+from traceq.ingest.ending import decodes, malformed, not_json, parse_header, split_tail, truncated
 from traceq.ingest.jsonfault import fault_of
 
 CHUNK_BYTES = 8 << 20
@@ -42,11 +43,7 @@ _SPLIT = re.compile(rb"\}\s*,\s*(?=\{)")
 # msgspec's DecodeError says where and why only in its words: where a document it refused goes wrong
 # (the byte of a syntax error, a cut inside a string, the end of a value followed by more) comes from
 # traceq.ingest.jsonfault instead, on error paths only; the end of the event array is found by
-# decoding alone (_array_end).
-# ']' looked at from the end, and full decodes tried, before _array_end leaves a tail to
-# _array_end_reported: Kineto writes a few scalar fields after the event array.
-_TAIL_BRACKETS = 64
-_TAIL_DECODES = 4
+# decoding alone (traceq.ingest.ending).
 _RAW = msgspec.json.Decoder(msgspec.Raw)
 _LENIENT_FLOATS = msgspec.json.Decoder(float_hook=float)
 _KEY = b'"traceEvents"'
@@ -109,11 +106,7 @@ def too_deep_is_not_json(path: Path) -> Iterator[None]:
     try:
         yield
     except RecursionError:
-        raise _not_json(path, "values nested too deeply to read: 1,000 levels or more") from None
-
-
-def _not_json(path: Path, detail: str) -> TraceFormatError:
-    return TraceFormatError(f"{path}: not a Kineto trace ({detail}); expected a JSON object with a \"traceEvents\" array")
+        raise not_json(path, "values nested too deeply to read: 1,000 levels or more") from None
 
 
 def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool, int]:
@@ -134,7 +127,7 @@ def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool,
             more = stripped
         buf += more
         if scanned > MAX_SCAN_BYTES:
-            raise _not_json(path, f'no "traceEvents" array in its first {MAX_SCAN_BYTES >> 20} MB')
+            raise not_json(path, f'no "traceEvents" array in its first {MAX_SCAN_BYTES >> 20} MB')
         start = buf
         if not start and not raw:
             raise TraceFormatError(
@@ -144,7 +137,7 @@ def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool,
         if start[:1] == b"[":
             return b"", start[1:], True, lead + 1
         if start and start[:1] != b"{":
-            raise _not_json(path, "it does not start with '{' or '['")
+            raise not_json(path, "it does not start with '{' or '['")
         while True:
             pos = buf.find(_KEY, search_from)
             if pos < 0:
@@ -159,7 +152,7 @@ def _find_array_start(stream: BinaryIO, path: Path) -> tuple[bytes, bytes, bool,
                 return prefix, buf[colon.end() + 1 :], False, lead + colon.end() + 1
             search_from = pos + 1
         if not raw:
-            raise _not_json(path, 'no "traceEvents" array')
+            raise not_json(path, 'no "traceEvents" array')
 
 
 def _leading_fields(prefix: bytes) -> dict[str, Any]:
@@ -199,86 +192,12 @@ def _cut(buf: bytes, path: Path, offset: int, verify: bool = True, search_from: 
     if not verify:
         return candidates[-1] if candidates else 0
     for end in reversed(candidates):
-        if _decodes(b"[" + buf[:end] + b"]"):
+        if decodes(b"[" + buf[:end] + b"]"):
             return end
         fault = fault_of(b"[" + buf[:end] + b"]")
         if fault.kind == "malformed" and fault.at - 1 < end:  # not the ']' appended above
-            raise _malformed(path, buf, fault.at - 1, offset)
+            raise malformed(path, buf, fault.at - 1, offset)
     return 0
-
-
-def _decodes(data: bytes) -> bool:
-    try:
-        _RAW.decode(data)
-    except msgspec.DecodeError:
-        return False
-    return True
-
-
-def _may_follow_array(after: bytes) -> bool:
-    """Whether ``after`` can follow the event array: nothing (a bare array), ``}`` or ``, "key":
-    value ... }`` (the rest of the top-level object)."""
-    after = after.strip()
-    return after in (b"", b"}") or (after[:1] == b"," and _decodes(b"{" + after[1:]))
-
-
-def _array_end(data: bytes) -> int | None:
-    """The index just past the ``]`` that closes the array ``data`` opens, found by decoding (the
-    last ``]`` after which the top-level object can end and before which the array is valid); None
-    when none of the last few is (a malformed or truncated end, or an odd tail: see
-    :func:`_array_end_reported`)."""
-    pos, decodes = len(data), 0
-    for _ in range(_TAIL_BRACKETS):
-        close = data.rfind(b"]", 0, pos)
-        if close < 0:
-            return None
-        pos = close
-        if _may_follow_array(data[close + 1 :]):
-            if _decodes(data[: close + 1]):
-                return close + 1
-            decodes += 1
-            if decodes == _TAIL_DECODES:
-                return None
-    return None
-
-
-def _array_end_reported(data: bytes, path: Path, offset: int) -> int:
-    """The end of the array ``data`` opens, read by :func:`~traceq.ingest.jsonfault.fault_of` (a value
-    followed by more: garbage after the trace, a long tail), else the TraceFormatError that says what is
-    wrong."""
-    fault = fault_of(data)
-    if fault.kind in ("valid", "trailing"):
-        return fault.at
-    if fault.kind == "malformed":
-        raise _malformed(path, data[1:], fault.at - 1, offset)
-    raise _truncated(path, f"the file ends inside the event array, after about {offset + len(data) - 1:,} bytes")
-
-
-def _split_tail(rest: bytes, path: Path, offset: int) -> tuple[bytes, bytes]:
-    """Split the final bytes into (last events, what follows the array's closing bracket)."""
-    data = b"[" + rest
-    close = _array_end(data)
-    if close is None:
-        close = _array_end_reported(data, path, offset)
-    array = data[:close].rstrip()
-    return array[1:-1], data[close:]
-
-
-def _truncated(path: Path, detail: str) -> TraceFormatError:
-    return TraceFormatError(
-        f"{path}: truncated trace ({detail}); the job or the copy stopped while writing it: copy it again or re-export it"
-    )
-
-
-def _malformed(path: Path, buf: bytes, index: int, offset: int) -> TraceFormatError:
-    near = buf[max(0, index - 20) : index + 20].decode("utf-8", "replace")
-    hint = ""
-    if buf[index : index + 3] in (b"NaN", b"Inf") or buf[index : index + 4] == b"-Inf":
-        hint = " (NaN and Infinity are not JSON: write null or a number)"
-    return TraceFormatError(
-        f"{path}: invalid JSON in the event array near byte {offset + index:,}: {near!r}{hint}; "
-        "fix or regenerate the file (a Kineto trace is plain JSON)"
-    )
 
 
 def read_trace(path: Path, chunk_bytes: int = CHUNK_BYTES, verify: bool = True) -> tuple[TraceHeader, Iterator[bytes]]:
@@ -425,14 +344,14 @@ def _first_event(stream: BinaryIO, path: Path, rest: bytes) -> tuple[bytes, int]
     while not rest.strip():
         more = _read(stream, path, _READ_BYTES)
         if not more:
-            raise _truncated(path, "the file ends right after the start of the event array")
+            raise truncated(path, "the file ends right after the start of the event array")
         skipped += len(rest)
         if skipped > MAX_SCAN_BYTES:
-            raise _not_json(path, f"{skipped:,} bytes of whitespace and no event after the start of the event array")
+            raise not_json(path, f"{skipped:,} bytes of whitespace and no event after the start of the event array")
         rest = more
     first = rest.lstrip()[:1]
     if first not in (b"{", b"]"):
-        raise _not_json(path, f"the event array starts with {first.decode('latin-1')!r}, not an event object '{{'")
+        raise not_json(path, f"the event array starts with {first.decode('latin-1')!r}, not an event object '{{'")
     return rest, skipped
 
 
@@ -458,7 +377,7 @@ def _chunks(
             if end == 0:  # one event larger than a chunk: read on, and look in what is new only
                 searched = len(rest)
                 if len(rest) > MAX_SCAN_BYTES:
-                    raise _not_json(path, f"no event boundary in {len(rest):,} bytes after byte {offset:,}: "
+                    raise not_json(path, f"no event boundary in {len(rest):,} bytes after byte {offset:,}: "
                                           f"an event over {MAX_SCAN_BYTES >> 20} MB")
                 # doubling, so that the reads and copies are linear in all, up to just past the cap
                 more = _read(stream, path, min(max(chunk_bytes, _READ_BYTES, len(rest)), MAX_SCAN_BYTES + 1 - len(rest)))
@@ -472,27 +391,9 @@ def _chunks(
             offset += len(rest) - len(after)
             rest = after
             yield chunk
-        events, tail = _split_tail(rest, path, offset)
+        events, tail = split_tail(rest, path, offset)
         if events.strip():
             yield events
-        header.fields = _parse_header(prefix, tail, path, header.bare_array)
+        header.fields = parse_header(prefix, tail, path, header.bare_array)
 
 
-def _parse_header(prefix: bytes, tail: bytes, path: Path, bare: bool) -> dict[str, Any]:
-    if bare:
-        if tail.strip():
-            raise _not_json(path, "unexpected data after the event array")
-        return {}
-    try:
-        try:
-            fields = msgspec.json.decode(prefix + b"null" + tail)
-        except msgspec.ValidationError:  # a number beyond float64 (1e999): read it as inf
-            fields = _LENIENT_FLOATS.decode(prefix + b"null" + tail)
-    except msgspec.DecodeError as exc:
-        if fault_of(prefix + b"null" + tail).kind == "truncated":  # cut short, wherever inside it
-            raise _truncated(path, "the file ends after the event array, inside the top-level object") from None
-        raise _not_json(path, f"the top-level object around the event array is malformed: {exc}") from None
-    except UnicodeDecodeError:
-        raise _not_json(path, "the top-level object is not valid UTF-8") from None
-    fields.pop("traceEvents", None)
-    return fields

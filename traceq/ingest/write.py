@@ -5,7 +5,6 @@ writes, whichever parser read them): the counts of its events, the policy on CPU
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,41 +72,15 @@ class Counts:
         self.rows_with_rank += b.rows_with_rank
 
 
-class OpsPolicy:
-    """Whether the batches of one file are parsed with every CPU operator (``all_ops``).
-
-    CPU operators are most of a trace's events, yet on a trace with GPU activity no metric reads
-    them (:func:`traceq.ingest.decode.events_to_rows`). A file starts without them when its header has
-    ``deviceProperties`` (Kineto writes it before the events on CUDA/ROCm machines) and switches to
-    without them once a chunk shows GPU activity. A batch parsed with them before is written without
-    them after the switch; ops written before it are deleted if the file has GPU activity
-    (:func:`drop_plain_ops`), and a file that was parsed without them and shows no GPU activity after
-    all is read again with them (:class:`NeedsOps`).
-
-    The writer switches it (:meth:`saw`) while the reader thread cuts and parses by it: both go
-    through a lock.
-    """
-
-    def __init__(self, leading: dict[str, Any], marker: StepMarker, all_ops: bool | None = None) -> None:
-        self._all_ops = not leading.get("deviceProperties") if all_ops is None else all_ops
-        self.fixed = all_ops is not None
-        self.marker = marker  # operators that are steps are always kept
-        self._lock = threading.Lock()
-
-    @property
-    def all_ops(self) -> bool:
-        with self._lock:
-            return self._all_ops
-
-    def saw(self, gpu_rows: int) -> None:
-        if gpu_rows and not self.fixed:
-            with self._lock:
-                self._all_ops = False
-
-    def undecided(self) -> bool:
-        """Whether the file may still switch to without CPU operators."""
-        with self._lock:
-            return self._all_ops and not self.fixed
+def all_ops_of(leading: dict[str, Any], forced: bool | None = None) -> bool:
+    """Whether a file's batches are parsed with every CPU operator, from its header (``forced``: as
+    given). CPU operators are most of a trace's events, yet on a trace with GPU activity no metric
+    reads them (:func:`traceq.ingest.decode.events_to_rows`): a file is parsed without them when its
+    header has ``deviceProperties`` (Kineto writes it before the events on CUDA/ROCm machines). One
+    without them that shows no GPU activity after all is read again with them (:class:`NeedsOps`); one
+    with them that shows GPU activity writes none from its first batch with GPU rows on, and those
+    written before go at its end (:func:`drop_plain_ops`)."""
+    return not leading.get("deviceProperties") if forced is None else forced
 
 
 class NeedsOps(Exception):
@@ -179,8 +152,7 @@ def finish_trace(
     """After the events are in: the traces row. Its steps and side files come with :func:`derive`.
     ``new_run``: the run may not be in the warehouse yet."""
     if counts.gpu and counts.kept_ops:
-        # the CPU operators read before the policy switched go, and so do their drops: which
-        # batches kept them depends on when the switch happened (the reader parses ahead)
+        # the CPU operators written before the file showed GPU activity go, and so do their drops
         params = {"trace_id": trace_id, **event_categories().sql_params(), **marker.sql_params()}
         counts.host -= drop_plain_ops(con, params)
         counts.dropped -= counts.dropped_plain_ops
@@ -300,7 +272,7 @@ def free_rank(con: Any, run: str) -> int:
 
 
 def drop_plain_ops(con: Any, params: dict[str, Any]) -> int:
-    """Delete the CPU operators read before :class:`OpsPolicy` switched (``sql/plain_ops.sql``);
+    """Delete the CPU operators written before a file showed GPU activity (``sql/plain_ops.sql``);
     returns how many."""
     statement = f"delete from host_events where rowid in (select rid from ({sql_text('plain_ops.sql')}))"
     return con.execute(statement, params_of(statement, params)).fetchall()[0][0]

@@ -14,8 +14,8 @@ import duckdb
 from traceq.errors import ConfigError, WarehouseError
 from traceq.identity import Claim, overlaps
 from traceq.store.parquet import (
-    _FORMER_NAMES,
-    _ONE_ROW_PER,
+    FORMER_NAMES,
+    ONE_ROW_PER,
     TRACES,
     is_parquet_dir,
     parquet_queries,
@@ -68,7 +68,7 @@ def _write(con: duckdb.DuckDBPyConnection, out: Path, overwrite: bool) -> dict[s
     existing = [t.name for t in tables if (out / t.name).exists()]
     if existing and not overwrite:
         raise ConfigError(f"{out}: holds an export already ({', '.join(existing)}); overwrite it, or export to a new directory")
-    names = {t.name for t in tables} | set(_FORMER_NAMES.values())  # an earlier traceq's export too
+    names = {t.name for t in tables} | set(FORMER_NAMES.values())  # an earlier traceq's export too
     others = sorted(p.name for p in out.iterdir() if p.name not in names and not p.name.startswith((_STAGING, _REPLACED)))
     if others:
         shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
@@ -177,7 +177,7 @@ def import_parquet(directory: str | Path, db: str | Path) -> int:
                         f"insert into {table.name} ({cols}) select {picked} from ({queries[table.name]}) as s "
                         "inner join _id_map as m on m.old_id = s.trace_id"
                     )
-                elif table.name in _ONE_ROW_PER:
+                elif table.name in ONE_ROW_PER:
                     con.execute(f"insert into {table.name} ({cols}) select {cols} from ({queries[table.name]}) on conflict do nothing")
             _refuse_missing_rows(con, root)
             _refuse_rank_collisions(con, root)

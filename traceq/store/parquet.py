@@ -32,10 +32,10 @@ from traceq.store.schema import builtin_rules, prepare_session
 # Written last, read first: a trace's rows count only once its traces row exists.
 TRACES = "traces"
 # Tables keyed by run alone: one row per key when several writers each wrote the run's row.
-_ONE_ROW_PER = {"runs": ("run",), "run_settings": ("run", "key")}
+ONE_ROW_PER = {"runs": ("run",), "run_settings": ("run", "key")}
 _NEWEST_FIRST = {"runs": "created_at", "run_settings": "set_at desc"}
 # tables renamed since (new name: old name), read from exports written before
-_FORMER_NAMES = {"step_wall_times": "step_windows"}
+FORMER_NAMES = {"step_wall_times": "step_windows"}
 _TRACE_FILE = re.compile(r"^trace(\d+)_")
 # Tables of up to this many rows are copied into the in-memory database by open_parquet.
 IN_MEMORY_ROWS = 1_000_000
@@ -149,8 +149,8 @@ def parquet_queries(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, str
     queries = {}
     for table in warehouse_tables(con):
         files = root / table.name
-        if table.name in _FORMER_NAMES and not files.is_dir():
-            files = root / _FORMER_NAMES[table.name]  # an export written before the table's rename
+        if table.name in FORMER_NAMES and not files.is_dir():
+            files = root / FORMER_NAMES[table.name]  # an export written before the table's rename
         if not any(files.rglob("*.parquet")):
             continue  # nothing written: the table stays empty
         types = dict(
@@ -168,8 +168,8 @@ def parquet_queries(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, str
             exprs["content_digest"] = _digest_expression(con, source)
         cols = ", ".join(f"cast({exprs[c]} as {types[c]}) as {c}" for c in table.columns)
         query = f"select {cols} from {source}"
-        if table.name in _ONE_ROW_PER:
-            keys = ", ".join(_ONE_ROW_PER[table.name])
+        if table.name in ONE_ROW_PER:
+            keys = ", ".join(ONE_ROW_PER[table.name])
             query = f"select distinct on ({keys}) * from ({query}) order by {keys}, {_NEWEST_FIRST[table.name]}"
         elif "trace_id" in table.columns and table.name != TRACES:
             query += f" where trace_id in (select trace_id from {_traces_source(root)})"

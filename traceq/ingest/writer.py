@@ -1,0 +1,269 @@
+"""The one writer of an ingest (:class:`Writer`): it owns the warehouse connection, what the warehouse
+holds (digests by size, runs) and what the open transaction holds, and writes the parsed files it is
+handed, whichever parser read them. Its face: :meth:`~Writer.begin`, :meth:`~Writer.write`,
+:meth:`~Writer.derive`, :meth:`~Writer.commit`, :meth:`~Writer.roll_back`, :meth:`~Writer.known` and
+:meth:`~Writer.already`."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from traceq.catalog import StepMarker
+from traceq.errors import TraceFormatError
+from traceq.ingest.digests import file_digest, file_identity, stored_digest
+from traceq.ingest.identity import names_job, no_rank_note, run_of
+from traceq.ingest.native import Executor, Part, count_batches, rows_of, write_parts
+from traceq.ingest.pipeline import ParsedFile
+from traceq.ingest.plan import FileJob
+from traceq.ingest.reader import too_deep_is_not_json
+from traceq.ingest.results import FileResult
+from traceq.ingest.write import (
+    Counts,
+    NeedsOps,
+    Stored,
+    derive,
+    finish_trace,
+    free_rank,
+    leading_rank,
+    rank_of,
+    require_events,
+)
+from traceq.store.manage import forget_run, remove_traces
+from traceq.store.schema import rollback
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How files are written: ``run`` (--name), ``rank`` (for files that name none), the step
+    ``marker``, ``force`` (read again what is in; its earlier trace goes in the same transaction) and
+    ``rank_if_none`` (the rank of a file that names none where the warehouse cannot tell which are
+    free: a cluster task's private warehouse)."""
+
+    run: str | None = None
+    rank: int | None = None
+    marker: StepMarker = StepMarker()
+    force: bool = False
+    rank_if_none: int | None = None
+
+
+@dataclass
+class _Entry:
+    """A file being written in the open transaction."""
+
+    file: ParsedFile
+    digest: str
+    trace_id: int
+    fill: int | None  # the rank of its events that name none, from its header
+    counts: Counts = field(default_factory=Counts)
+    names: int = 0  # its next name id
+
+
+class Writer:
+    """Writes parsed files into the warehouse ``con``, each all or nothing (:func:`write_group` says
+    which transaction); statements over parsed rows go through ``executor``."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, options: WriteOptions, executor: Executor) -> None:
+        self.con, self.options, self.executor = con, options, executor
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="traceq-hash")  # BLAKE3 releases the GIL
+        self._digests: dict[Path, Future[str]] = {}
+        self._known: dict[int, set[str]] = {}  # the digests in the warehouse, by file size
+        for size, digest in con.execute("select size_bytes, content_digest from traces").fetchall():
+            self._known.setdefault(size, set()).add(digest)
+        self._runs = {r for (r,) in con.execute("select run from runs").fetchall()}  # as of the last commit
+        self._pending: list[Stored] = []  # stored in the open transaction, steps not derived yet
+        self._uncommitted: list[tuple[int, str, str]] = []  # (size, digest, run) of the files it holds
+
+    def known(self, size: int) -> frozenset[str]:
+        """The content digests of the files of ``size`` bytes in the warehouse (committed)."""
+        return frozenset(self._known.get(size, ()))
+
+    def already(self, path: Path, digest: str) -> FileResult | None:
+        """``path``'s result where its content (``digest``) is in the warehouse and not to be read
+        again (``force``); else None."""
+        if self.options.force:
+            return None
+        held = self.con.execute("select path, run from traces where content_digest = ?", [digest]).fetchall()
+        if not held:
+            return None
+        (where, run), = held[:1]
+        name = self.options.run
+        into = f" into run {name}" if name is not None and name != run else ""  # --name went unused
+        return FileResult(str(path), "skipped", f"{path}: already ingested (as {where}, run {run}); "
+                          f"--force reads it again{into}", run=run)
+
+    def hash_beside(self, jobs: list[FileJob]) -> None:
+        """Start hashing the files of ``jobs`` whose digest the plan did not take (beside the parse)."""
+        for job in jobs:
+            if job.digest is None and job.path not in self._digests:
+                self._digests[job.path] = self._hasher.submit(file_digest, job.path)
+
+    def begin(self) -> None:
+        self.con.begin()
+
+    def write(self, files: list[ParsedFile]) -> list[FileResult]:
+        """Write ``files`` in the open transaction, one statement per table for the batches of them
+        all: their rows, then each one's traces row. A file whose content is in already (committed, or
+        earlier among ``files``) is skipped, not written. Raises the error of a file that failed to
+        read (its ``error``), :class:`NeedsOps`, or DuckDB's."""
+        started = time.perf_counter()
+        entries: list[_Entry | tuple[Path, str]] = []  # a file to write, or a copy (its path and digest)
+        held = {(size, digest) for size, digest, _ in self._uncommitted}
+        for f in files:
+            if f.error is not None:
+                raise f.error
+            digest = f.job.digest or self._digest(f.job.path)
+            key = (f.job.size, digest)
+            if not self.options.force and (digest in self._known.get(f.job.size, ()) or key in held):
+                entries.append((f.job.path, digest))
+                continue
+            held.add(key)
+            assert f.header is not None
+            entries.append(_Entry(f, digest, self._next_trace_id(), leading_rank(f.header)))
+        self._write_rows([e for e in entries if isinstance(e, _Entry)])
+        results = []
+        for e in entries:
+            if isinstance(e, _Entry):
+                with too_deep_is_not_json(e.file.job.path):
+                    results.append(self._finish(e, started))
+        for result in results:  # the group's time, shared
+            result.seconds = (time.perf_counter() - started) / len(results)
+        for e in entries:  # the traces row of the file it copies is in now
+            if not isinstance(e, _Entry):
+                results.insert(entries.index(e), self.already(*e) or FileResult(str(e[0]), "skipped"))
+        for f in files:  # a file rewritten while it was read would be stored mixed, under a digest of neither
+            if f.job.identity is None or file_identity(f.job.path) != f.job.identity:
+                raise TraceFormatError(
+                    f"{f.job.path}: the file changed while traceq read it (written, replaced or removed): nothing of "
+                    "it was stored; ingest it again once it is complete")
+        return results
+
+    def _digest(self, path: Path) -> str:
+        """``path``'s digest, taken beside the parse (:meth:`hash_beside`) or now."""
+        pending = self._digests.get(path) or self._hasher.submit(file_digest, path)
+        self._digests[path] = pending
+        return pending.result()
+
+    def _write_rows(self, entries: list[_Entry]) -> None:
+        """The batches of ``entries``, round by round: each round the next batch of every file that has
+        one, in one statement per table (a small file has one batch; a large file is written alone)."""
+        con, live, stale = self.con, [(e, iter(e.file.batches)) for e in entries], False
+        while live:
+            taken = [(e, it, next(it, None)) for e, it in live]
+            taken = [(e, it, b) for e, it, b in taken if b is not None]
+            live = [(e, it) for e, it, _ in taken]
+            if not taken:
+                return
+            if stale:  # the name ids of a trace: from its names written in the rounds before
+                named = dict(con.execute("select trace_id, count(*) from names where trace_id in (select unnest(?)) "
+                                         "group by trace_id", [[e.trace_id for e, _, _ in taken]]).fetchall())
+                for e, _, _ in taken:
+                    e.names = named.get(e.trace_id, 0)
+            rows = rows_of(con, [(b.rows, b.files.part) for _, _, b in taken])
+            counts = count_batches(con, rows, [b.files for _, _, b in taken], self.executor)
+            parts = []
+            for (e, _, b), c in zip(taken, counts):
+                # CPU operators parsed with the file (its header has no deviceProperties) are written
+                # until it shows GPU activity (those before go at its end, finish_trace)
+                keep = e.file.all_ops and not (e.counts.gpu or c.gpu)
+                e.counts.add_batch(c, keep)
+                parts.append(Part(b.files, e.trace_id, e.names, e.fill, keep))
+            added = write_parts(con, rows, parts, self.executor)
+            stale = len(taken) > 1
+            for e, _, b in taken:
+                e.names += added
+                if not e.file.held:
+                    b.files.remove()  # written, and never again
+                e.counts.require_usable(e.file.job.path)
+            del rows, taken, b, parts  # the batch's rows go before the next batch is waited for
+
+    def _finish(self, e: _Entry, started: float) -> FileResult:
+        """After the events of a file are in: its rank and its traces row; its steps, step attribution
+        and side files come with :meth:`derive`."""
+        path, counts, options, header = e.file.job.path, e.counts, self.options, e.file.header
+        assert header is not None
+        require_events(path, counts)
+        if counts.skipped_ops and not counts.gpu:
+            raise NeedsOps
+        self.executor.step("traces row", [path])
+        notes: list[str] = self._replace(e.file.job, e.digest) if options.force else []
+        file_rank, rank_source = rank_of(path, header.fields, options.rank, counts, notes)
+        job = names_job(path, header.fields)
+        run = run_of(path, options.run, names_rank=file_rank is not None or counts.rows_with_rank > 0, job=job)
+        fill_rank = file_rank
+        if fill_rank is None and counts.rows_without_rank:  # a rank of its own: never shared by accident
+            if options.rank_if_none is None:
+                self.derive()  # the ranks of the files before it in this transaction are taken
+                fill_rank = free_rank(self.con, run)
+            else:
+                fill_rank = options.rank_if_none
+            if not counts.rows_with_rank:
+                file_rank = fill_rank
+                notes.append(no_rank_note(path, run, file_rank, alone=options.run is None and not job))
+        if counts.rows_without_rank and e.fill is None:  # the header is complete only now
+            for table in ("gpu_events", "host_events", "trace_threads"):
+                self.con.execute(f"update {table} set rank = ? where trace_id = ? and rank is null",
+                                 [fill_rank, e.trace_id])
+        stored = finish_trace(
+            self.con, path, e.trace_id, run, e.digest, e.file.job.size, header.fields, counts, file_rank, rank_source,
+            time.perf_counter() - started, options.marker, new_run=run not in self._runs,
+        )
+        stored.result.notes.extend(notes)
+        if e.file.decoded is not None:
+            stored.result.message = f"read by traceq.ingest.decode: {e.file.decoded}"
+        self._pending.append(stored)
+        self._uncommitted.append((e.file.job.size, e.digest, run))
+        return stored.result
+
+    def _replace(self, job: FileJob, digest: str) -> list[str]:
+        """Remove the trace(s) of this file's content, or of this file (its path: written again since,
+        with other content), in the file's transaction (``force``); a note for each."""
+        path = job.path
+        digests = {digest} | ({stored} if (stored := stored_digest(path, digest, self.known(job.size))) else set())
+        earlier = self.con.execute(
+            "select trace_id, run from traces where content_digest in (select unnest(?)) or path = ? order by trace_id",
+            [sorted(digests), str(path.resolve())],
+        ).fetchall()
+        remove_traces(self.con, [trace_id for trace_id, _ in earlier])
+        emptied = [r for (r,) in self.con.execute(
+            "select run from runs where run in (select unnest(?)) and run <> ? and run not in (select run from traces)",
+            [sorted({run for _, run in earlier}), job.run],
+        ).fetchall()]
+        for run in emptied:  # a run left without traces goes, as `traceq runs rm` would remove it
+            forget_run(self.con, run)
+            self._runs.discard(run)
+        return [f"{path}: ingested again; its earlier trace in run {run} is replaced"
+                + (f" (run {run} had no other trace and is removed)" if run in emptied else "") for _, run in earlier]
+
+    def derive(self) -> None:
+        """Derive the steps of the traces written in the open transaction (:func:`derive`)."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self.executor.step("steps", [s.path for s in pending])
+            derive(self.con, pending, self.options.marker)
+
+    def commit(self) -> None:
+        """Commit the open transaction: a copy of a file it holds is skipped from now on."""
+        self.derive()
+        self.con.commit()
+        for size, digest, run in self._uncommitted:
+            self._known.setdefault(size, set()).add(digest)
+            self._runs.add(run)
+        self._uncommitted.clear()
+
+    def roll_back(self) -> None:
+        """Roll back the open transaction, and forget what it stored."""
+        self._pending.clear()
+        self._uncommitted.clear()
+        rollback(self.con)
+
+    def close(self) -> None:
+        """Stop the hashing thread."""
+        self._hasher.shutdown(cancel_futures=True)
+
+    def _next_trace_id(self) -> int:
+        return self.con.execute("select nextval('trace_ids')").fetchall()[0][0]
