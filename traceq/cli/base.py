@@ -91,10 +91,8 @@ def shown(path: Any) -> str:
     """A path as a message shows it: relative to the working directory where it lies below it (the
     options hold the resolved path, :func:`resolved`; ``traceq.duckdb`` reads better than its absolute
     path), else whole."""
-    try:
-        return str(Path(path).relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+    path, here = Path(path), Path.cwd()
+    return str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
 
 
 def selecting_steps(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -69,7 +69,6 @@ def ingest(
             enabled=not quiet and sys.stderr.isatty(),
         )
         refused.append(not summary.by_status("ingested"))
-    _side_value_notes(db, summary.by_status("ingested"))
     for note in summary.notes:
         echo(f"note: {note}", err=True)
     for f in summary.files:
@@ -86,24 +85,6 @@ def ingest(
     echo(f"{counts['ingested']} ingested, {counts['skipped']} skipped, {counts['failed']} failed -> {shown(db)}")
     if not summary.ok:
         raise typer.Exit(code=1)
-
-
-def _side_value_notes(db: Path, ingested: list[Any]) -> None:
-    """Add to each ingested file's notes the values its side files held that were left out
-    (:func:`traceq.ingest.sidecar.side_value_notes`), read back from the warehouse just written."""
-    ids = [f.trace_id for f in ingested if f.trace_id is not None]
-    if not ids:
-        return
-    from traceq.ingest.sidecar import side_value_notes
-    from traceq.store.warehouse import connect
-
-    con = connect(db, read_only=True)
-    try:
-        notes = side_value_notes(con, ids)
-    finally:
-        con.close()
-    for f in ingested:
-        f.notes.extend(notes.get(f.trace_id, []))
 
 
 @contextmanager

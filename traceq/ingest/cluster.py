@@ -33,7 +33,6 @@ from traceq.ingest.identity import check_rank, header_identity, run_of
 from traceq.ingest.loader import load
 from traceq.ingest.pipeline import INGEST_CHUNK_BYTES
 from traceq.ingest.results import FileResult, IngestSummary, not_utf8
-from traceq.ingest.sidecar import side_value_notes
 from traceq.ingest.write import check_marker
 from traceq.ingest.writer import WriteOptions
 from traceq.ingest.digests import digest_in
@@ -141,7 +140,6 @@ def ingest_file_to_parquet(
         if result.status != "ingested":
             return result, None
         stored, digest = con.execute("select trace_id, content_digest from traces").fetchall()[0]
-        result.notes.extend(side_value_notes(con, [stored]).get(stored, []))
         if stored != trace_id:  # read a second time (with CPU operators, or by the decoder): a later id was drawn
             for table in warehouse_tables(con):
                 if "trace_id" in table.columns:

@@ -215,13 +215,9 @@ class Parser:
                                 "nothing was stored. Please report it, with the file")
 
     def _counting(self, chunks: Iterator[Counted], job: FileJob) -> Iterator[Counted]:
-        """Pass chunks through, reporting progress in (approximate) file bytes."""
-        total = 0
-        for c in chunks:
-            total += len(c)
-            yield c
-            self.notify("bytes", {"uncompressed": len(c)})
-        self.notify("file_read", {"bytes": job.size, "uncompressed": total, "path": str(job.path)})
+        """Pass chunks through; once they are all read, say the file's bytes (the progress bar's unit)."""
+        yield from chunks
+        self.notify("file_read", {"bytes": job.size, "path": str(job.path)})
 
 
 def decoded_batches(

@@ -18,7 +18,7 @@ from traceq.identity import GIVEN_RANKS, Claim, next_rankless, refuse_overlap
 from traceq.ingest.native import BatchCounts
 from traceq.ingest.reader import TraceHeader
 from traceq.ingest.identity import MAX_RANK, distributed_rank, rank_of_file
-from traceq.ingest.sidecar import load_side_files, write_wall_times
+from traceq.ingest.sidecar import load_side_files, side_value_notes, write_wall_times
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
 from traceq.store.derive import check_step_marker, device_properties, gpu_model_of, write_steps
@@ -205,6 +205,9 @@ def derive(con: Any, stored: list[Stored], marker: StepMarker) -> None:
             f"{', '.join(far) or ', '.join(str(s.path) for s in stored)}: its clock offset (baseTimeNanoseconds, or "
             "run.json's offset_ns) puts its steps beyond 64-bit nanoseconds; fix or remove it, then ingest again"
         ) from None
+    side = side_value_notes(con, ids)  # the values its side files held that were left out
+    for s in stored:
+        s.result.notes.extend(side.get(s.trace_id, []))
     ranks = dict(con.execute(
         """
         select trace_id, list(distinct rank order by rank)
