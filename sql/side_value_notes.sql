@@ -4,7 +4,8 @@
 -- without a GPU or a wall-clock time (not stored) or whose power_w or energy_mj is not a number (null).
 -- Parameters: $first, $last (trace ids); $run_keys, $run_key_kinds (int | float): the catalogue's
 -- numeric run keys.
--- Columns: trace_id, path (the side file), note.
+-- Columns: trace_id, path (the side file), rank, count (values left out), note. `traceq check`'s
+-- side_values finding reads it (check_side_values.sql): one rule and one wording for both.
 with numeric_keys as (
     select unnest($run_keys) as key, unnest($run_key_kinds) as kind
 ),
@@ -13,6 +14,7 @@ run_values as (
     select
         f.trace_id,
         f.path,
+        f.rank,
         k.key,
         k.kind,
         json_extract(f.metadata, '$."' || k.key || '"') as value
@@ -25,6 +27,8 @@ run_notes as (
     select
         trace_id,
         path,
+        rank,
+        count(*)::bigint as count,
         path || ': '
         || string_agg(
             key || '=' || left(value::varchar, 40) || ' is not '
@@ -39,7 +43,7 @@ run_notes as (
             json_type(value) not in ('BIGINT', 'UBIGINT', 'DOUBLE')
             or (kind = 'int' and json_type(value) = 'DOUBLE')
         )
-    group by trace_id, path
+    group by trace_id, path, rank
 ),
 
 stored as (
@@ -57,6 +61,8 @@ power_notes as (
     select
         p.trace_id,
         p.path,
+        p.rank,
+        (p.n_samples + p.n_energy - coalesce(s.n, 0) + coalesce(s.no_power, 0) + coalesce(s.no_energy, 0))::bigint as count,
         p.path || ': '
         || concat_ws(', ',
             case when p.n_samples + p.n_energy > coalesce(s.n, 0)
@@ -76,4 +82,4 @@ final as (
     select * from power_notes
 )
 
-select trace_id, path, note from final order by trace_id, path
+select trace_id, path, rank, count, note from final order by trace_id, path

@@ -420,9 +420,10 @@ def test_side_file_values_left_out_are_named_by_check(tmp_path: Path) -> None:
     assert set(found) == {"rank0.run.json", "rank0.power.jsonl"}
     meta, power = found["rank0.run.json"], found["rank0.power.jsonl"]
     assert (meta["severity"], meta["count"], meta["rank"]) == ("warning", "3", "0")
-    assert 'tokens_per_step = 4096.5, tp = true, world_size = "eight"' in meta["detail"]
+    assert ('tokens_per_step=4096.5 is not an integer, tp=true is not an integer, world_size="eight" is not an '
+            'integer, left out') in meta["detail"]
     assert power["count"] == "4"
-    assert ("2 without a gpu or wall_ns (not stored), 1 whose power_w is not a number, "
+    assert ("2 records without a gpu or wall_ns (not stored), 1 whose power_w is not a number, "
             "1 whose energy_mj is not an integer") in power["detail"]
     # a clean pair of side files gives no such finding
     (folder / "rank0.run.json").write_text(json.dumps({"run": "side", "rank": 0, "world_size": 1}))

@@ -129,7 +129,7 @@ def side_value_notes(con: duckdb.DuckDBPyConnection, trace_ids: list[int]) -> di
     text = sql_text("side_value_notes.sql")
     wanted = set(trace_ids)
     notes: dict[int, list[str]] = {}
-    for trace_id, _, note in con.execute(text, params_of(text, params)).fetchall():
+    for trace_id, _, _, _, note in con.execute(text, params_of(text, params)).fetchall():
         if trace_id in wanted:
             notes.setdefault(trace_id, []).append(note)
     return notes

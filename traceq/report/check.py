@@ -64,7 +64,8 @@ def check_warehouse(db: str | Path = DEFAULT_DB, *, skew_threshold_us: float = D
     """
     numeric = [k for k in RUN_KEYS if k.kind in (int, float)]
     params = {"threshold_ns": skew_threshold_us * 1000, "run_keys": [k.key for k in numeric],
-              "run_key_kinds": [k.kind.__name__ for k in numeric], **query_params()}
+              "run_key_kinds": [k.kind.__name__ for k in numeric], "first": 0, "last": 2**63 - 1,
+              **query_params()}
     con = connect(db, read_only=True)
     try:
         frames = []
