@@ -645,3 +645,30 @@ def test_lone_surrogate_escapes_in_every_chunk_of_a_file_are_each_replaced_and_c
     assert kernels == {f"kernel{i}" + ("\ufffd" if i in lone else "\U0001f600" if i == 1500 else "")
                        for i in range(3000)}
 
+
+# ------------------------------------------------------------------ the bomb guard's words
+
+
+@pytest.mark.parametrize("shape", ["metadata", "flow", "instant", "empty"])
+def test_the_bomb_guard_says_what_is_not_stored_and_nothing_false(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    """Metadata, flow and instant events have a phase, a name, a time or a category: the guard's line says
+    none of them is a complete event traceq stores (it said "no phase, name, time or category")."""
+    from traceq.ingest import ingest_traces, write
+
+    monkeypatch.setattr(write, "UNUSABLE_EVENTS", 1000)  # the guard's bound, so that a small file meets it
+    event = {
+        "metadata": b'{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "p"}}',
+        "flow": b'{"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 1, "cat": "ac2g", "name": "flow"}',
+        "instant": b'{"ph": "i", "s": "t", "pid": 1, "tid": 1, "ts": 1, "cat": "cpu_op", "name": "mark"}',
+        "empty": b"{}",
+    }[shape]
+    path = tmp_path / "t.json"
+    path.write_bytes(b'{"traceEvents": [' + b", ".join([event] * 1500) + b"]}")
+    [result] = ingest_traces([path], tmp_path / "w.duckdb", threads=1).files
+    assert result.status == "failed"
+    assert result.message == (
+        f'{path}: none of its first 1,500 events is one traceq stores (a complete event, "ph": "X", with a valid '
+        "time and duration; metadata, flow, instant and counter events are not stored): not a profiler trace; "
+        "nothing was stored")
