@@ -15,7 +15,7 @@ import pytest
 import traceq.ingest.native as native
 from tests.test_native import TABLES, _many_kernels, _rows
 from traceq.ingest import ingest_traces
-from traceq.ingest.reader import FileRange
+from traceq.ingest.chunks import FileRange
 
 CHUNK = 32 << 10  # small chunks: a trace of a few MB is many ranges, several files per batch
 

@@ -677,7 +677,7 @@ ROUND3 = {
     "--threads 100000": (_warehouse, lambda p: ["ingest", p.parent / "t", "--db", p, "--threads", "100000"],
                          "--threads 100000"),
     "1.2 million empty events": (_empty_events, lambda p: ["ingest", p, "--db", p.parent / "e.duckdb"],
-                                 "hold nothing a trace event holds"),
+                                 "is one traceq stores (a complete event"),
     "kernels --top 10^20": (_warehouse, lambda p: ["kernels", "--db", p, "--top", "99999999999999999999"],
                             "--top 99999999999999999999"),
 }

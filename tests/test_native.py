@@ -206,7 +206,8 @@ def test_file_ranges_hold_the_events_of_the_file(tmp_path: Path, layout: str) ->
     import gzip
     import os
 
-    from traceq.ingest.reader import FileRange, Pieces, read_trace_ranges
+    from traceq.ingest.chunks import FileRange, Pieces
+    from traceq.ingest.reader import read_trace_ranges
 
     b = _many_kernels(20_000 if layout.startswith("gzip") else 6000)  # gzip: its first read takes 1.25 MB
     for i in range(0, len(b.events), 700):

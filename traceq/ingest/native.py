@@ -33,7 +33,7 @@ import duckdb
 
 from traceq import scratch
 from traceq.catalog import StepMarker, event_categories
-from traceq.ingest.reader import Chunk, Pieces
+from traceq.ingest.chunks import Chunk, Pieces
 from traceq.interrupts import is_interrupt
 from traceq.query import params_of, sql_text
 from traceq.store.schema import execute_over

@@ -33,8 +33,9 @@ try:  # ISA-L inflates 3-4 times as fast as zlib: a .json.gz ingest takes ~10 % 
     from isal.isal_zlib import error as _InflateError
 except ImportError:  # a platform without its wheels: the standard library's
     _GzipFile, _InflateError = gzip.GzipFile, zlib.error
+from traceq.ingest.chunks import Chunk, FileRange, Pieces
 from traceq.ingest.ending import decodes, malformed, not_json, parse_header, split_tail, truncated
-from traceq.ingest.jsonfault import fault_of
+from traceq.ingest.jsonfault import fault_of, replace_lone_surrogates
 
 CHUNK_BYTES = 8 << 20
 _READ_BYTES = 1 << 20
@@ -60,12 +61,14 @@ class TraceHeader:
 
     ``leading`` holds those written before the event array (Kineto writes ``distributedInfo`` there)
     and is known as soon as :func:`read_trace` returns; ``fields`` holds all of them once the last
-    chunk has been read.
+    chunk has been read. ``lone_surrogates``: the lone surrogate escapes replaced by ``\\ufffd`` in the
+    events read in memory (:func:`_chunks`).
     """
 
     fields: dict[str, Any] = field(default_factory=dict)
     leading: dict[str, Any] = field(default_factory=dict)
     bare_array: bool = False
+    lone_surrogates: int = 0
 
 
 def open_raw(path: Path) -> BinaryIO:
@@ -228,52 +231,6 @@ def _open_events(path: Path) -> tuple[BinaryIO, TraceHeader, bytes, bytes, int]:
     return stream, header, prefix, rest, start + skipped
 
 
-@dataclass(frozen=True)
-class FileRange:
-    """Whole events as a byte range of an uncompressed trace file, copied without reading them into
-    Python (:meth:`copy_to`, through ``fd``: valid while the iterator that yielded it has not moved
-    on; later, the range can be read from ``path``)."""
-
-    fd: int
-    offset: int
-    length: int
-    path: Path
-
-    def __len__(self) -> int:
-        return self.length
-
-    def copy_to(self, out_fd: int) -> None:
-        """Append the range to the file open as ``out_fd`` (``sendfile``: the bytes stay in the kernel)."""
-        offset, left = self.offset, self.length
-        while left:
-            sent = os.sendfile(out_fd, self.fd, offset, left)
-            if sent == 0:
-                raise OSError(f"the trace file ended {left} bytes before the range did (was it truncated while read?)")
-            offset += sent
-            left -= sent
-
-
-@dataclass(frozen=True)
-class Pieces:
-    """Whole events as consecutive pieces of inflated bytes, not copied into one (that cost 0.45 CPU-s
-    of the reader's 0.63 on a 553 MB trace, BENCHMARKS.md)."""
-
-    parts: tuple[bytes | memoryview, ...]
-
-    def __len__(self) -> int:
-        return sum(len(part) for part in self.parts)
-
-    def copy_to(self, out_fd: int) -> None:
-        """Append the pieces to the file open as ``out_fd``."""
-        for part in self.parts:
-            view = memoryview(part)
-            while view:
-                view = view[os.write(out_fd, view):]
-
-
-Chunk = bytes | FileRange | Pieces
-
-
 def read_trace_ranges(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[TraceHeader, Iterator[Chunk]]:
     """Like ``read_trace(path, chunk_bytes, verify=False)`` (the caller must parse each chunk strictly),
     without copying the events into Python where it can be helped: an uncompressed file yields
@@ -360,7 +317,8 @@ def _chunks(
     offset: int,
 ) -> Iterator[bytes]:
     """Chunks of whole events from ``rest`` and the stream; ``offset``: where rest[0] is in the
-    file's JSON (error messages name bytes by it)."""
+    file's JSON (error messages name bytes by it). A lone surrogate escape (JSON allows it, msgspec and
+    DuckDB do not) is replaced by ``\\ufffd``, of the same length, and counted in ``header``."""
     with stream, too_deep_is_not_json(path):
         eof = False
         searched = 0  # rest[:searched] holds no event boundary (an event larger than a chunk)
@@ -373,6 +331,7 @@ def _chunks(
                 rest += more
             if eof:
                 break
+            rest = _without_lone_surrogates(rest, header)
             end = _cut(rest, path, offset, verify, max(0, searched - _BOUNDARY_OVERLAP))
             if end == 0:  # one event larger than a chunk: read on, and look in what is new only
                 searched = len(rest)
@@ -391,9 +350,15 @@ def _chunks(
             offset += len(rest) - len(after)
             rest = after
             yield chunk
-        events, tail = split_tail(rest, path, offset)
+        events, tail = split_tail(_without_lone_surrogates(rest, header), path, offset)
         if events.strip():
             yield events
         header.fields = parse_header(prefix, tail, path, header.bare_array)
 
 
+def _without_lone_surrogates(data: bytes, header: TraceHeader) -> bytes:
+    """``data`` with its lone surrogate escapes replaced (:func:`traceq.ingest.jsonfault.replace_lone_surrogates`),
+    counted in ``header``."""
+    data, replaced = replace_lone_surrogates(data)
+    header.lone_surrogates += replaced
+    return data

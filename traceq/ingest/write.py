@@ -56,8 +56,9 @@ class Counts:
         file of events without content (``{}`` by the hundred million, a few KB of gzip) is not read to
         its end."""
         if self.events >= UNUSABLE_EVENTS and not (self.gpu or self.host):
-            raise TraceFormatError(f"{path}: its first {self.events:,} events hold nothing a trace event holds "
-                                   "(no phase, name, time or category): not a profiler trace; nothing was stored")
+            raise TraceFormatError(f"{path}: none of its first {self.events:,} events is one traceq stores (a complete "
+                                   'event, "ph": "X", with a valid time and duration; metadata, flow, instant and '
+                                   "counter events are not stored): not a profiler trace; nothing was stored")
 
     def add_batch(self, b: BatchCounts, all_ops: bool) -> None:
         """Count a batch written with its CPU operators (``all_ops``) or without."""

@@ -212,6 +212,9 @@ class Writer:
             self.con, path, e.trace_id, run, e.digest, e.file.job.size, header.fields, counts, file_rank, rank_source,
             time.perf_counter() - started, options.marker, new_run=run not in self._runs,
         )
+        if lone := header.lone_surrogates:  # JSON allows them; UTF-8, msgspec and DuckDB do not (traceq.ingest.reader)
+            notes.append(f"{path}: {lone:,} lone surrogate escape{'s' * (lone > 1)} (such as \\ud800) in its strings "
+                         "replaced by U+FFFD")
         stored.result.notes.extend(notes)
         if e.file.decoded is not None:
             stored.result.message = f"read by traceq.ingest.decode: {e.file.decoded}"
