@@ -31,6 +31,7 @@ from tests.conftest import skip_or_fail
 from tests.test_bad_input import small_trace
 from tests.test_warehouse_files import LOOKALIKE, duckdb_file
 from traceq.ingest.reader import MAX_SCAN_BYTES
+from traceq.store.schema import MAX_USER_RULES
 
 TRACEQ = Path(sys.executable).with_name("traceq")
 # tried = one_line (a clear error) + noted (passed over with a note) + kept whole (a kill or a race
@@ -238,7 +239,7 @@ def test_bad_rules_files(text: str | bytes, needle: str, db: Path, tmp_path: Pat
 
 @pytest.mark.slow
 def test_rules_add_killed_leaves_all_rules_or_none(db: Path, tmp_path: Path) -> None:
-    n = 30_000
+    n = MAX_USER_RULES  # as many as a warehouse holds: a kill lands while they are checked or stored
     rules = tmp_path / "many.csv"
     rules.write_text(RULES_HEADER + "".join(f"{i % 50},^my_kernel_{i}_,comm,custom,AllReduce\n" for i in range(n)))
     seen = set()
@@ -461,8 +462,11 @@ def test_full_disk(small_fs: Path, tmp_path: Path) -> None:
     db = small_fs / "w.duckdb"
     one_line_error(traceq("ingest", big, "--db", db), "No space left on device")
     assert traceq("report", "--db", db).code != 0  # nothing of the trace, and no traceback
+    no_loss(not db.exists(), "a refused first ingest left its warehouse file")
     warehouse = tmp_path / "w.duckdb"
     assert traceq("ingest", big, "--db", warehouse, "-q").code == 0
+    free = os.statvfs(small_fs)
+    (small_fs / "filler").write_bytes(b"x" * (free.f_bavail * free.f_frsize - 16 * 1024))  # 16 kB left
     out = small_fs / "out"
     one_line_error(traceq("export", "--parquet", out, "--db", warehouse), str(out), "No space left on device")
     no_loss(not out.exists(), "a failed export left its directory")
