@@ -345,7 +345,7 @@ def export(
                            critical_path=critical_path)
     for note in done.notes:
         echo(f"note: {note}", err=True)
-    echo(f"wrote {perfetto}: {done.size_bytes / 1e6:,.1f} MB, {len(done.runs)} run(s), {done.processes} rank(s), "
+    echo(f"wrote {shown(perfetto)}: {done.size_bytes / 1e6:,.1f} MB, {len(done.runs)} run(s), {done.processes} rank(s), "
                f"{done.slices:,} GPU events, {done.counter_values:,} counter values in {done.seconds:.1f} s; "
                "open it in https://ui.perfetto.dev")
 
