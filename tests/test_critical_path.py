@@ -202,6 +202,13 @@ def test_the_merged_rccl_file_path_is_rank_3_the_rank_the_others_wait_for(corpus
     table = stragglers_report(corpus_db, runs=["fused_traces"], selection=EVERY_STEP).table
     assert table.sort("wait_caused_us", descending=True)["rank"][0] == 3
     assert set(result.jumps["to_rank"].to_list()) <= {3}
+    # RCCL names every collective's kernel ncclDevKernel_Generic: the kernels view keeps AllReduce and
+    # Broadcast apart, each the sum of its segments (it had put both under one row, labelled by either)
+    comm = result.segments.filter(pl.col("kind").str.starts_with("comm"))
+    by_type = {t: d / 1e6 for t, d in comm.group_by("collective_type").agg(pl.col("dur_ns").sum()).rows()}
+    assert set(by_type) == {"AllReduce", "Broadcast"}, by_type
+    rows = result.kernels(top=None).filter(pl.col("kind").str.starts_with("comm"))
+    assert {t: ms for t, ms in rows.select("collective_type", "critical_ms").rows()} == pytest.approx(by_type)
 
 
 @pytest.mark.slow

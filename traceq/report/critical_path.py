@@ -117,21 +117,21 @@ class CriticalPath:
         )
 
     def kernels(self, top: int | None = 20) -> pl.DataFrame:
-        """The kernels and collectives most on the paths: per (kind, name) their time on the path (ms), its
+        """The kernels and collectives most on the paths: per (kind, name, collective type) their time on the path (ms), its
         share, the steps they are on and the ranks they ran on; idle is left out (``steps`` and
         :meth:`blame` hold it)."""
         import polars as pl
 
         totals = self.rank_parts.group_by("run").agg(pl.col("critical_ns").sum().alias("total"))
         table = (
-            self.kernel_parts.group_by("run", "kind", "name").agg(
+            self.kernel_parts.group_by("run", "kind", "name", "collective_type").agg(
                 pl.col("dur_ns").sum(), pl.col("steps_on_path").sum(),
                 pl.col("ranks").list.explode(keep_nulls=False, empty_as_null=False).unique().sort().alias("ranks"),
-                pl.col("category").drop_nulls().first(), pl.col("collective_type").drop_nulls().first())
+                pl.col("category").drop_nulls().first())
             .join(totals, on="run")
             .with_columns(_ms(pl.col("dur_ns")).alias("critical_ms"), (pl.col("dur_ns") / pl.col("total")).alias("share"),
                           pl.col("ranks").list.eval(pl.element().cast(pl.String)).list.join(",").alias("ranks"))
-            .sort(["run", "critical_ms", "name"], descending=[False, True, False])
+            .sort(["run", "critical_ms", "name", "collective_type"], descending=[False, True, False, False], nulls_last=True)
             .select("run", "kind", "critical_ms", "share", "steps_on_path", "ranks", "category", "collective_type",
                     "name")
         )
@@ -239,10 +239,10 @@ def _summarise(b: PathBatch) -> dict[str, pl.DataFrame]:
         pl.col("dur_ns").sum().alias("critical_ns"),
         pl.col("dur_ns").filter(pl.col("kind") == "compute").sum().alias("compute_ns"),
         pl.col("step").n_unique().alias("steps_on_path"))
-    kernels = work.group_by("run", "kind", "name").agg(
+    # a collective's kernel name need not say its type (RCCL and NCCL 2.19+: ncclDevKernel_Generic for all)
+    kernels = work.group_by("run", "kind", "name", "collective_type").agg(
         pl.col("dur_ns").sum(), pl.col("step").n_unique().alias("steps_on_path"),
-        pl.col("rank").unique().alias("ranks"), pl.col("category").drop_nulls().first(),
-        pl.col("collective_type").drop_nulls().first())
+        pl.col("rank").unique().alias("ranks"), pl.col("category").drop_nulls().first())
     return {"steps": steps, "blame": blame, "ranks": ranks, "kernels": kernels}
 
 
