@@ -135,14 +135,14 @@ class StepMarker:
 
 @dataclass(frozen=True)
 class Metric:
-    """One metric: its name (as in the CLI, SQL and README), unit, definition, and what computes it.
+    """One metric: its name (as in the CLI, SQL and docs), unit, definition, and what computes it.
 
     ``source``: ``interval`` (sql/interval_breakdown.sql, which both engines run), ``idle`` (idle split
     by cause, sql/idle_breakdown.sql), ``cross_rank`` (collectives matched across ranks,
     sql/split_activity.sql and sql/stragglers.sql), ``step`` (over a step's CPU span, sql/step_throughput.sql:
     no whole-trace value) or ``breakdown`` (one row per collective type or process group).
     ``weight``: a ratio or rate's denominator, a column of the step rows; it aggregates as a ratio of
-    sums, Σ(value × weight) / Σ weight (README: Metrics), or Σ ``numerator`` / Σ weight where the
+    sums, Σ(value × weight) / Σ weight (docs/explanation/metrics.md), or Σ ``numerator`` / Σ weight where the
     numerator is a column of its own. ``split``: a breakdown's dimension in
     sql/exposed_comm_by_collective.sql and the key column it adds.
     """
@@ -181,7 +181,7 @@ METRICS: tuple[Metric, ...] = (
            "events only, e.g. NCCL kernels alone): no cause is guessed; idle_sync_us + idle_host_bound_us + idle_other_us "
            "+ idle_unknown_us = idle_us", source="idle"),
     Metric("comm_wait_us", "us", "the part of comm_us where every running communication kernel is still waiting for its "
-           "last peer (each matched kernel's first duration − transfer; README: Across ranks)", source="cross_rank"),
+           "last peer (each matched kernel's first duration − transfer; docs/explanation/across-ranks.md)", source="cross_rank"),
     Metric("comm_transfer_us", "us", "the rest of comm_us: some kernel moves data (an instance's transfer = its shortest "
            "duration over ranks; an unmatched kernel counts whole); comm_wait_us + comm_transfer_us = comm_us", source="cross_rank"),
     Metric("exposed_comm_wait_us", "us", "exposed_comm_us spent waiting for a late peer", source="cross_rank"),
@@ -225,7 +225,7 @@ CROSS_RANK = _of("cross_rank")
 PER_STEP_METRICS = _of("step")
 # metric (us) -> its integer-ns column in the step rows
 NS_COLUMN_OF = {m.name: m.ns_column for m in METRICS if m.ns_column}
-# Ratios and rates aggregate as a ratio of sums (README: Metrics): metric -> its denominator column, so
+# Ratios and rates aggregate as a ratio of sums (docs/explanation/metrics.md): metric -> its denominator column, so
 # that the aggregate over rows is Σ(value × weight) / Σ weight = Σ numerator / Σ denominator
 # (overlap_ratio = Σ overlapped / Σ comm; tokens_per_s = Σ tokens / Σ step time). Every report (report,
 # summary, scaling, diff, the HTML) aggregates through traceq.report.aggregation.mean_of.

@@ -27,7 +27,7 @@ Every function is O(n log n) (one sort plus vectorised sweeps).
     >>> intervals.union(comm).starts.tolist(), intervals.union(comm).ends.tolist()
     ([0, 20], [15, 30])
 
-Metric definitions (README, Metrics) live in ``breakdown``; the other functions are the
+Metric definitions (docs/explanation/metrics.md) live in ``breakdown``; the other functions are the
 building blocks.
 """
 
@@ -99,7 +99,7 @@ def total_length(intervals: Any) -> int:
 
 @dataclass(frozen=True)
 class Breakdown:
-    """One GPU's time (README: Metrics), all integer ns, under the names of traceq's metrics:
+    """One GPU's time (docs/explanation/metrics.md), all integer ns, under the names of traceq's metrics:
 
     ``comm_ns`` |U(comm)|, ``compute_ns`` |U(compute)|, ``overlapped_comm_ns`` |U(comm) ∩ U(compute)|,
     ``exposed_comm_ns`` |U(comm) − U(compute)|, ``exposed_memcpy_ns`` |U(memcpy) − U(compute) − U(comm)|,
@@ -137,7 +137,7 @@ def overlap_split(comm: Any, compute: Any) -> Breakdown:
 
 
 def breakdown(comm: Any, compute: Any, memcpy: Any = _NONE, window: tuple[int, int] | None = None) -> Breakdown:
-    """Break one GPU's time into the README's Metrics figures (:class:`Breakdown`), all in integer ns.
+    """Break one GPU's time into the figures of docs/explanation/metrics.md (:class:`Breakdown`), all in integer ns.
 
     Args:
         comm: ``(starts, ends)`` of communication kernels, integer ns.

@@ -1,6 +1,5 @@
 """traceq for coding agents: an MCP server on stdio (``traceq mcp``; the official ``mcp`` SDK, ``pip install
-'traceq[mcp]'``) whose tools are the read-only reports and the sandboxed SQL console (README: traceq for
-coding agents).
+'traceq[mcp]'``) whose tools are the read-only reports and the sandboxed SQL console (docs/how-to/mcp.md).
 
 Each tool calls the Python API on the warehouse (a path: every call opens it read-only and closes it) and
 gives the report back as data (:class:`ToolReport`): its title, columns, its first ``max_rows`` rows (default

@@ -1,4 +1,4 @@
-"""Trace identity, decided here for both engines (README: trace identity): which rank a file names, and which run
+"""Trace identity, decided here for both engines (docs/explanation/metrics.md, trace identity): which rank a file names, and which run
 it belongs to. What its rows may hold beside other files' (one file per (run, rank, step); -1, -2, ... for files
 that name no rank) is decided over rows in :mod:`traceq.identity`, for every path alike.
 

@@ -129,7 +129,7 @@ def json_size(path: Path) -> int:
 
 def run_name_of(path: Path, run: str | None) -> str:
     """The run a file belongs to: ``run`` if given; else the run its collector's run.json names (its
-    ``"run"``: README, trace identity); else the name of the file's directory as the path gives it (a link is
+    ``"run"``: docs/explanation/metrics.md, trace identity); else the name of the file's directory as the path gives it (a link is
     not followed: a trace reached through a linked folder is in the run of the link's name, as its side
     files are the link's folder's)."""
     if run is not None:

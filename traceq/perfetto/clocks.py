@@ -1,4 +1,4 @@
-"""Each rank's place on its run's clock (README: See it on the timeline, One clock): the offset the
+"""Each rank's place on its run's clock (docs/how-to/perfetto.md): the offset the
 clock-skew estimate of ``traceq check`` gives a rank's wall-clock times, or why there is none, and the
 notes that say so."""
 

@@ -1,6 +1,6 @@
 """The Perfetto engine: traceq's classification, step windows and interval metrics in PerfettoSQL
 (``sql/perfetto/``, the package ``traceq`` of PerfettoSQL modules), run by Perfetto's trace processor on
-trace files directly, with no warehouse (README: Two engines).
+trace files directly, with no warehouse (docs/how-to/perfetto.md).
 
 Perfetto computes every figure itself, from its own import of the JSON: the classification rules,
 event categories and step marker go in as tables, never written twice. What it does not do the same

@@ -1,4 +1,4 @@
-"""Annotated Perfetto traces of runs (``traceq export --perfetto``; README: See it on the timeline).
+"""Annotated Perfetto traces of runs (``traceq export --perfetto``; docs/how-to/perfetto.md).
 
 One process per (run, rank). Its tracks: the CPU spans of the selected steps; per device, the steps'
 device windows, a counter per step for exposed comm, overlapped comm, idle and exposed comm split into
@@ -111,7 +111,7 @@ def export_perfetto(
         selection: which steps (warm-up skip, range, incomplete last step), as in the reports.
         ranks: only these ranks ("0-7", "0,2,5" or a sequence of ints; None: every rank).
         overwrite: replace ``path`` if it exists.
-        critical_path: also write each step's critical path across ranks (README: The critical path): on each
+        critical_path: also write each step's critical path across ranks (docs/explanation/across-ranks.md: the critical path): on each
             rank a track of the path's segments there, and an arrow (a flow) where the path jumps from a
             rank that waited at a collective to the rank it waited for.
 

@@ -1,5 +1,5 @@
 """Queries of the user's own over traceq's classification, windows and metrics (``traceq sql``) on the
-warehouse; PerfettoSQL over a trace is :func:`traceq.perfetto.engine.trace_sql` (README: Two engines)."""
+warehouse; PerfettoSQL over a trace is :func:`traceq.perfetto.engine.trace_sql` (docs/how-to/perfetto.md)."""
 
 from __future__ import annotations
 

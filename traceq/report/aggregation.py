@@ -1,4 +1,4 @@
-"""The aggregation of step rows (README: Aggregation): a rank's row over its steps (mean, median, p10,
+"""The aggregation of step rows (docs/explanation/metrics.md): a rank's row over its steps (mean, median, p10,
 p90), a run's over its rank-steps (with min, max and the slowest rank of its ranks' rows), a group's over
 its runs (grouped by metadata columns); and the one formula by which every report pools a metric over
 rows (:func:`mean_of`: a ratio or rate as a ratio of sums)."""
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # imported where used: a report imports it while DuckDB runs 
 
 
 def mean_of(metric: str, value: str | None = None, weight: str | None = None) -> pl.Expr:
-    """The one formula by which ``metric`` aggregates over step rows (README: Metrics): a ratio or rate
+    """The one formula by which ``metric`` aggregates over step rows (docs/explanation/metrics.md): a ratio or rate
     (:data:`~traceq.catalog.RATE_WEIGHTS`) as a ratio of sums, Σ numerator / Σ denominator over the rows
     where both are known (null where the denominators sum to 0); any other metric as the plain mean.
     ``value``/``weight``: other column names holding the value and its denominator."""
@@ -59,7 +59,7 @@ def _per_step_parts(metric: str) -> list[pl.Expr]:
 
 
 def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFrame:
-    """Aggregate step rows of :func:`step_metrics` for ``metric`` to the grain ``by`` (README: Aggregation).
+    """Aggregate step rows of :func:`step_metrics` for ``metric`` to the grain ``by`` (docs/explanation/metrics.md).
 
     Every figure of a row comes from one aggregation, by :func:`mean_of`: a rank's row pools its steps,
     a run's row pools its rank-steps (a rank cut short weighs by the steps it has; the min, max and
@@ -83,7 +83,7 @@ def aggregate(rows: pl.DataFrame, metric: str, by: Sequence[str]) -> pl.DataFram
         value.quantile(0.1, "linear").alias(f"{metric}_p10"),
         value.quantile(0.9, "linear").alias(f"{metric}_p90"),
         pl.col("step_time_ms").mean().alias("step_time_ms_mean"),
-        # the slowest rank is named from step times: a step-less rank's whole-trace span is none (README: Steps)
+        # the slowest rank is named from step times: a step-less rank's whole-trace span is none (docs/explanation/metrics.md)
         pl.col("step_time_ms").filter(pl.col("step") != WHOLE_TRACE_STEP).mean().alias("_step_ms"),
     )
     if "rank" in by:  # runs apart within a rank: group_by's order is not the same every time

@@ -1,4 +1,4 @@
-"""Collectives across ranks (README: Across ranks): ``traceq collectives`` (time, wait and bandwidth per
+"""Collectives across ranks (docs/explanation/across-ranks.md): ``traceq collectives`` (time, wait and bandwidth per
 collective type, process group and message size), ``traceq stragglers`` (who arrives last, how often,
 how much waiting it causes) and the per-instance rows behind them.
 
@@ -258,7 +258,7 @@ def stragglers_report(
 def instances_report(db: Warehouse = DEFAULT_DB, *, runs: Sequence[str] | None = None) -> Report:
     """One row per communication kernel: its run, instance (matched ones: 1, 2, ... in the order they
     began, per run), collective type, process group, Seq or order, rank, start and duration, and its wait
-    and transfer (README: Across ranks)."""
+    and transfer (docs/explanation/across-ranks.md)."""
     import polars as pl
 
     with opened(db) as con:

@@ -1,4 +1,4 @@
-"""The critical path of a step across ranks (README: The critical path): which rank, and which of its work,
+"""The critical path of a step across ranks (docs/explanation/across-ranks.md: the critical path): which rank, and which of its work,
 made the step as long as it was.
 
 :func:`critical_path` walks the selected steps a batch at a time (:func:`traceq.report.path_batches.walking`)
@@ -174,7 +174,7 @@ def critical_path(
     progress: Callable[[int, int], None] | None = None,
     **sizes: int,
 ) -> CriticalPath:
-    """The critical path of every selected step of ``runs`` (None: every run; README: The critical path).
+    """The critical path of every selected step of ``runs`` (None: every run; docs/explanation/across-ranks.md: the critical path).
 
     Args:
         db: the warehouse.

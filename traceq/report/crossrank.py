@@ -1,7 +1,7 @@
 """Across ranks: collective kernels matched over the ranks of each run (``sql/comm_instances.sql``), the
 stragglers per window (``sql/stragglers.sql``, read by ``sql/window_metrics.sql``; the wait/transfer
 split itself is part of ``sql/interval_breakdown.sql`` over ``sql/split_activity.sql``), and the notes
-that say how much could be matched and why the rest could not (README: Across ranks).
+that say how much could be matched and why the rest could not (docs/explanation/across-ranks.md).
 
 Matching runs once per report: :func:`matched` keeps its result in a temporary table for the block, and
 every query of the block reads it from there.

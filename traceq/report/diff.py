@@ -126,7 +126,7 @@ def _side_rows(
                              + nothing_selected(con, selection, [side.run]))
     keys = ["rank", "device", "step"]
     metrics = steps.unpivot(index=keys, on=list(SCALARS), variable_name="name", value_name="value")
-    # rates carry their numerator and denominator: a side's figure is their ratio of sums (README: Metrics)
+    # rates carry their numerator and denominator: a side's figure is their ratio of sums (docs/explanation/metrics.md)
     rates = [steps.select(*keys, pl.lit(m).alias("name"), num.alias("num"), den.alias("den"))
              for m in RATE_WEIGHTS if m in SCALARS and RATE_WEIGHTS[m] in steps.columns for num, den in [rate_parts(m)]]
     metrics = metrics.join(pl.concat(rates), on=[*keys, "name"], how="left", nulls_equal=True)

@@ -1,4 +1,4 @@
-"""Why the step is slow (``traceq explain``; README: Why is my step slow): the findings of each run, largest
+"""Why the step is slow (``traceq explain``; docs/explanation/findings.md): the findings of each run, largest
 first by their bound, each with its evidence and the command to look closer.
 
 :func:`explain` runs the reports other commands print (``report``, ``stragglers``, ``collectives``,

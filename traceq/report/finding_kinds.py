@@ -1,4 +1,4 @@
-"""Each kind of finding of ``traceq explain`` (README: Why is my step slow), read off
+"""Each kind of finding of ``traceq explain`` (docs/explanation/findings.md), read off
 :class:`~traceq.report.findings.Figures`: exposed communication by collective type, waiting for a late rank,
 idle by cause, exposed memcpy, compute by kernel category with MFU, step-time variation, power and energy
 per token, the critical path per rank, and, where an input is missing, what would enable the finding."""

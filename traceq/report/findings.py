@@ -1,4 +1,4 @@
-"""The findings of ``traceq explain`` (README: Why is my step slow): each kind of finding read off the tables
+"""The findings of ``traceq explain`` (docs/explanation/findings.md): each kind of finding read off the tables
 other commands print (:class:`Figures`), never computed anew, so that each of its numbers is one of theirs.
 
 A :class:`Finding` says what (one sentence in the run's words), how much (ms per step, share of the step),

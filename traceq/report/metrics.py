@@ -67,7 +67,7 @@ def interval_breakdown(
     traces without any, CPU-side gloo communication and operators (``activity`` cpu, device -1).
     ``idle_parts``: with idle split by cause (``sql/idle_breakdown.sql``; null on CPU-only traces).
     ``cross_rank``: with communication split into wait and transfer by collectives matched within
-    ``runs`` (``sql/split_activity.sql``), and the stragglers (``sql/stragglers.sql``; README: Across ranks).
+    ``runs`` (``sql/split_activity.sql``), and the stragglers (``sql/stragglers.sql``; docs/explanation/across-ranks.md).
     One statement, ``sql/window_metrics.sql``."""
     with crossrank.matched(con, runs) if cross_rank else nullcontext(None) as table:
         rows = query.run(con, "window_metrics", query_params(selection, runs), bind=_bind(whole_trace, idle_parts, table))
@@ -204,7 +204,7 @@ def metric_report(
     windows), and as ``rows`` the step rows behind the table (one per step, or per step and key for a
     breakdown metric; every metric), for a caller that shows them again (the HTML report), so that every
     metric is computed once. Arguments as :func:`compute_metric`; ``cross_rank``: the rows carry the
-    cross-rank figures (README: Across ranks) even where no metric asks for them."""
+    cross-rank figures (docs/explanation/across-ranks.md) even where no metric asks for them."""
     names = metric_names(metric)
     grain = columns(by, GROUP_COLUMNS)
     for name in names:

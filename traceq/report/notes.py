@@ -243,7 +243,7 @@ def selection_notes(
 ) -> list[str]:
     """What the step selection left out, per run of ``runs`` (None: every run): a run it left with no
     step at all (never dropped silently), the open last step left out by default, and a rank whose only
-    step is the last, kept with its open window (README: device windows, steps). A CPU-only trace's
+    step is the last, kept with its open window (docs/explanation/metrics.md). A CPU-only trace's
     windows are its steps' CPU spans: its last step is closed and kept."""
     selected = query.run(con, "selected_steps", query_params(selection, runs)).set_alias("sel")
     rel = con.sql(

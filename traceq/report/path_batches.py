@@ -1,4 +1,4 @@
-"""The critical paths of the selected steps, a batch of steps at a time (README: The critical path):
+"""The critical paths of the selected steps, a batch of steps at a time (docs/explanation/across-ranks.md: the critical path):
 :func:`walking` selects the steps of each run, sizes the batches, and walks them
 (:class:`~traceq.report.path_walk.Walker`) as its iterator reaches them, yielding each batch's segments
 and jumps (:class:`PathBatch`) while the connection is open. What streams the segments (``traceq

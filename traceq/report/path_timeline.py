@@ -1,4 +1,4 @@
-"""What a rank's device was doing at every instant, for the critical path (README: The critical path):
+"""What a rank's device was doing at every instant, for the critical path (docs/explanation/across-ranks.md: the critical path):
 :class:`Timeline`, built from the activity rows of ``sql/path_activity.sql``; the walk over timelines is
 :mod:`traceq.report.path_walk`.
 

@@ -1,4 +1,4 @@
-"""The walk of the critical path (README: The critical path): back from the end of a step across ranks,
+"""The walk of the critical path (docs/explanation/across-ranks.md: the critical path): back from the end of a step across ranks,
 over the timelines of :mod:`traceq.report.path_timeline` (:class:`Walker`);
 :mod:`traceq.report.path_batches` hands it the steps a batch at a time.
 
@@ -183,7 +183,7 @@ class Walker:
     # ---------------------------------------------------------------------------------------------- the walk
 
     def walk(self, bounds: dict[int, tuple[int, int]], steps: list[Step]) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """The paths of a batch of steps: (segments, jumps) as frames (README: The critical path).
+        """The paths of a batch of steps: (segments, jumps) as frames (docs/explanation/across-ranks.md: the critical path).
         ``bounds``: per trace, the time range to read first ({trace_id: (lo, hi)}); a trace is read when
         the walk first reaches it (most ranks of a large run never are)."""
         self.window = max([s.end_ns - s.start_ns for s in steps] + [1])

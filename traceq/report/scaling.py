@@ -1,5 +1,5 @@
 """Scaling across runs: global tokens/s against world size, the ideal linear line, efficiency,
-marginal tokens/s per added GPU, MFU and tokens per joule (README: Metrics).
+marginal tokens/s per added GPU, MFU and tokens per joule (docs/explanation/metrics.md).
 
 Per run, over its selected steps: step_time_ms is the mean step time over its rank-steps, and every rate
 (global_tokens_per_s, tokens_per_s, tflops, mfu, power_w, tokens_per_j) the ratio of sums over them: total

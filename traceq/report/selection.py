@@ -1,4 +1,4 @@
-"""Which steps a report uses, and the parameters every report query takes (README: device windows, steps)."""
+"""Which steps a report uses, and the parameters every report query takes (docs/explanation/metrics.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from traceq.peaks import gpu_peaks
 
 @dataclass(frozen=True)
 class StepSelection:
-    """Which steps a report uses (README: device windows, steps).
+    """Which steps a report uses (docs/explanation/metrics.md).
 
     Args:
         skip_steps: leading profiled steps to skip; None = the run's ``warmup_steps`` metadata, else 0.

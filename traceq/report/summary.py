@@ -36,7 +36,7 @@ def summary(
     steps, with the notes a reader needs beside it and the step rows behind it.
 
     Every figure of a row comes from the aggregation ``report`` makes at that grain
-    (:func:`traceq.report.aggregation.aggregate`, README: Aggregation): a rank's row pools its steps, a run's row its
+    (:func:`traceq.report.aggregation.aggregate`, docs/explanation/metrics.md): a rank's row pools its steps, a run's row its
     rank-steps, a group's row its runs; a rank's row keeps its run, as in ``report``.
 
     Columns: ``steps`` (device-steps pooled), ``step_range`` (the steps used: 'a..b', or 'whole trace'),

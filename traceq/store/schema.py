@@ -128,7 +128,7 @@ def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
 
 def _derive_again(con: duckdb.DuckDBPyConnection) -> None:
     """Version 1 -> 2: steps, step attribution and GPU model of every trace as this traceq derives them
-    (device windows, README: ranks without steps get one over the whole trace; time containment only
+    (device windows, docs/explanation/metrics.md: ranks without steps get one over the whole trace; time containment only
     where a rank has neither launches nor device-side step annotations)."""
     params = {**event_categories().sql_params(), **StepMarker().sql_params()}
     con.execute("update steps set source = 'marker' where source is null")
