@@ -177,6 +177,7 @@ def test_a_late_rank_is_named_as_the_straggler_the_others_wait_for(tmp_path: Pat
     assert host["ms_per_step"] == pytest.approx(28 / 3 / 1000)
 
 
+@pytest.mark.slow
 def test_a_host_bound_rank_comes_first_with_its_idle_as_bound(tmp_path: Path) -> None:
     db = ingest(tmp_path, host_bound_rank())
     report = explain(db, runs=["job"], selection=EVERY_STEP)
@@ -188,6 +189,7 @@ def test_a_host_bound_rank_comes_first_with_its_idle_as_bound(tmp_path: Path) ->
     assert not _findings(report, "Exposed") and not _findings(report, "Waiting")
 
 
+@pytest.mark.slow
 def test_a_run_bound_by_exposed_transfer_says_so_first(tmp_path: Path) -> None:
     db = ingest(tmp_path, transfer_bound())
     report = explain(db, runs=["job"], selection=EVERY_STEP)
@@ -200,6 +202,7 @@ def test_a_run_bound_by_exposed_transfer_says_so_first(tmp_path: Path) -> None:
     assert not _findings(report, "Waiting")  # they arrive together: nobody waits
 
 
+@pytest.mark.slow
 def test_a_compute_bound_run_has_nothing_to_say_about_communication(tmp_path: Path) -> None:
     db = ingest(tmp_path, compute_bound())
     report = explain(db, runs=["job"], selection=EVERY_STEP)
@@ -211,6 +214,7 @@ def test_a_compute_bound_run_has_nothing_to_say_about_communication(tmp_path: Pa
     assert any(f.startswith("Power and energy per token: no power log") for f in report.table["finding"].to_list())
 
 
+@pytest.mark.slow
 def test_step_time_variation_names_the_outlier_step(tmp_path: Path) -> None:
     """One rank, steps of 100, 100, 200 and 100 us: median 100, mean 125, p90 170 (linear); step 3 is an
     outlier (> 1.2 x the median), and the finding's time is the mean's excess over the median, 25 us."""
@@ -259,6 +263,7 @@ def test_the_api_is_lazy_and_takes_runs_and_selection(tmp_path: Path) -> None:
 # the corpus
 
 
+@pytest.mark.slow
 def test_every_corpus_finding_equals_the_figures_other_commands_print(corpus_db: Path) -> None:
     report = explain(corpus_db)
     assert report.table.height > 0 and report.table["run"].n_unique() > 10

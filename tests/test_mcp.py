@@ -152,6 +152,7 @@ def calls(db: Path) -> list[tuple[str, dict[str, Any], Callable[[], traceq.Repor
     ]
 
 
+@pytest.mark.slow
 def test_every_tool_gives_what_the_python_api_gives(server: Session, corpus_db: Path) -> None:
     called = set()
     for tool, arguments, api in calls(corpus_db):

@@ -74,6 +74,7 @@ labelled_kernel = st.tuples(st.sampled_from(sorted(COLLECTIVES)), st.integers(0,
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(labelled_kernel, min_size=1, max_size=25))
+@pytest.mark.slow
 def test_exposed_comm_by_collective_equals_interval_api(kernels: list[tuple[str, int, int, int]]) -> None:
     """sql/exposed_comm_by_collective.sql: per collective type, |U(its comm) - U(compute)|."""
     con = warehouse_with(kernels, COLLECTIVES)
