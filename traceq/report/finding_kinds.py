@@ -257,8 +257,9 @@ def power(fig: Figures, run: str) -> list[Finding]:
     """Power and energy per step, tokens per joule; or what would enable them."""
     watts, joules, per_j = fig.metric(run, "power_w"), fig.metric(run, "energy_j"), fig.metric(run, "tokens_per_j")
     if watts is None and joules is None:
-        return [Finding(run, "missing", "power", "Power and energy per token: no power log; record the run with traceq's "
-                        "collectors (power logging) and ingest the rank*.power.jsonl files beside the traces", (),
+        return [Finding(run, "missing", "power", "Power and energy per token: no power figures (the run's note says "
+                        "why: no power log, or no NVML where it ran); record it with traceq's collectors on a machine "
+                        "with NVML and ingest the rank*.power.jsonl files beside the traces", (),
                         fig.command(run, "report", "--metric", "power_w", "--by", "run"))]
     parts = ([f"its GPUs draw {number(watts.value)} W"] if watts else []) + (
         [f"{number(joules.value)} J a step each"] if joules else [])
