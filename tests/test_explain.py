@@ -211,7 +211,7 @@ def test_a_compute_bound_run_has_nothing_to_say_about_communication(tmp_path: Pa
     assert first["finding"].startswith("gemm kernels run 0.09 ms a step (90.0 % of the 0.1 ms step)")
     assert not _findings(report, "Exposed") and not _findings(report, "Waiting")
     assert not any("AllReduce" in f for f in report.table["finding"].to_list())
-    assert any(f.startswith("Power and energy per token: no power log") for f in report.table["finding"].to_list())
+    assert any(f.startswith("Power and energy per token: no power figures") for f in report.table["finding"].to_list())
 
 
 @pytest.mark.slow
