@@ -258,6 +258,24 @@ def test_odd_values_that_are_kept(db: Path, tmp_path: Path) -> None:
     assert n_dropped == 0
 
 
+def test_bytes_not_utf8_in_the_top_level_object_are_replaced(db: Path, tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 in a field before the event array and in one after it read as U+FFFD,
+    as in an event's name (msgspec refuses them with UnicodeDecodeError before 0.23, DecodeError from
+    0.23): the file is ingested whole, and the Perfetto engine's census counts its events."""
+    from traceq.ingest.census import count_device_events
+
+    doc = _doc(small_trace().events, distributedInfo={"rank": 0, "backend": "BACKEND"}).rstrip(b"}")
+    path = tmp_path / "rank0.json"
+    path.write_bytes(doc.replace(b"BACKEND", b"nc\xffcl") + b', "note": "\xfe"}')
+    code, _, err = ingest_cli(str(path), "--db", str(db), "--threads", "1")
+    assert code == 0, err
+    con = duckdb.connect(str(db), read_only=True)
+    row = con.execute("select file_rank, backend, header ->> 'note', n_dropped from traces where path = ?", [str(path.resolve())]).fetchone()
+    con.close()
+    assert row == (0, "nc\ufffdcl", "\ufffd", 0)
+    assert count_device_events(path) == {"kernel": sum(e.get("cat") == "kernel" for e in small_trace().events)}
+
+
 def test_header_values_out_of_range_are_unknown(db: Path, tmp_path: Path) -> None:
     path = tmp_path / "trace.json"
     path.write_bytes(_doc(small_trace().events).replace(

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from traceq.catalog import event_categories
+from traceq.ingest.jsonfault import utf8_lenient
 from traceq.ingest.reader import read_trace
 
 
@@ -37,7 +38,7 @@ def count_device_events(path: Path) -> dict[str, int]:
     _, chunks = read_trace(path)
     try:
         for chunk in chunks:
-            for event in _DECODER.decode(b"[" + chunk + b"]"):
+            for event in utf8_lenient(_DECODER.decode, b"[" + chunk + b"]"):
                 if (event.ph == "X" and isinstance(event.cat, str) and event.cat in roles
                         and _number(event.ts) and _number(event.dur) and event.dur >= 0):
                     counts[roles[event.cat]] += 1

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from traceq.catalog import StepMarker, event_categories
+from traceq.ingest.jsonfault import utf8_lenient
 from traceq.kineto import to_int
 
 # Largest |ts| in microseconds for which float64 -> integer ns rounding is exact (ULP/2 < 0.5 ns).
@@ -174,10 +175,7 @@ def _time_ns(values: list[Any]) -> tuple[np.ndarray, np.ndarray, bool]:
 def _decode_lenient(data: bytes, exact: bool = False) -> tuple[list[Event], int, bool]:
     """(events, elements left out, whether floats are Decimal). Invalid UTF-8 in a string becomes
     U+FFFD rather than an error."""
-    try:
-        return _decode_typed(data, exact)
-    except UnicodeDecodeError:
-        return _decode_typed(data.decode("utf-8", "replace").encode(), exact)
+    return utf8_lenient(lambda d: _decode_typed(d, exact), data)
 
 
 def _decode_typed(data: bytes, exact: bool) -> tuple[list[Event], int, bool]:

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from traceq.errors import TraceFormatError
-from traceq.ingest.jsonfault import fault_of
+from traceq.ingest.jsonfault import fault_of, utf8_lenient
 
 # ']' looked at from the end, and full decodes tried, before _array_end leaves a tail to
 # _array_end_reported: Kineto writes a few scalar fields after the event array.
@@ -104,16 +104,15 @@ def parse_header(prefix: bytes, tail: bytes, path: Path, bare: bool) -> dict[str
         if tail.strip():
             raise not_json(path, "unexpected data after the event array")
         return {}
+    whole = prefix + b"null" + tail
     try:
         try:
-            fields = msgspec.json.decode(prefix + b"null" + tail)
+            fields = utf8_lenient(msgspec.json.decode, whole)  # bytes not UTF-8 read as U+FFFD, as in events
         except msgspec.ValidationError:  # a number beyond float64 (1e999): read it as inf
-            fields = _LENIENT_FLOATS.decode(prefix + b"null" + tail)
-    except msgspec.DecodeError as exc:
-        if fault_of(prefix + b"null" + tail).kind == "truncated":  # cut short, wherever inside it
+            fields = utf8_lenient(_LENIENT_FLOATS.decode, whole)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        if fault_of(whole).kind == "truncated":  # cut short, wherever inside it
             raise truncated(path, "the file ends after the event array, inside the top-level object") from None
         raise not_json(path, f"the top-level object around the event array is malformed: {exc}") from None
-    except UnicodeDecodeError:
-        raise not_json(path, "the top-level object is not valid UTF-8") from None
     fields.pop("traceEvents", None)
     return fields

@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, TypeVar
+
+import msgspec
 
 class _Constant(ValueError):
     """NaN or Infinity met: Python's json module reads them, JSON (and msgspec) does not."""
@@ -155,3 +158,21 @@ def _escape_at(data: bytes, at: int) -> bool:
     while before and data[before - 1] == 0x5C:
         before -= 1
     return (at - before) % 2 == 0
+
+
+T = TypeVar("T")
+
+
+def utf8_lenient(decode: Callable[[bytes], T], data: bytes) -> T:
+    """``decode(data)``, where ``data`` holds bytes that are not UTF-8 with U+FFFD in their place.
+
+    msgspec refuses them inside a string it decodes: with UnicodeDecodeError before 0.23, with a
+    DecodeError from 0.23; so the bytes are asked, not the exception's type.
+    """
+    try:
+        return decode(data)
+    except (UnicodeDecodeError, msgspec.DecodeError):
+        fixed = data.decode("utf-8", "replace").encode()
+        if fixed == data:
+            raise
+        return decode(fixed)

@@ -35,7 +35,7 @@ except ImportError:  # a platform without its wheels: the standard library's
     _GzipFile, _InflateError = gzip.GzipFile, zlib.error
 from traceq.ingest.chunks import Chunk, FileRange, Pieces
 from traceq.ingest.ending import decodes, malformed, not_json, parse_header, split_tail, truncated
-from traceq.ingest.jsonfault import fault_of, replace_lone_surrogates
+from traceq.ingest.jsonfault import fault_of, replace_lone_surrogates, utf8_lenient
 
 CHUNK_BYTES = 8 << 20
 _READ_BYTES = 1 << 20
@@ -164,7 +164,7 @@ def _leading_fields(prefix: bytes) -> dict[str, Any]:
     if not prefix:
         return {}
     try:
-        fields = _LENIENT_FLOATS.decode(prefix + b"null}")
+        fields = utf8_lenient(_LENIENT_FLOATS.decode, prefix + b"null}")
     except (msgspec.DecodeError, UnicodeDecodeError):
         return {}
     return fields if isinstance(fields, dict) else {}
