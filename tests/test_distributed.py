@@ -5,6 +5,9 @@ nothing behind."""
 from __future__ import annotations
 
 import gzip
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,6 +137,23 @@ def test_without_a_client_or_scheduler_a_local_cluster_ingests(traces: list[Path
     summary = ingest_with_dask(traces[:2], tmp_path / "pq", processes=1)
     assert [f.status for f in summary.files] == ["ingested", "ingested"]
     assert compute_metric(tmp_path / "pq", "comm", by="run,rank")["rank"].to_list() == [0, 1]
+
+
+@pytest.mark.slow
+def test_the_local_clusters_own_warnings_are_not_the_commands_output(traces: list[Path], tmp_path: Path) -> None:
+    """Dask's workers log warnings of their own (memory, a worker slow to close, GC time) on the
+    command's stderr; a busy machine makes some of them, and a spill threshold near zero makes one
+    certain ("Unmanaged memory use is high"): `traceq ingest-cluster` prints its one line only."""
+    env = {"DASK_DISTRIBUTED__WORKER__MEMORY__TARGET": "0.0001", "DASK_DISTRIBUTED__WORKER__MEMORY__SPILL": "0.0001",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = tmp_path / "pq"
+    script = tmp_path / "traceq_cli.py"  # as the console script runs it (Dask's workers import __main__ again)
+    script.write_text("import sys\nfrom traceq.console import main\nif __name__ == '__main__':\n    sys.exit(main())\n")
+    done = subprocess.run([sys.executable, str(script), "ingest-cluster", *map(str, traces[:2]),
+                           "--parquet", str(out), "--processes", "2"], capture_output=True, text=True,
+                          env={**os.environ, **env}, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout + done.stderr).splitlines() == ["2 ingested, 0 skipped, 0 failed -> pq"]
 
 
 @pytest.mark.slow

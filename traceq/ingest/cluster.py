@@ -17,6 +17,7 @@ trace files and the output directory at the same paths on every machine (a share
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -208,7 +209,9 @@ def ingest_with_dask(
         with own:
             wait_for_a_worker(own, wait_s)
             return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
-    with LocalCluster(n_workers=processes, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+    # Dask's own warnings (a worker slow to close, garbage collection time) are not the command's output
+    with LocalCluster(n_workers=processes, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster:
         with Client(cluster) as own:
             return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
 
