@@ -6,6 +6,7 @@ import gzip
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,19 @@ def _no_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tables fit the terminal when COLUMNS is set (traceq.cli._terminal_width), and pytest or a CI
     shell may set it: tests that read a table set it themselves."""
     monkeypatch.delenv("COLUMNS", raising=False)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding examples/ and what `examples/make_demo.sh ddp` wrote (the tutorial's training run)."""
+    from tests.docs_examples import FIXTURE_COMMANDS
+
+    require_module("torch", "torch is not installed (the test extra has it): the demo run trains under the collector")
+    root = tmp_path_factory.mktemp("demo")
+    shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("out"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHON=sys.executable, PYTHONPATH=str(ROOT))
+    for command in FIXTURE_COMMANDS:
+        proc = subprocess.run(["bash", *command.split()], cwd=root, capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return root

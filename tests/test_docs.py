@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CORPUS, ROOT, require_module, skip_or_fail
-from tests.docs_examples import FIXTURE_COMMANDS, Runner, parse, rewrite, shims
+from tests.docs_examples import Runner, parse, rewrite, shims
 from traceq.catalog import METRICS
 from traceq.cli import app
 
@@ -87,20 +87,6 @@ def test_no_text_points_outside_the_repository() -> None:
                 text = path.read_text(encoding="utf-8")
                 outside += [f"{path.relative_to(ROOT)}: {word}" for word in ("DESIGN", "../shared", "STYLE.md") if word in text]
     assert not outside, outside
-
-
-@pytest.fixture(scope="session")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding examples/ and what `examples/make_demo.sh ddp` wrote (the tutorial's training run)."""
-    require_module("torch", "torch is not installed (the test extra has it): the demo run trains under the collector")
-    root = tmp_path_factory.mktemp("demo")
-    shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("out"))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHON=sys.executable, PYTHONPATH=str(ROOT))
-    for command in FIXTURE_COMMANDS:
-        proc = subprocess.run(["bash", *command.split()], cwd=root, capture_output=True, text=True, env=env, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return root
 
 
 @pytest.mark.slow  # the demo run trains for ~20 s; corpus pages ingest real traces

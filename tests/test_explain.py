@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from tests.test_cross_rank import ALL_REDUCE, GEMM, US, collective_args, ingest
 from tests.tracegen import TraceBuilder
 from traceq.cli import app
+from traceq.ingest import ingest_traces
 from traceq.report.explain import explain
 from traceq.report.metrics import compute_metric
 from traceq.report.selection import StepSelection
@@ -268,3 +269,12 @@ def test_every_corpus_finding_equals_the_figures_other_commands_print(corpus_db:
     report = explain(corpus_db)
     assert report.table.height > 0 and report.table["run"].n_unique() > 10
     check(corpus_db, report, all_runs=True, selection=StepSelection())
+
+
+@pytest.mark.slow
+def test_the_demo_runs_findings_follow_from_their_evidence(demo_run: Path, tmp_path: Path) -> None:
+    """The tutorial's real two-rank training run (gloo, the ranks taking turns at arriving last): its
+    findings follow from their evidence as the corpus's do."""
+    db = tmp_path / "demo.duckdb"
+    assert ingest_traces([demo_run / "examples" / "out" / "demo-ddp"], db).ok
+    check(db, explain(db), selection=StepSelection())
