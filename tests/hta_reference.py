@@ -8,7 +8,7 @@ Three independent ways to get the overlap of a Kineto trace:
   filters, its microsecond rounding, its name rules). It exists to explain why traceq and HTA differ
   on a trace: when it agrees with :func:`run_hta_overlap`, the difference is one of the documented
   HTA choices listed below, not a bug on either side.
-* :func:`brute_force_comm_overlap` is the simple, obviously-right check of the Metrics section of the README over
+* :func:`brute_force_comm_overlap` is the simple, obviously-right check of docs/explanation/metrics.md over
   the whole trace: integer nanoseconds parsed exactly from the JSON text, unions over all streams of
   one GPU, a plain boundary sweep.
 
@@ -371,7 +371,7 @@ def hta_semantics_overlap(
 
 
 # ---------------------------------------------------------------------------------------------------
-# Brute-force reference (the Metrics section of the README over the whole trace)
+# Brute-force reference (docs/explanation/metrics.md over the whole trace)
 
 KERNEL_CATS = ("kernel", "Kernel")
 

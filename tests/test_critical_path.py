@@ -1,7 +1,7 @@
-"""The critical path across ranks (README: The critical path): hand-made traces worked out by hand, a
-brute-force reference written apart from the code (tests/critical_path_reference.py), the tiling identity
-on every corpus multi-rank run and on real gloo runs, and on single-rank runs the identity with the
-interval and idle breakdowns (computed by other SQL)."""
+"""The critical path across ranks (docs/explanation/across-ranks.md, "The critical path"): hand-made traces worked out
+by hand, a brute-force reference written apart from the code (tests/critical_path_reference.py), the tiling identity
+on every corpus multi-rank run and on real gloo runs, and on single-rank runs the identity with the interval and idle
+breakdowns (computed by other SQL)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Across ranks (README: Across ranks): collectives matched over the ranks of a run, wait vs transfer inside
+"""Across ranks (docs/explanation/across-ranks.md): collectives matched over the ranks of a run, wait vs transfer inside
 each kernel, stragglers and bus bandwidth, on hand-made multi-rank traces worked out by hand, on the corpus'
 multi-rank inputs, on random runs against a brute-force matcher written apart from the SQL
 (tests/comm_reference.py), and on Parquet exports."""

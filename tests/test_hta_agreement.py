@@ -106,8 +106,8 @@ def test_traceq_reproduces_hta_selection_and_differs_only_by_hta_rounding(
 
 def test_hta_selection_on_mi300_differs_from_traceq_by_design(tmp_path: Path) -> None:
     """On mi300 HTA reports 22.45 % (25.25 % in exact ns), traceq 24.97 %: it reports its steps 15-16 by their device
-    windows (README: device windows, steps). HTA treats the gpu_user_annotation copy of ProfilerStep#17 as a CPU event and
-    cuts at that later GPU start, so it keeps kernels launched inside the CPU span of the last step,
+    windows (docs/explanation/metrics.md: device windows, steps). HTA treats the gpu_user_annotation copy of
+    ProfilerStep#17 as a CPU event and cuts at that later GPU start, so it keeps kernels launched inside the CPU span of the last step,
     the step it means to drop. Both leave out the 757 kernels without a launch event: they ran before
     step 15's window (launched before the profiler started); traceq up to 0.1 put them in step 15 by
     time containment, and HTA drops every kernel without a launch (inner merge on correlation).

@@ -1,4 +1,4 @@
-"""Notes that do not drown the table (README: Reading the output): a terminal shows each kind of note
+"""Notes that do not drown the table: a terminal shows each kind of note
 about runs once, naming the runs (or some of them and how many more), and CSV/JSON keep every note whole."""
 
 from __future__ import annotations

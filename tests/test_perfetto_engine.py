@@ -1,4 +1,4 @@
-"""The Perfetto engine (README: Two engines): traceq's classification, step windows and interval metrics in
+"""The Perfetto engine (docs/how-to/perfetto.md): traceq's classification, step windows and interval metrics in
 PerfettoSQL (sql/perfetto/), run by Perfetto's trace processor on the trace files, against hand-worked
 answers and against the DuckDB engine on every corpus GPU trace, per step and over the whole trace.
 

@@ -1,8 +1,8 @@
-"""`traceq export --perfetto` (README: See it on the timeline): the written file decoded with the perfetto
-package's own protos, against answers worked out by hand (kernels overlapping on one stream, a rank whose
-clock runs 700 us ahead, a power log), against the warehouse and `traceq report` on real corpus traces,
-through Perfetto's own importer where its trace processor is at hand (../shared/bin), from a Parquet
-export, and through the CLI."""
+"""`traceq export --perfetto` (docs/how-to/perfetto.md, "See it on the timeline"): the written file decoded with the
+perfetto package's own protos, against answers worked out by hand (kernels overlapping on one stream, a rank whose
+clock runs 700 us ahead, a power log), against the warehouse and `traceq report` on real corpus traces, through
+Perfetto's own importer where its trace processor is at hand (../shared/bin), from a Parquet export, and through the
+CLI."""
 
 from __future__ import annotations
 

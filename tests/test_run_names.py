@@ -1,6 +1,7 @@
-"""Which run a trace is in (README: trace identity): the name its collector's run.json gives, else its folder's name as the
-user gave the path (a link is not followed for the name; the side files are the link's folder's); --name wins
-over both. And a GPU model given by hand that names several rows of the peak table needs the peak with it."""
+"""Which run a trace is in (docs/explanation/metrics.md, "Trace identity"): the name its collector's run.json gives,
+else its folder's name as the user gave the path (a link is not followed for the name; the side files are the link's
+folder's); --name wins over both. And a GPU model given by hand that names several rows of the peak table needs the
+peak with it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Device windows (README: device windows, steps): per-step figures that tile the device timeline, on a hand-made trace
-whose GPU lags its CPU by more than a step, and on every corpus trace against a brute-force reference
-written apart from the SQL (tests/step_reference.py) and against the interval API."""
+"""Device windows (docs/explanation/metrics.md: device windows, steps): per-step figures that tile the device
+timeline, on a hand-made trace whose GPU lags its CPU by more than a step, and on every corpus trace against a
+brute-force reference written apart from the SQL (tests/step_reference.py) and against the interval API."""
 
 from __future__ import annotations
 
