@@ -672,6 +672,23 @@ def test_the_bomb_guard_says_what_is_not_stored_and_nothing_false(
     assert result.message == f"{path}: 1,500 of its first 1,500 {UNUSABLE_WORDS}"
 
 
+def test_a_lone_surrogate_escape_before_the_event_array_is_read_as_ufffd_with_a_note(tmp_path: Path) -> None:
+    """Top-level fields before the events (traceName, deviceProperties) with lone escapes: read as U+FFFD, one
+    note counting them with those of the events (before: "no traceEvents array", the file failed)."""
+    path = tmp_path / "rank0.json"
+    path.write_bytes(
+        b'{"schemaVersion": 1, "traceName": "run\\ud800x", "deviceProperties": [{"id": 0, "name": "H\\uDC00"}], '
+        b'"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k\\ud83d", "pid": 0, "tid": 7, "ts": 1, "dur": 1, '
+        b'"args": {"device": 0, "stream": 7, "correlation": 1}}]}')
+    db = tmp_path / "w.duckdb"
+    run = traceq("ingest", path, "--db", db, "-q")
+    assert run.code == 0, run.err
+    assert f"{path}: 3 lone surrogate escapes (such as \\ud800) in its strings replaced by U+FFFD" in run.err
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select trace_name, devices->0->>'name' from traces").fetchall() == [("run\ufffdx", "H\ufffd")]
+        assert con.execute("select name from names").fetchall() == [("k\ufffd",)]
+
+
 def test_a_gpu_trace_whose_first_million_events_are_cpu_operators_is_no_bomb(tmp_path: Path) -> None:
     """deviceProperties, then 1.2M plain CPU operators (left out of a GPU trace, not dropped), then kernels:
     ingested with every count right (the guard refused it: nothing stored among its first 1M events)."""
