@@ -759,7 +759,7 @@ ROUND3 = {
     "--threads 100000": (_warehouse, lambda p: ["ingest", p.parent / "t", "--db", p, "--threads", "100000"],
                          "--threads 100000"),
     "1.2 million empty events": (_empty_events, lambda p: ["ingest", p, "--db", p.parent / "e.duckdb"],
-                                 "is one traceq stores (a complete event"),
+                                 "events are none that traceq stores (it stores complete events"),
     "kernels --top 10^20": (_warehouse, lambda p: ["kernels", "--db", p, "--top", "99999999999999999999"],
                             "--top 99999999999999999999"),
 }
