@@ -1,5 +1,8 @@
 -- Batches of event chunks ($files: JSON arrays of whole events, cut from traces' traceEvents by traceq.ingest.reader),
--- parsed by DuckDB's JSON reader into a materialized relation, one row per element (_rows in sql/batch_*.sql).
+-- parsed by DuckDB's JSON reader into a materialized relation, one row per element that is not dropped (_rows in
+-- sql/batch_*.sql). Dropped (no "ph", or a complete event without a valid time or duration that is no CPU operator) is
+-- no row: traceq.ingest.native writes each file between two bounds ({"ph": $bound_ph}), whose rows say the file's
+-- (`file_no`) elements by their ordinality (`bound`), and sql/batch_counts.sql counts those without a row as dropped.
 -- part: the number of the row's batch ($file_parts, of each file; traceq.ingest.native.BatchFiles.part), which tells
 -- its rows from those of the other batches parsed and written in the same statements (traceq.ingest.native).
 -- Rows that become warehouse rows (`keep`) get the columns of traceq.ingest.decode's tables, with the name as
@@ -32,7 +35,7 @@ with raw as (
                 "Process Group Ranks" VARCHAR, "Group size" VARCHAR, "In msg nelems" VARCHAR,
                 "Out msg nelems" VARCHAR, dtype VARCHAR, "Seq" VARCHAR, name VARCHAR, labels VARCHAR)'
         }
-    )
+    ) with ordinality
 ),
 
 classified as (
@@ -70,8 +73,9 @@ spans as (
 final as (
     select
         $file_parts[file_no]::integer as part,
+        case when ph = $bound_ph then file_no end as file_no,
+        case when ph = $bound_ph then ordinality end as bound,
         kind,
-        ph is null as no_phase,
         plain_op,
         meta,
         span,
@@ -109,8 +113,11 @@ final as (
             or contains(args.stream, '.') or contains(args.device, '.') or contains(args.rank, '.')
             or contains(args."Group size", '.') or contains(args."In msg nelems", '.')
             or contains(args."Out msg nelems", '.') or contains(args."Seq", '.')
-        end as odd
+        end as odd,
+        -- dropped: counted (between the bounds), never a row: a gzip of `{}` by the hundred million stays flat
+        coalesce(ph is null or (span and not valid and not plain_op), false) as dropped
     from spans
 )
 
-select * from final
+select * exclude (dropped) from final
+where not dropped

@@ -347,6 +347,84 @@ def test_a_40_mb_header_ingests_in_bounded_memory(tmp_path: Path) -> None:
         assert traceq("report", "--db", tmp_path / f"{where}.duckdb", "--format", "csv").code == 0
 
 
+# what ingest says of a file most of whose events it cannot store, after "PATH: N of its first M "
+UNUSABLE_WORDS = (
+    'events are none that traceq stores (it stores complete events, "ph": "X", with a valid time and duration; '
+    "not elements without a phase, nor metadata, flow, instant or counter events): with over 99% unusable it is no "
+    "profiler trace; nothing was stored. Check that it is the file the profiler wrote")
+KERNEL = (b'{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": %d, "dur": 1, '
+          b'"args": {"device": 0, "stream": 7, "correlation": %d}}')
+BOMB_EVENTS = 8_000_000  # 32 MB of JSON, ~35 KB of gzip: before issue 51, 625 MB peak, and exit 0 but "first"
+EVERY = 2_000_000
+
+
+def _empty_object_bomb(path: Path, placement: str, n: int = BOMB_EVENTS) -> tuple[Path, int]:
+    """A gzip of ``n`` ``{}`` (streamed: the test holds a MB at a time) with kernels where ``placement``
+    says; returns it and the number of kernels."""
+    z = zlib.compressobj(6, zlib.DEFLATED, 31)
+    block = b"{}, " * (1 << 18)
+    kernels = 0
+    with open(path, "wb") as f:
+        f.write(z.compress(b'{"traceEvents": ['))
+        if placement == "after one valid event":
+            f.write(z.compress(KERNEL % (0, 0) + b", "))
+            kernels += 1
+        left = n
+        while left:
+            run = min(left, EVERY if placement == "one valid event every 2M" else left)
+            for _ in range(run // (1 << 18)):
+                f.write(z.compress(block))
+            f.write(z.compress(b"{}, " * (run % (1 << 18))))
+            left -= run
+            if placement == "one valid event every 2M":
+                f.write(z.compress(KERNEL % (kernels * 10, kernels) + b", "))
+                kernels += 1
+        f.write(z.compress(b"{}]}") + z.flush())
+    return path, kernels
+
+
+@pytest.mark.parametrize("placement", ["first", "after one valid event", "one valid event every 2M"])
+def test_a_gzip_of_empty_objects_fails_in_one_line_in_flat_memory(placement: str, tmp_path: Path) -> None:
+    """Dropped events are counted, not kept (issue 51): wherever the kernels sit, the file fails in one
+    line once more than 99 % of a million events or more are unusable, under 300 MB and in seconds, and
+    leaves no warehouse. (Before: the guard read the first 1M events only, and each dropped event was a
+    row: 625 MB for these 8M, 3.0 GB and exit 0 for 500M after one kernel.)"""
+    bomb, kernels = _empty_object_bomb(tmp_path / "bomb.json.gz", placement)
+    assert bomb.stat().st_size < 200 << 10
+    db = tmp_path / "w.duckdb"
+    started = time.monotonic()
+    run = traceq("ingest", bomb, "--db", db, timeout=120)
+    seconds = time.monotonic() - started
+    line = one_line_error(run, str(bomb), UNUSABLE_WORDS)
+    unusable, read = (int(n.replace(",", "")) for n in line.split(": ", 1)[1].split(" events")[0].split(" of its first "))
+    # the kernels among the first `read` elements, counted from where they were written
+    among = {"first": 0, "after one valid event": 1, "one valid event every 2M": read // (EVERY + 1)}[placement]
+    assert 1_000_000 <= read <= BOMB_EVENTS + kernels + 1 and read - unusable == among, line
+    assert run.maxrss_mb < 300, run.maxrss_mb  # a bound, not a benchmark: ~145 MB here
+    assert seconds < 60, seconds  # likewise: ~3 s
+    no_loss(not db.exists(), "a refused first ingest left a warehouse")
+
+
+def test_the_decoder_counts_dropped_events_without_keeping_them(tmp_path: Path) -> None:
+    """The same bomb read by traceq.ingest.decode (DuckDB's reader refusing a file sends it there): one
+    line, under 300 MB (before: 380 MB for 8M, its 8 MB chunks held as half a million Python objects)."""
+    bomb, _ = _empty_object_bomb(tmp_path / "bomb.json.gz", "after one valid event")
+    code = ("import sys; from pathlib import Path; from traceq.ingest import ingest_traces\n"
+            "[f] = ingest_traces([Path(sys.argv[1])], Path(sys.argv[2]), native=False).files\n"
+            "print(f.status, f.message)")
+    TALLY["tried"] += 1
+    proc = subprocess.Popen([sys.executable, "-c", code, str(bomb), str(tmp_path / "w.duckdb")], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
+    peak_kb, deadline = 0, time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        peak_kb = max(peak_kb, _high_water_kb(proc.pid))
+        time.sleep(0.02)
+    out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    assert out.startswith(f"failed {bomb}: ") and UNUSABLE_WORDS in out, out + err
+    assert peak_kb < 300 << 10, peak_kb
+    TALLY["one_line"] += 1
+
+
 # ------------------------------------------------------------------ 5. inputs that are not files
 
 
@@ -681,7 +759,7 @@ ROUND3 = {
     "--threads 100000": (_warehouse, lambda p: ["ingest", p.parent / "t", "--db", p, "--threads", "100000"],
                          "--threads 100000"),
     "1.2 million empty events": (_empty_events, lambda p: ["ingest", p, "--db", p.parent / "e.duckdb"],
-                                 "is one traceq stores (a complete event"),
+                                 "events are none that traceq stores (it stores complete events"),
     "kernels --top 10^20": (_warehouse, lambda p: ["kernels", "--db", p, "--top", "99999999999999999999"],
                             "--top 99999999999999999999"),
 }

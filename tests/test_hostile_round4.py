@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import require_module, skip_or_fail
 from tests.test_bad_input import small_trace
-from tests.test_hostile import no_loss, one_line_error, traceq
+from tests.test_hostile import UNUSABLE_WORDS, no_loss, one_line_error, traceq
 
 
 def _digest(path: Path) -> str:
@@ -669,7 +669,44 @@ def test_the_bomb_guard_says_what_is_not_stored_and_nothing_false(
     path.write_bytes(b'{"traceEvents": [' + b", ".join([event] * 1500) + b"]}")
     [result] = ingest_traces([path], tmp_path / "w.duckdb", threads=1).files
     assert result.status == "failed"
-    assert result.message == (
-        f'{path}: none of its first 1,500 events is one traceq stores (a complete event, "ph": "X", with a valid '
-        "time and duration; metadata, flow, instant and counter events are not stored): not a profiler trace; "
-        "nothing was stored")
+    assert result.message == f"{path}: 1,500 of its first 1,500 {UNUSABLE_WORDS}"
+
+
+def test_a_lone_surrogate_escape_before_the_event_array_is_read_as_ufffd_with_a_note(tmp_path: Path) -> None:
+    """Top-level fields before the events (traceName, deviceProperties) with lone escapes: read as U+FFFD, one
+    note counting them with those of the events (before: "no traceEvents array", the file failed)."""
+    path = tmp_path / "rank0.json"
+    path.write_bytes(
+        b'{"schemaVersion": 1, "traceName": "run\\ud800x", "deviceProperties": [{"id": 0, "name": "H\\uDC00"}], '
+        b'"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k\\ud83d", "pid": 0, "tid": 7, "ts": 1, "dur": 1, '
+        b'"args": {"device": 0, "stream": 7, "correlation": 1}}]}')
+    db = tmp_path / "w.duckdb"
+    run = traceq("ingest", path, "--db", db, "-q")
+    assert run.code == 0, run.err
+    assert f"{path}: 3 lone surrogate escapes (such as \\ud800) in its strings replaced by U+FFFD" in run.err
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select trace_name, devices->0->>'name' from traces").fetchall() == [("run\ufffdx", "H\ufffd")]
+        assert con.execute("select name from names").fetchall() == [("k\ufffd",)]
+
+
+def test_a_gpu_trace_whose_first_million_events_are_cpu_operators_is_no_bomb(tmp_path: Path) -> None:
+    """deviceProperties, then 1.2M plain CPU operators (left out of a GPU trace, not dropped), then kernels:
+    ingested with every count right (the guard refused it: nothing stored among its first 1M events)."""
+    from traceq.ingest import ingest_traces
+
+    ops, kernels = 1_200_000, 1000
+    path = tmp_path / "rank0.json"
+    with open(path, "wb") as f:
+        f.write(b'{"deviceProperties": [{"id": 0, "name": "NVIDIA H200"}], "traceEvents": [')
+        for start in range(0, ops, 100_000):
+            f.write(b"".join(b'{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": %d, '
+                             b'"dur": 1}, ' % i for i in range(start, start + 100_000)))
+        f.write(b", ".join(b'{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": %d, "dur": 1, '
+                           b'"args": {"device": 0, "stream": 7, "correlation": %d}}' % (ops + i, i) for i in range(kernels)))
+        f.write(b"]}")
+    [result] = ingest_traces([path], tmp_path / "w.duckdb").files
+    assert result.status == "ingested", result.message
+    with duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True) as con:
+        assert con.execute("select n_events, n_gpu_events, n_host_events, n_dropped from traces").fetchall() == [
+            (ops + kernels, kernels, 0, 0)]
+        assert con.execute("select count(*) from gpu_events").fetchall() == [(kernels,)]

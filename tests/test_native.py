@@ -407,7 +407,7 @@ def test_decoded_chunks_are_batched_up_to_the_batch_size_with_the_policy_of_the_
     for batch in decoded_batches(iter(chunks), True, StepMarker(), batch_bytes=len(chunks[0]) + len(chunks[1])):
         spans, ops, kernels = _counted(batch.rows)
         seen.append((batch.rows.num_rows, spans, ops, kernels))
-    assert seen == [(5, 5, 3, 2), (9, 9, 9, 0)]
+    assert seen == [(5 + 2 * 2, 5, 3, 2), (9 + 2 * 2, 9, 9, 0)]  # and each chunk's two bounds
     (without,) = decoded_batches(iter(chunks), False, StepMarker())
     assert _counted(without.rows) == (2, 0, 2)
 

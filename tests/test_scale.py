@@ -164,25 +164,33 @@ def test_writing_decoded_rows_keeps_no_reference_to_them_until_commit() -> None:
     assert con.execute("select count(*), count(distinct trace_id) from host_events").fetchall() == [(1_000_000, 5)]
 
 
-def test_decoded_rows_that_only_count_take_a_few_bytes_each() -> None:
-    """Every element is a row (sql/batch_counts.sql counts them), also ``{}``: its null columns share
-    one buffer of zeros. (Each of its own took 150 bytes a row: a 60 MB file of ``{}`` peaked at
-    1.7 GB, review finding.) Held: Arrow's allocations and Python's (the buffer of zeros)."""
+def test_decoded_elements_that_are_dropped_are_counted_not_kept() -> None:
+    """``{}`` is dropped: no row, whatever their number (a row each, even of shared zeros, made a gzip of
+    500 million of them peak at 3 GB, issue 51): the chunk's two bounds count them (sql/batch_counts.sql).
+    Held: Arrow's allocations and Python's, the same for 200,000 of them as for 2,000."""
     import tracemalloc
 
     from traceq.ingest.decode import _decode_lenient, events_to_rows
+    from traceq.ingest.native import BatchFiles, count_batches
 
-    events, _, _ = _decode_lenient(b"[" + b", ".join([b"{}"] * 200_000) + b', {"ph": "i", "name": "x", "ts": 1}]')
-    events_to_rows(events[-10:])  # what its first call imports is not the rows'
-    arrow = pa.total_allocated_bytes()
-    tracemalloc.start()
-    try:
-        rows, _ = events_to_rows(events)
-        held = pa.total_allocated_bytes() - arrow + tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert rows.num_rows == 200_001
-    assert held < 16 * rows.num_rows
+    def held(n: int) -> tuple[int, int, tuple[int, int]]:
+        events, _, _ = _decode_lenient(b"[" + b", ".join([b"{}"] * n) + b', {"ph": "i", "name": "x", "ts": 1}]')
+        arrow = pa.total_allocated_bytes()
+        tracemalloc.start()
+        try:
+            rows, _ = events_to_rows(events)
+            taken = pa.total_allocated_bytes() - arrow + tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        with duckdb.connect() as con:
+            (counts,) = count_batches(con, rows, [BatchFiles(part=0)])
+        return rows.num_rows, taken, (counts.events, counts.dropped)
+
+    held(10)  # what its first call imports is not the rows'
+    small, large = held(2_000), held(200_000)
+    assert (small[0], small[2]) == (3, (2_001, 2_000))  # the instant and the two bounds
+    assert (large[0], large[2]) == (3, (200_001, 200_000))
+    assert large[1] < small[1] + (4 << 10), (small, large)
 
 
 def test_json_size_reads_the_gzip_trailer(tmp_path: Path) -> None:

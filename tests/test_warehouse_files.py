@@ -423,8 +423,8 @@ def test_a_file_of_empty_events_is_not_read_to_its_end(tmp_path: Path, native: b
     summary = ingest_traces([path], db, threads=1, native=native)
     [result] = summary.files
     assert result.status == "failed", result
-    assert "events is one traceq stores (a complete event, " in result.message
-    assert "are not stored): not a profiler trace; nothing was stored" in result.message
+    assert "events are none that traceq stores (it stores complete events, " in result.message
+    assert "with over 99% unusable it is no profiler trace; nothing was stored" in result.message
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("select count(*) from traces").fetchone() == (0,)
 

@@ -83,8 +83,9 @@ META_KEYS = ("process_name", "thread_name", "process_labels")
 ROWS_SCHEMA = pa.schema(
     [
         ("part", pa.int32()),
+        ("file_no", pa.int32()),
+        ("bound", pa.int64()),
         ("kind", pa.int32()),
-        ("no_phase", pa.bool_()),
         ("plain_op", pa.bool_()),
         ("meta", pa.bool_()),
         ("span", pa.bool_()),
@@ -115,7 +116,7 @@ ROWS_SCHEMA = pa.schema(
     ]
 )
 # false where a row does not set them (every other column is null there)
-_FLAGS = frozenset(("no_phase", "plain_op", "meta", "span"))
+_FLAGS = frozenset(("plain_op", "meta", "span"))
 _EMPTY = pa.py_buffer(b"")
 # Collective args, filled only for the events that name a collective: (column, an int)
 _COLLECTIVE_COLUMNS = (
@@ -201,28 +202,32 @@ def _decode_typed(data: bytes, exact: bool) -> tuple[list[Event], int, bool]:
     return events, len(items) - len(events), True
 
 
-def decode_chunk(chunk: bytes, all_ops: bool = True, marker: StepMarker = StepMarker(), part: int = 0) -> pa.Table:
+def decode_chunk(
+    chunk: bytes, all_ops: bool = True, marker: StepMarker = StepMarker(), part: int = 0, file_no: int = 1,
+) -> pa.Table:
     """Decode ``chunk`` (whole events joined by commas, without the enclosing brackets) into the rows
-    ``sql/read_events.sql`` gives for it (:data:`ROWS_SCHEMA`, one row per element, each with
-    ``part``), which the writer stores as it stores DuckDB's.
+    ``sql/read_events.sql`` gives for it as the file ``file_no`` of batch ``part`` (:data:`ROWS_SCHEMA`,
+    a row per element that is not dropped, and the two bounds that count them), which the writer stores
+    as it stores DuckDB's.
 
     The reader has checked the JSON syntax; values of the wrong type never raise here: an element
-    that is not an object is a row without a phase, and an event without numeric ``ts``/``dur`` (for
-    complete events) is not ``valid``: both are dropped and counted (``sql/batch_counts.sql``). With
+    that is not an object or has no phase, and a complete event without numeric ``ts``/``dur`` (but a
+    CPU operator, counted apart), are dropped: counted, never a row (``sql/batch_counts.sql``). With
     ``all_ops=False`` the CPU operators that no metric of a GPU trace reads are left out (see
     :func:`events_to_rows`). No row is ``odd`` or ``unsure_file``: this reader reads those values exactly.
     """
     data = b"[" + chunk + b"]"
     events, left_out, exact = _decode_lenient(data)
-    rows, inexact = events_to_rows(events, all_ops, marker, part, left_out)
+    rows, inexact = events_to_rows(events, all_ops, marker, part, left_out, file_no)
     if inexact and not exact:  # epoch-microsecond times with a fraction: decode them exactly
         events, left_out, _ = _decode_lenient(data, exact=True)
-        rows, _ = events_to_rows(events, all_ops, marker, part, left_out)
+        rows, _ = events_to_rows(events, all_ops, marker, part, left_out, file_no)
     return rows
 
 
 def events_to_rows(
     events: list[Event], all_ops: bool = True, marker: StepMarker = StepMarker(), part: int = 0, left_out: int = 0,
+    file_no: int = 1,
 ) -> tuple[pa.Table, bool]:
     """The rows of decoded ``events`` (:func:`decode_chunk`) and ``left_out`` elements that were not
     objects, and whether float64 rounding made a time inexact.
@@ -240,7 +245,7 @@ def events_to_rows(
     span_kinds: list[int] = []
     span_plain: list[bool] = []
     metas: list[Event] = []
-    skipped = no_phase = other = 0  # rows that only count
+    skipped = other = 0  # rows that only count
     for e in events:
         ph = e.ph
         if ph == "X":
@@ -255,9 +260,7 @@ def events_to_rows(
                 skipped += 1
         elif ph == "M" and e.args is not None and isinstance(e.name, str) and e.name in META_KEYS:
             metas.append(e)
-        elif ph is None:
-            no_phase += 1
-        else:
+        elif ph is not None:  # with none, dropped
             other += 1
     span_rows, inexact = _span_rows(spans, span_kinds, span_plain, part)
     tables = [
@@ -274,8 +277,9 @@ def events_to_rows(
             ],
         }),
         _rows(skipped, part, {"kind": 0, "plain_op": True}),  # CPU operators left out (all_ops=False)
-        _rows(no_phase + left_out, part, {"no_phase": True}),  # dropped, as elements that are not objects
         _rows(other, part, {}),  # other phases: instant, counter, flow, metadata traceq does not keep
+        # the elements' bounds, as DuckDB's ordinality numbers those written around them (traceq.ingest.native)
+        _rows(2, part, {"file_no": file_no, "bound": [1, len(events) + left_out + 2]}),
     ]
     return pa.concat_tables(tables), inexact
 
@@ -306,7 +310,7 @@ def _span_rows(rows: list[Event], kinds: list[int], plain: list[bool], part: int
         "start_ns": pa.array(start, mask=~valid),
         "dur_ns": pa.array(dur, mask=~valid),
         "odd": False,
-    }), inexact
+    }).filter(pa.array(valid | np.array(plain, dtype=bool))), inexact  # others without valid times: dropped
 
 
 def _rows(n: int, part: int, columns: dict[str, Any]) -> pa.Table:

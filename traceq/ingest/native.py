@@ -47,6 +47,10 @@ BATCH_BYTES = 96 << 20
 # Traces of 2021 spell it "external id" on some events; one struct type cannot hold both spellings: a
 # batch file with events whose args lack "External id" is searched for the other (count_batches).
 _LOWERCASE_EXTERNAL_ID = b'"external id"'
+# The phase of the element written first and last in each batch file: the count of its elements is the
+# difference of their ordinalities (sql/batch_counts.sql), the dropped ones having no row (sql/read_events.sql).
+BOUND_PH = "traceq:bound"
+_BOUND = b'{"ph": "%s"}' % BOUND_PH.encode()
 
 
 class NotNative(Exception):
@@ -178,7 +182,7 @@ def batch_files(chunks: Iterator[Chunk], directory: str, batch_bytes: int | None
     batch, size = BatchFiles(), 0
     for n, chunk in enumerate(chunks):
         name = os.path.join(directory, f"{n}.json")
-        batch.add(name, len(chunk) + 2)
+        batch.add(name, len(chunk) + 2 * len(_BOUND) + 4)
         _write_array(name, chunk, directory)
         size += len(chunk)
         if size >= batch_bytes:
@@ -192,9 +196,9 @@ def _write_array(name: str, chunk: Chunk, directory: str) -> None:
     try:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.write(fd, b"[")
+            os.write(fd, b"[" + _BOUND + b",")
             (Pieces((chunk,)) if isinstance(chunk, bytes) else chunk).copy_to(fd)
-            os.write(fd, b"]")
+            os.write(fd, b"," + _BOUND + b"]")
         finally:
             os.close(fd)
     except OSError as exc:  # e.g. a full temp directory: traceq.ingest.decode needs no scratch files
@@ -236,6 +240,7 @@ def parse_batches(
         "file_parts": [files.part for files, _ in batches for _ in files.names],
         "file_all_ops": [all_ops for files, all_ops in batches for _ in files.names],
         "max_object_bytes": max(files.largest for files, _ in batches) + 1,
+        "bound_ph": BOUND_PH,
         **event_categories().sql_params(), **marker.sql_params(),
     }
     try:

@@ -43,6 +43,9 @@ MIN_CHUNK_BYTES = 1 << 20
 # Bytes of JSON decoded (traceq.ingest.decode) to a batch: a statement of the writer costs ms
 # whatever its rows, and decoded rows take less memory than the chunks' Python objects (BENCHMARKS.md)
 DECODE_BATCH_BYTES = 16 << 20
+# Bytes of JSON decoded at once: its events are Python objects until their rows are made (a chunk of 2 MB
+# of `{}` is half a million of them, 45 MB)
+DECODE_CHUNK_BYTES = 2 << 20
 
 Counted = TypeVar("Counted", bound=Sized)  # a chunk of either reader (read_trace, read_trace_ranges)
 
@@ -194,7 +197,7 @@ class Parser:
         """``job`` decoded by :mod:`traceq.ingest.decode` in this thread, chunk by chunk as its
         batches are taken (``why``: what sent it there)."""
         try:
-            header, chunks = read_trace(job.path, self.chunk_bytes)
+            header, chunks = read_trace(job.path, min(self.chunk_bytes, DECODE_CHUNK_BYTES))
         except TraceqError as exc:
             return ParsedFile(job, error=exc, decoded=why)
         ops = all_ops_of(header.leading, all_ops)
@@ -233,7 +236,7 @@ def decoded_batches(
 
     files, tables, size = BatchFiles(), [], 0
     for chunk in chunks:
-        tables.append(decode_chunk(chunk, all_ops, marker, files.part))
+        tables.append(decode_chunk(chunk, all_ops, marker, files.part, len(tables) + 1))
         size += len(chunk)
         if size >= batch_bytes:
             yield Batch(files, pa.concat_tables(tables))

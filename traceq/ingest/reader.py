@@ -62,7 +62,7 @@ class TraceHeader:
     ``leading`` holds those written before the event array (Kineto writes ``distributedInfo`` there)
     and is known as soon as :func:`read_trace` returns; ``fields`` holds all of them once the last
     chunk has been read. ``lone_surrogates``: the lone surrogate escapes replaced by ``\\ufffd`` in the
-    events read in memory (:func:`_chunks`).
+    top-level fields before the events and in the events read in memory (:func:`_chunks`).
     """
 
     fields: dict[str, Any] = field(default_factory=dict)
@@ -172,7 +172,7 @@ def _leading_fields(prefix: bytes) -> dict[str, Any]:
 
 def _is_top_level_key(prefix: bytes) -> bool:
     try:
-        _RAW.decode(prefix + b"null}")
+        _RAW.decode(replace_lone_surrogates(prefix)[0] + b"null}")  # msgspec refuses them; JSON allows them
         return True
     except msgspec.DecodeError:
         return False
@@ -223,6 +223,7 @@ def _open_events(path: Path) -> tuple[BinaryIO, TraceHeader, bytes, bytes, int]:
     try:
         with too_deep_is_not_json(path):
             prefix, rest, header.bare_array, start = _find_array_start(stream, path)
+            prefix = _without_lone_surrogates(prefix, header)  # the top-level fields before the events, too
             header.leading = _leading_fields(prefix)
             rest, skipped = _first_event(stream, path, rest)
     except BaseException:
