@@ -1,17 +1,5 @@
-"""Load Kineto trace files into the warehouse: each file all or nothing, idempotent by content hash.
-
-The walk from ``traceq ingest`` to the stored rows, by stage:
-
-1. plan (:mod:`traceq.ingest.plan`, on this thread, once): the files in order, each one's size, run,
-   digest where the warehouse needs it told, whether it is in already, its group;
-2. parse (:mod:`traceq.ingest.pipeline`, run ahead on one thread by :mod:`traceq.ingest.readahead`):
-   each file cut into chunks of whole events (:mod:`traceq.ingest.reader`), written as batch files and
-   parsed by DuckDB's JSON reader on every core (:mod:`traceq.ingest.native`), the small files of a
-   group in one statement; or decoded by :mod:`traceq.ingest.decode` into the same rows;
-3. write (:func:`traceq.ingest.groups.write_group`, by the one :class:`~traceq.ingest.writer.Writer`):
-   each group in one transaction, its rows in one statement per table, then each file's traces row,
-   steps and step attribution (:mod:`traceq.ingest.write`). A group that fails is written file by
-   file; a file DuckDB's reader refuses is decoded; any other error fails the file, in one line.
+"""Load Kineto trace files into the warehouse (:func:`ingest_traces`): each file all or nothing,
+idempotent by content hash. The stages are in :mod:`traceq.ingest`'s docstring; :func:`load` runs them.
 
 What keeps memory flat whatever the trace size (benchmarks/bench_scale.py measures it):
 a few batches in flight; DuckDB's buffer pool is capped
@@ -35,7 +23,7 @@ from traceq.ingest.identity import check_rank
 from traceq.ingest.inputs import check_run_name, expand_inputs
 from traceq.ingest.native import Executor, parser
 from traceq.ingest.pipeline import INGEST_CHUNK_BYTES, Parser, Scratch
-from traceq.ingest.plan import groups_of, plan
+from traceq.ingest.plan import plan
 from traceq.ingest.readahead import ReadAhead
 from traceq.ingest.results import FileResult, IngestSummary, Progress, not_utf8
 from traceq.ingest.write import INGEST_MEMORY_LIMIT, check_marker
@@ -131,9 +119,8 @@ def load(
     again = Parser(parser(con), executor, options.marker, chunk_bytes, threads, directories, lambda e, i: None)
     ahead = None
     try:
-        jobs = plan(paths, writer.known, writer.already, run=options.run, force=options.force, native=native)
-        notify("start", {"files": len(jobs), "bytes": sum(job.size for job in jobs)})
-        groups = groups_of(jobs)
+        groups = plan(paths, writer.known, writer.already, run=options.run, force=options.force, native=native)
+        notify("start", {"files": sum(map(len, groups)), "bytes": sum(job.size for group in groups for job in group)})
         ahead = ReadAhead(reading, [g for g in groups if g[0].done is None]) if native else None
         for group in groups:
             if group[0].done is not None:

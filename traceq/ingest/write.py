@@ -16,8 +16,7 @@ from traceq.catalog import StepMarker, event_categories
 from traceq.errors import ConfigError, TraceFormatError
 from traceq.identity import GIVEN_RANKS, Claim, next_rankless, refuse_overlap
 from traceq.ingest.native import BatchCounts
-from traceq.ingest.reader import TraceHeader
-from traceq.ingest.identity import MAX_RANK, distributed_rank, rank_of_file
+from traceq.ingest.identity import MAX_RANK, rank_of_file
 from traceq.ingest.sidecar import load_side_files, side_value_notes, write_wall_times
 from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
@@ -288,13 +287,6 @@ def drop_plain_ops(con: Any, params: dict[str, Any]) -> int:
     returns how many."""
     statement = f"delete from host_events where rowid in (select rid from ({sql_text('plain_ops.sql')}))"
     return con.execute(statement, params_of(statement, params)).fetchall()[0][0]
-
-
-def leading_rank(header: TraceHeader) -> int | None:
-    """Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in (an
-    UPDATE of every row afterwards would hold a copy of the column in memory). A value that is no rank
-    fills nothing: the rows get the rank the notes report (:func:`traceq.ingest.identity.distributed_rank`)."""
-    return distributed_rank(header.leading)
 
 
 def _text(value: Any) -> str | None:

@@ -1,8 +1,6 @@
 """The one writer of an ingest (:class:`Writer`): it owns the warehouse connection, what the warehouse
 holds (digests by size, runs) and what the open transaction holds, and writes the parsed files it is
-handed, whichever parser read them. Its face: :meth:`~Writer.begin`, :meth:`~Writer.write`,
-:meth:`~Writer.derive`, :meth:`~Writer.commit`, :meth:`~Writer.roll_back`, :meth:`~Writer.known` and
-:meth:`~Writer.already`."""
+handed, whichever parser read them."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ import duckdb
 from traceq.catalog import StepMarker
 from traceq.errors import TraceFormatError
 from traceq.ingest.digests import file_digest, file_identity, stored_digest
-from traceq.ingest.identity import names_job, no_rank_note, run_of
+from traceq.ingest.identity import distributed_rank, names_job, no_rank_note, run_of
 from traceq.ingest.native import Executor, Part, count_batches, rows_of, write_parts
 from traceq.ingest.pipeline import ParsedFile
 from traceq.ingest.plan import FileJob
@@ -29,12 +27,11 @@ from traceq.ingest.write import (
     derive,
     finish_trace,
     free_rank,
-    leading_rank,
     rank_of,
     require_events,
 )
 from traceq.store.manage import forget_run, remove_traces
-from traceq.store.schema import rollback
+from traceq.store.schema import fetch_one, rollback
 
 
 @dataclass(frozen=True)
@@ -123,7 +120,10 @@ class Writer:
                 continue
             held.add(key)
             assert f.header is not None
-            entries.append(_Entry(f, digest, self._next_trace_id(), leading_rank(f.header)))
+            # Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in (an
+            # UPDATE of every row afterwards would hold a copy of the column in memory)
+            trace_id = fetch_one(self.con, "select nextval('trace_ids')")[0]
+            entries.append(_Entry(f, digest, trace_id, distributed_rank(f.header.leading)))
         self._write_rows([e for e in entries if isinstance(e, _Entry)])
         results = []
         for e in entries:
@@ -267,6 +267,3 @@ class Writer:
     def close(self) -> None:
         """Stop the hashing thread."""
         self._hasher.shutdown(cancel_futures=True)
-
-    def _next_trace_id(self) -> int:
-        return self.con.execute("select nextval('trace_ids')").fetchall()[0][0]
