@@ -18,9 +18,8 @@ from traceq.identity import GIVEN_RANKS, Claim, next_rankless, refuse_overlap
 from traceq.ingest.native import BatchCounts
 from traceq.ingest.identity import MAX_RANK, rank_of_file
 from traceq.ingest.sidecar import load_side_files, side_value_notes, write_wall_times
-from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
-from traceq.store.derive import check_step_marker, device_properties, gpu_model_of, write_steps
+from traceq.store.derive import check_step_marker, write_steps
 from traceq.store.schema import fetch_one
 
 from traceq.ingest.results import FileResult
@@ -87,7 +86,7 @@ def all_ops_of(leading: dict[str, Any], forced: bool | None = None) -> bool:
     header has ``deviceProperties`` (Kineto writes it before the events on CUDA/ROCm machines). One
     without them that shows no GPU activity after all is read again with them (:class:`NeedsOps`); one
     with them that shows GPU activity writes none from its first batch with GPU rows on, and those
-    written before go at its end (:func:`drop_plain_ops`)."""
+    written before go once its events are in (:func:`drop_plain_ops`)."""
     return not leading.get("deviceProperties") if forced is None else forced
 
 
@@ -142,55 +141,6 @@ class Stored:
     result: FileResult
 
 
-def finish_trace(
-    con: Any,
-    path: Path,
-    trace_id: int,
-    run_name: str,
-    digest: str,
-    size: int,
-    fields: dict[str, Any],
-    counts: Counts,
-    file_rank: int | None,
-    rank_source: str,
-    parse_seconds: float,
-    marker: StepMarker,
-    new_run: bool,
-) -> Stored:
-    """After the events are in: the traces row. Its steps and side files come with :func:`derive`.
-    ``new_run``: the run may not be in the warehouse yet."""
-    if counts.gpu and counts.kept_ops:
-        # the CPU operators written before the file showed GPU activity go, and so do their drops
-        params = {"trace_id": trace_id, **event_categories().sql_params(), **marker.sql_params()}
-        counts.host -= drop_plain_ops(con, params)
-        counts.dropped -= counts.dropped_plain_ops
-    dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
-    devices = device_properties(fields.get("deviceProperties"))
-    header = msgspec.json.encode(_header_summary(fields)).decode()
-    devices_json = msgspec.json.encode(devices).decode() if devices else None
-    _room_for(con, len(header) + len(devices_json or ""))
-    if new_run:
-        con.execute("insert into runs (run) values (?) on conflict do nothing", [run_name])
-    base_ns = to_int(fields.get("baseTimeNanoseconds"))
-    con.execute(
-        """
-        insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, file_rank, world_size,
-            backend, schema_version, base_time_ns, display_time_unit, trace_name, header, step_marker, devices,
-            gpu_model, n_events, n_gpu_events, n_host_events, n_dropped, parse_seconds)
-        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-        """,
-        [
-            trace_id, run_name, str(path.resolve()), digest, size, rank_source, file_rank,
-            to_int(dist.get("world_size")), _text(dist.get("backend")), to_int(fields.get("schemaVersion")),
-            base_ns, _text(fields.get("displayTimeUnit")),
-            _text(fields.get("traceName")), header, marker.pattern, devices_json, gpu_model_of(con, trace_id, devices),
-            counts.events, counts.gpu, counts.host, counts.dropped, parse_seconds,
-        ],
-    )
-    result = FileResult(str(path), "ingested", trace_id=trace_id, run=run_name, events=counts.events, gpu_events=counts.gpu)
-    return Stored(trace_id, path, run_name, rank_source, file_rank, base_ns, result)
-
-
 def derive(con: Any, stored: list[Stored], marker: StepMarker) -> None:
     """The steps of the traces ``stored`` (consecutive ids), their device events' steps, their side
     files, their steps' wall-clock windows and their results' ranks: one statement each, whatever the
@@ -232,7 +182,7 @@ def derive(con: Any, stored: list[Stored], marker: StepMarker) -> None:
         s.result.ranks = ranks.get(s.trace_id, [])
 
 
-def _room_for(con: Any, text_bytes: int) -> None:
+def room_for(con: Any, text_bytes: int) -> None:
     """Raise the ingest's buffer pool (until another file's header needs another) where a trace's
     header text is large: storing and compressing 80 MB of it takes buffers of 128 MB, beyond
     :data:`INGEST_MEMORY_LIMIT` (a deviceProperties name of 40 MB, tests/test_hostile.py)."""
@@ -282,17 +232,14 @@ def free_rank(con: Any, run: str) -> int:
     return next_rankless([] if lowest is None else [lowest])
 
 
-def drop_plain_ops(con: Any, params: dict[str, Any]) -> int:
-    """Delete the CPU operators written before a file showed GPU activity (``sql/plain_ops.sql``);
-    returns how many."""
+def drop_plain_ops(con: Any, trace_id: int, marker: StepMarker) -> int:
+    """Delete the CPU operators of trace ``trace_id`` written before it showed GPU activity
+    (``sql/plain_ops.sql``); returns how many."""
+    params = {"trace_id": trace_id, **event_categories().sql_params(), **marker.sql_params()}
     statement = f"delete from host_events where rowid in (select rid from ({sql_text('plain_ops.sql')}))"
     return con.execute(statement, params_of(statement, params)).fetchall()[0][0]
 
 
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _header_summary(fields: dict[str, Any]) -> dict[str, Any]:
-    """Top-level fields worth keeping (drops bulky log lists such as INFO/ERROR)."""
-    return {k: v for k, v in fields.items() if k not in ("INFO", "ERROR", "WARNING")}
+def header_text(fields: dict[str, Any]) -> str:
+    """The trace's top-level fields as JSON, less the bulky log lists (INFO, ERROR, WARNING)."""
+    return msgspec.json.encode({k: v for k, v in fields.items() if k not in ("INFO", "ERROR", "WARNING")}).decode()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
+import msgspec
 
 from traceq.catalog import StepMarker
 from traceq.errors import TraceFormatError
@@ -25,11 +26,15 @@ from traceq.ingest.write import (
     NeedsOps,
     Stored,
     derive,
-    finish_trace,
+    drop_plain_ops,
     free_rank,
+    header_text,
     rank_of,
     require_events,
+    room_for,
 )
+from traceq.kineto import to_int, to_text
+from traceq.store.derive import device_properties, gpu_model_of
 from traceq.store.manage import forget_run, remove_traces
 from traceq.store.schema import fetch_one, rollback
 
@@ -168,7 +173,7 @@ class Writer:
             parts = []
             for (e, _, b), c in zip(taken, counts):
                 # CPU operators parsed with the file (its header has no deviceProperties) are written
-                # until it shows GPU activity (those before go at its end, finish_trace)
+                # until it shows GPU activity (those before go at its end, _traces_row)
                 keep = e.file.all_ops and not (e.counts.gpu or c.gpu)
                 e.counts.add_batch(c, keep)
                 parts.append(Part(b.files, e.trace_id, e.names, e.fill, keep))
@@ -208,10 +213,7 @@ class Writer:
             for table in ("gpu_events", "host_events", "trace_threads"):
                 self.con.execute(f"update {table} set rank = ? where trace_id = ? and rank is null",
                                  [fill_rank, e.trace_id])
-        stored = finish_trace(
-            self.con, path, e.trace_id, run, e.digest, e.file.job.size, header.fields, counts, file_rank, rank_source,
-            time.perf_counter() - started, options.marker, new_run=run not in self._runs,
-        )
+        stored = self._traces_row(e, run, file_rank, rank_source, time.perf_counter() - started)
         if lone := header.lone_surrogates:  # JSON allows them; UTF-8, msgspec and DuckDB do not (traceq.ingest.reader)
             notes.append(f"{path}: {lone:,} lone surrogate escape{'s' * (lone > 1)} (such as \\ud800) in its strings "
                          "replaced by U+FFFD")
@@ -221,6 +223,37 @@ class Writer:
         self._pending.append(stored)
         self._uncommitted.append((e.file.job.size, e.digest, run))
         return stored.result
+
+    def _traces_row(self, e: _Entry, run: str, file_rank: int | None, rank_source: str, seconds: float) -> Stored:
+        """The traces row of ``e`` (and its run's, where new), once its events are in."""
+        con, path, counts, fields = self.con, e.file.job.path, e.counts, e.file.header.fields  # type: ignore[union-attr]
+        if counts.gpu and counts.kept_ops:  # its CPU operators written before it showed GPU activity go, and their drops
+            counts.host -= drop_plain_ops(con, e.trace_id, self.options.marker)
+            counts.dropped -= counts.dropped_plain_ops
+        dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
+        devices = device_properties(fields.get("deviceProperties"))
+        header, devices_json = header_text(fields), msgspec.json.encode(devices).decode() if devices else None
+        room_for(con, len(header) + len(devices_json or ""))
+        if run not in self._runs:
+            con.execute("insert into runs (run) values (?) on conflict do nothing", [run])
+        base_ns = to_int(fields.get("baseTimeNanoseconds"))
+        con.execute(
+            """
+            insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, file_rank, world_size,
+                backend, schema_version, base_time_ns, display_time_unit, trace_name, header, step_marker, devices,
+                gpu_model, n_events, n_gpu_events, n_host_events, n_dropped, parse_seconds)
+            values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """,
+            [
+                e.trace_id, run, str(path.resolve()), e.digest, e.file.job.size, rank_source, file_rank,
+                to_int(dist.get("world_size")), to_text(dist.get("backend")), to_int(fields.get("schemaVersion")), base_ns,
+                to_text(fields.get("displayTimeUnit")), to_text(fields.get("traceName")), header,
+                self.options.marker.pattern, devices_json, gpu_model_of(con, e.trace_id, devices),
+                counts.events, counts.gpu, counts.host, counts.dropped, seconds,
+            ],
+        )
+        result = FileResult(str(path), "ingested", trace_id=e.trace_id, run=run, events=counts.events, gpu_events=counts.gpu)
+        return Stored(e.trace_id, path, run, rank_source, file_rank, base_ns, result)
 
     def _replace(self, job: FileJob, digest: str) -> list[str]:
         """Remove the trace(s) of this file's content, or of this file (its path: written again since,
