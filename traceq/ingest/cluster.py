@@ -21,7 +21,7 @@ import logging
 import os
 import shutil
 import time
-from contextlib import closing
+from contextlib import ExitStack, closing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -180,23 +180,21 @@ def ingest_with_dask(
         from distributed import Client, LocalCluster
     except ImportError:
         raise ConfigError('Dask is not installed; pip install "traceq[dask]" on the client and every worker') from None
-    if client is not None:
-        wait_for_a_worker(client, wait_s)
+    with ExitStack() as owned:
+        if client is None and scheduler is not None:
+            try:
+                client = owned.enter_context(Client(scheduler, timeout="30s"))
+            except (ValueError, OSError, TimeoutError) as exc:
+                raise ConfigError(f"no Dask scheduler reached at this address ({type(exc).__name__}: {exc}); give a "
+                                  "running scheduler's address, e.g. tcp://head:8786", param="scheduler", value=scheduler) from None
+        if client is None:  # a local cluster, for this call; Dask's own warnings (a worker slow to close, garbage
+            # collection time) are not the command's output
+            cluster = owned.enter_context(LocalCluster(n_workers=processes, threads_per_worker=1, processes=True,
+                                                       dashboard_address=":0", silence_logs=logging.ERROR))
+            client = owned.enter_context(Client(cluster))
+        else:
+            wait_for_a_worker(client, wait_s)
         return _ingest(client, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
-    if scheduler is not None:
-        try:
-            own = Client(scheduler, timeout="30s")
-        except (ValueError, OSError, TimeoutError) as exc:
-            raise ConfigError(f"no Dask scheduler reached at this address ({type(exc).__name__}: {exc}); give a "
-                              "running scheduler's address, e.g. tcp://head:8786", param="scheduler", value=scheduler) from None
-        with own:
-            wait_for_a_worker(own, wait_s)
-            return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
-    # Dask's own warnings (a worker slow to close, garbage collection time) are not the command's output
-    with LocalCluster(n_workers=processes, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as cluster:
-        with Client(cluster) as own:
-            return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
 
 
 def _ingest(
