@@ -32,8 +32,3 @@ def to_int(value: Any) -> int | None:
         except ValueError:
             return None
     return None
-
-
-def to_text(value: Any) -> str | None:
-    """A JSON value as text (``str()``), None for null."""
-    return None if value is None else str(value)

@@ -27,7 +27,6 @@ import duckdb
 
 from traceq.catalog import RUN_KEYS
 from traceq.errors import TraceFormatError
-from traceq.kineto import to_text
 from traceq.query import params_of, sql_text
 from traceq.store.run_metadata import merge_run_metadata, run_level
 from traceq.store.schema import execute_over
@@ -172,8 +171,8 @@ def load_power_log(con: duckdb.DuckDBPyConnection, trace_id: int, file_rank: int
         values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
         """,
         [
-            trace_id, rank, str(path.resolve()), source, to_text(header.get("reason")),
-            _float(header.get("interval_ms")), json.dumps(header.get("gpus") or []), to_text(header.get("note")),
+            trace_id, rank, str(path.resolve()), source, _text(header.get("reason")),
+            _float(header.get("interval_ms")), json.dumps(header.get("gpus") or []), _text(header.get("note")),
             _int(end.get("wall_ns")) if end else None, len(power), len(energy), len(errors),
         ],
     )
@@ -253,3 +252,7 @@ def _float(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)

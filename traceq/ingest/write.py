@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import msgspec
 
 from traceq.catalog import StepMarker, event_categories
 from traceq.errors import ConfigError, TraceFormatError
@@ -182,14 +181,6 @@ def derive(con: Any, stored: list[Stored], marker: StepMarker) -> None:
         s.result.ranks = ranks.get(s.trace_id, [])
 
 
-def room_for(con: Any, text_bytes: int) -> None:
-    """Raise the ingest's buffer pool (until another file's header needs another) where a trace's
-    header text is large: storing and compressing 80 MB of it takes buffers of 128 MB, beyond
-    :data:`INGEST_MEMORY_LIMIT` (a deviceProperties name of 40 MB, tests/test_hostile.py)."""
-    if text_bytes >= 1 << 20:
-        con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT_MB + 4 * ((text_bytes >> 20) + 1)}MB'")
-
-
 def _refuse_rank_collisions(con: Any, stored: list[Stored]) -> None:
     """ConfigError when the run of a trace ``stored`` already holds a step of one of its ranks from another
     trace (:func:`traceq.identity.refuse_overlap` decides and words it): the rows gathered are those of the
@@ -238,8 +229,3 @@ def drop_plain_ops(con: Any, trace_id: int, marker: StepMarker) -> int:
     params = {"trace_id": trace_id, **event_categories().sql_params(), **marker.sql_params()}
     statement = f"delete from host_events where rowid in (select rid from ({sql_text('plain_ops.sql')}))"
     return con.execute(statement, params_of(statement, params)).fetchall()[0][0]
-
-
-def header_text(fields: dict[str, Any]) -> str:
-    """The trace's top-level fields as JSON, less the bulky log lists (INFO, ERROR, WARNING)."""
-    return msgspec.json.encode({k: v for k, v in fields.items() if k not in ("INFO", "ERROR", "WARNING")}).decode()

@@ -22,18 +22,17 @@ from traceq.ingest.plan import FileJob
 from traceq.ingest.reader import too_deep_is_not_json
 from traceq.ingest.results import FileResult
 from traceq.ingest.write import (
+    INGEST_MEMORY_LIMIT_MB,
     Counts,
     NeedsOps,
     Stored,
     derive,
     drop_plain_ops,
     free_rank,
-    header_text,
     rank_of,
     require_events,
-    room_for,
 )
-from traceq.kineto import to_int, to_text
+from traceq.kineto import to_int
 from traceq.store.derive import device_properties, gpu_model_of
 from traceq.store.manage import forget_run, remove_traces
 from traceq.store.schema import fetch_one, rollback
@@ -232,8 +231,13 @@ class Writer:
             counts.dropped -= counts.dropped_plain_ops
         dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
         devices = device_properties(fields.get("deviceProperties"))
-        header, devices_json = header_text(fields), msgspec.json.encode(devices).decode() if devices else None
-        room_for(con, len(header) + len(devices_json or ""))
+        # the top-level fields less the bulky log lists
+        header = msgspec.json.encode({k: v for k, v in fields.items() if k not in ("INFO", "ERROR", "WARNING")}).decode()
+        devices_json = msgspec.json.encode(devices).decode() if devices else None
+        if (text_mb := (len(header) + len(devices_json or "")) >> 20) >= 1:
+            # storing and compressing 80 MB of header text takes buffers of 128 MB, beyond INGEST_MEMORY_LIMIT (a
+            # deviceProperties name of 40 MB, tests/test_hostile.py): the pool is raised until another file's needs more
+            con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT_MB + 4 * (text_mb + 1)}MB'")
         if run not in self._runs:
             con.execute("insert into runs (run) values (?) on conflict do nothing", [run])
         base_ns = to_int(fields.get("baseTimeNanoseconds"))
@@ -246,8 +250,8 @@ class Writer:
             """,
             [
                 e.trace_id, run, str(path.resolve()), e.digest, e.file.job.size, rank_source, file_rank,
-                to_int(dist.get("world_size")), to_text(dist.get("backend")), to_int(fields.get("schemaVersion")), base_ns,
-                to_text(fields.get("displayTimeUnit")), to_text(fields.get("traceName")), header,
+                to_int(dist.get("world_size")), _text(dist.get("backend")), to_int(fields.get("schemaVersion")), base_ns,
+                _text(fields.get("displayTimeUnit")), _text(fields.get("traceName")), header,
                 self.options.marker.pattern, devices_json, gpu_model_of(con, e.trace_id, devices),
                 counts.events, counts.gpu, counts.host, counts.dropped, seconds,
             ],
@@ -300,3 +304,7 @@ class Writer:
     def close(self) -> None:
         """Stop the hashing thread."""
         self._hasher.shutdown(cancel_futures=True)
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
