@@ -18,6 +18,7 @@ from pathlib import Path
 import duckdb
 
 from traceq.catalog import StepMarker, check_parallelism
+from traceq.errors import ConfigError
 from traceq.ingest.groups import write_group
 from traceq.ingest.identity import check_rank
 from traceq.ingest.inputs import check_run_name, expand_inputs
@@ -26,7 +27,7 @@ from traceq.ingest.pipeline import INGEST_CHUNK_BYTES, Parser, Scratch
 from traceq.ingest.plan import plan
 from traceq.ingest.readahead import ReadAhead
 from traceq.ingest.results import FileResult, IngestSummary, Progress, not_utf8
-from traceq.ingest.write import INGEST_MEMORY_LIMIT, check_marker
+from traceq.ingest.write import INGEST_MEMORY_LIMIT, SMALL_FILES_MEMORY_LIMIT
 from traceq.ingest.writer import WriteOptions, Writer
 from traceq.interrupts import interruptible
 from traceq.store.warehouse import DEFAULT_DB, connect
@@ -85,17 +86,20 @@ def ingest_traces(
     with interruptible():  # Ctrl-C stops the ingest, whatever it landed in
         con = connect(db)
         try:
-            con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT}'")
             # row order within a table means nothing to traceq; keeping it would make DuckDB parse the
-            # JSON on one thread within this memory limit
+            # JSON on one thread within the memory limit
             con.execute("set preserve_insertion_order = false")
             con.execute(f"set threads = {(os.cpu_count() or 1) if threads is None else threads}")
-            check_marker(con, marker)
+            try:
+                con.execute("select regexp_matches('', ?)", [marker.pattern])
+            except duckdb.Error as exc:
+                raise ConfigError(f"not a regular expression DuckDB reads (RE2): {str(exc).splitlines()[0]}",
+                                  param="step_marker", value=marker.pattern) from None
             options = WriteOptions(run, rank, marker, force)
             # closed here, whatever stops the loop (Ctrl-C between two results, a progress callback that
             # raises): its reading thread is joined now, not when the generator is collected
             with closing(load(con, paths, options, chunk_bytes=chunk_bytes, notify=notify, native=native,
-                              executor=executor or Executor())) as results:
+                              executor=executor or Executor(), pool=True)) as results:
                 for result in results:
                     summary.files.append(result)
                     notify("done", {"result": result})
@@ -106,11 +110,12 @@ def ingest_traces(
 
 def load(
     con: duckdb.DuckDBPyConnection, paths: list[Path], options: WriteOptions, *, chunk_bytes: int = INGEST_CHUNK_BYTES,
-    notify: Progress = lambda event, info: None, native: bool = True, executor: Executor = Executor(),
+    notify: Progress = lambda event, info: None, native: bool = True, executor: Executor = Executor(), pool: bool = False,
 ) -> Iterator[FileResult]:
     """Ingest ``paths`` into the warehouse ``con``, yielding each file's result in plan order: the
     plan made here, the groups parsed ahead on one thread (natively; else decoded here), each written
-    by :func:`write_group`. Its scratch directories are removed by the time it is closed."""
+    by :func:`write_group`. Its scratch directories are removed by the time it is closed. ``pool``: set
+    DuckDB's buffer pool for the files planned (a cluster task's in-memory warehouse keeps its own)."""
     writer = Writer(con, options, executor)
     directories = Scratch()
     threads = con.execute("select current_setting('threads')").fetchall()[0][0]
@@ -121,6 +126,9 @@ def load(
     try:
         groups = plan(paths, writer.known, writer.already, run=options.run, force=options.force, native=native)
         notify("start", {"files": sum(map(len, groups)), "bytes": sum(job.size for group in groups for job in group)})
+        if pool:
+            small = all(job.small or job.done for group in groups for job in group)
+            con.execute(f"set memory_limit = '{SMALL_FILES_MEMORY_LIMIT if small else INGEST_MEMORY_LIMIT}'")
         ahead = ReadAhead(reading, [g for g in groups if g[0].done is None]) if native else None
         for group in groups:
             if group[0].done is not None:

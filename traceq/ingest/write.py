@@ -12,7 +12,7 @@ from typing import Any
 import duckdb
 
 from traceq.catalog import StepMarker, event_categories
-from traceq.errors import ConfigError, TraceFormatError
+from traceq.errors import TraceFormatError
 from traceq.identity import GIVEN_RANKS, Claim, next_rankless, refuse_overlap
 from traceq.ingest.native import BatchCounts
 from traceq.ingest.identity import MAX_RANK, rank_of_file
@@ -28,6 +28,10 @@ from traceq.ingest.results import FileResult
 # 278-385 MiB at 384 MB, for 0-10 % more time (three trace shapes, BENCHMARKS.md, issue 23).
 INGEST_MEMORY_LIMIT_MB = 160
 INGEST_MEMORY_LIMIT = f"{INGEST_MEMORY_LIMIT_MB}MB"
+# ... and where every file is small: two groups' parsed rows (one written, one read ahead) fill the pool, and
+# 128 MB holds them as fast: 512 files of 9 MB, 288 MiB peak RSS where 160 MB gave 326, 84 CPU-s either way
+# (1.5 GB traces pay up to 30 % at 128 MB, BENCHMARKS.md)
+SMALL_FILES_MEMORY_LIMIT = "128MB"
 
 
 # A file is refused once it has read this many events and more than MAX_UNUSABLE_SHARE of them are none traceq
@@ -116,15 +120,6 @@ def rank_of(
         notes.append(f"{path}: distributedInfo.rank {json.dumps(dist.get('rank'))[:40]} is not a rank "
                      f"(0 to {MAX_RANK}): passed over, {instead}")
     return file_rank, source
-
-
-def check_marker(con: Any, marker: StepMarker) -> None:
-    """ConfigError when DuckDB's regular expressions (RE2) cannot read ``marker``."""
-    try:
-        con.execute("select regexp_matches('', ?)", [marker.pattern])
-    except duckdb.Error as exc:
-        raise ConfigError(f"not a regular expression DuckDB reads (RE2): {str(exc).splitlines()[0]}",
-                          param="step_marker", value=marker.pattern) from None
 
 
 @dataclass
