@@ -21,20 +21,19 @@ import logging
 import os
 import shutil
 import time
-from contextlib import closing
+from contextlib import ExitStack, closing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.identity import GIVEN_RANKS, Claim, overlaps, rankless_ranks
-from traceq.catalog import StepMarker, check_parallelism
+from traceq.catalog import check_parallelism
 from traceq.ingest.inputs import check_run_name, expand_inputs
 from traceq.ingest.identity import check_rank, header_identity, run_of
 from traceq.ingest.loader import load
 from traceq.ingest.pipeline import INGEST_CHUNK_BYTES
 from traceq.ingest.results import FileResult, IngestSummary, not_utf8
-from traceq.ingest.write import check_marker
 from traceq.ingest.writer import WriteOptions
 from traceq.ingest.digests import digest_in
 from traceq.store.parquet import (
@@ -83,23 +82,6 @@ def wait_for_a_worker(client: Any, wait_s: float) -> None:
         ) from None
 
 
-def ingest_in_process(
-    con: Any, path: Path, *, run: str | None = None, rank: int | None = None, chunk_bytes: int = INGEST_CHUNK_BYTES,
-    step_marker: str | None = None, rank_if_none: int | None = None,
-) -> FileResult:
-    """Ingest one file into the open warehouse ``con`` (one transaction).
-
-    The trace id comes from the warehouse's ``trace_ids`` sequence. ``rank_if_none``: the (negative)
-    rank the file gets if it names none, where ``con`` cannot tell which are free (a cluster task's
-    private warehouse); by default the first free one in its run.
-    """
-    marker = StepMarker.parse(step_marker)
-    check_marker(con, marker)
-    with closing(load(con, [path], WriteOptions(run, rank, marker, rank_if_none=rank_if_none),
-                      chunk_bytes=chunk_bytes)) as results:
-        return next(results)
-
-
 def ingest_file_to_parquet(
     path: str,
     trace_id: int,
@@ -113,12 +95,12 @@ def ingest_file_to_parquet(
 ) -> tuple[FileResult, str | None]:
     """Decode one trace file into Parquet partitions under ``out_dir`` as trace ``trace_id``.
 
-    Runs on a cluster worker. Returns the file's result and its content digest (None if it failed).
+    Runs on a cluster worker, in a private in-memory warehouse whose ``trace_ids`` sequence starts at
+    ``trace_id``. Returns the file's result and its content digest (None if it failed).
     ``rank_if_none``: the rank the file gets if it names none (the client gives each file its own).
     Files are written to a staging folder first and moved into place with the ``traces`` file
     last, so a task that dies leaves no trace that a report reads.
     """
-
     started = time.perf_counter()
     trace_path = Path(path)
     if skip_digests:
@@ -136,8 +118,9 @@ def ingest_file_to_parquet(
         con.execute("set threads = 1")  # a task per worker thread already
         con.execute("drop sequence trace_ids")
         con.execute(f"create sequence trace_ids start {int(trace_id)}")
-        result = ingest_in_process(con, trace_path, run=run, rank=rank, chunk_bytes=chunk_bytes,
-                                   rank_if_none=rank_if_none)
+        options = WriteOptions(run, rank, rank_if_none=rank_if_none)
+        with closing(load(con, [trace_path], options, chunk_bytes=chunk_bytes)) as results:
+            result = next(results)
         if result.status != "ingested":
             return result, None
         stored, digest = con.execute("select trace_id, content_digest from traces").fetchall()[0]
@@ -197,23 +180,21 @@ def ingest_with_dask(
         from distributed import Client, LocalCluster
     except ImportError:
         raise ConfigError('Dask is not installed; pip install "traceq[dask]" on the client and every worker') from None
-    if client is not None:
-        wait_for_a_worker(client, wait_s)
+    with ExitStack() as owned:
+        if client is None and scheduler is not None:
+            try:
+                client = owned.enter_context(Client(scheduler, timeout="30s"))
+            except (ValueError, OSError, TimeoutError) as exc:
+                raise ConfigError(f"no Dask scheduler reached at this address ({type(exc).__name__}: {exc}); give a "
+                                  "running scheduler's address, e.g. tcp://head:8786", param="scheduler", value=scheduler) from None
+        if client is None:  # a local cluster, for this call; Dask's own warnings (a worker slow to close, garbage
+            # collection time) are not the command's output
+            cluster = owned.enter_context(LocalCluster(n_workers=processes, threads_per_worker=1, processes=True,
+                                                       dashboard_address=":0", silence_logs=logging.ERROR))
+            client = owned.enter_context(Client(cluster))
+        else:
+            wait_for_a_worker(client, wait_s)
         return _ingest(client, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
-    if scheduler is not None:
-        try:
-            own = Client(scheduler, timeout="30s")
-        except (ValueError, OSError, TimeoutError) as exc:
-            raise ConfigError(f"no Dask scheduler reached at this address ({type(exc).__name__}: {exc}); give a "
-                              "running scheduler's address, e.g. tcp://head:8786", param="scheduler", value=scheduler) from None
-        with own:
-            wait_for_a_worker(own, wait_s)
-            return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
-    # Dask's own warnings (a worker slow to close, garbage collection time) are not the command's output
-    with LocalCluster(n_workers=processes, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as cluster:
-        with Client(cluster) as own:
-            return _ingest(own, inputs, out_dir, run=run, rank=rank, chunk_bytes=chunk_bytes)
 
 
 def _ingest(

@@ -26,14 +26,9 @@ def file_digest(path: Path, algorithm: str = "blake3") -> str:
     digest runs beside the parse, on the same cores); ``"sha256"`` is what traceq stored before, still
     matched (:func:`digest_in`). Raises :class:`TraceFormatError` naming the file when it cannot be read.
     """
-    if algorithm == "sha256":
-        hasher: Any = hashlib.sha256()
-    elif algorithm == "blake3":
-        from blake3 import blake3
+    from blake3 import blake3
 
-        hasher = blake3()
-    else:
-        raise ValueError(f"unknown digest algorithm {algorithm!r}")
+    hasher: Any = hashlib.sha256() if algorithm == "sha256" else blake3()  # one of DIGEST_ALGORITHMS
     buf = bytearray(1 << 20)
     view = memoryview(buf)
     with open_raw(path) as f:

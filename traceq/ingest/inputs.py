@@ -83,7 +83,7 @@ def _walk(root: Path, notes: list[str]) -> list[Path]:
 
     for folder, _dirs, files in os.walk(root, onerror=unreadable):
         for name in sorted(files):
-            if not _is_trace_name(name):
+            if not name.endswith(TRACE_SUFFIXES) or name.endswith(SIDE_FILE_SUFFIXES):
                 continue
             path = Path(folder) / name
             kind = _kind(path)
@@ -94,37 +94,22 @@ def _walk(root: Path, notes: list[str]) -> list[Path]:
     return sorted(found)
 
 
-def _is_trace_name(name: str) -> bool:
-    return name.endswith(TRACE_SUFFIXES) and not name.endswith(SIDE_FILE_SUFFIXES)
-
-
-def file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
 def json_size(path: Path) -> int:
     """Bytes of JSON in ``path``: its size, or for gzip the size recorded in the trailer.
 
     The gzip trailer holds the size modulo 4 GiB; a file whose compressed size is not below that
     figure counts as large (the caller only needs to know whether a file is small).
     """
-    size = file_size(path)
     try:
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             if f.read(2) != b"\x1f\x8b":
                 return size
             f.seek(-4, os.SEEK_END)
             recorded = int.from_bytes(f.read(4), "little")
     except OSError:
-        return size
+        return 0  # reading it names the problem
     return recorded if recorded >= size else 2**32 + recorded
-
-
-# ---------------------------------------------------------------------------------------------
-# decoding with traceq.ingest.decode (the reference; files DuckDB would read differently)
 
 
 def run_name_of(path: Path, run: str | None) -> str:

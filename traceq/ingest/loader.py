@@ -1,17 +1,5 @@
-"""Load Kineto trace files into the warehouse: each file all or nothing, idempotent by content hash.
-
-The walk from ``traceq ingest`` to the stored rows, by stage:
-
-1. plan (:mod:`traceq.ingest.plan`, on this thread, once): the files in order, each one's size, run,
-   digest where the warehouse needs it told, whether it is in already, its group;
-2. parse (:mod:`traceq.ingest.pipeline`, run ahead on one thread by :mod:`traceq.ingest.readahead`):
-   each file cut into chunks of whole events (:mod:`traceq.ingest.reader`), written as batch files and
-   parsed by DuckDB's JSON reader on every core (:mod:`traceq.ingest.native`), the small files of a
-   group in one statement; or decoded by :mod:`traceq.ingest.decode` into the same rows;
-3. write (:func:`traceq.ingest.groups.write_group`, by the one :class:`~traceq.ingest.writer.Writer`):
-   each group in one transaction, its rows in one statement per table, then each file's traces row,
-   steps and step attribution (:mod:`traceq.ingest.write`). A group that fails is written file by
-   file; a file DuckDB's reader refuses is decoded; any other error fails the file, in one line.
+"""Load Kineto trace files into the warehouse (:func:`ingest_traces`): each file all or nothing,
+idempotent by content hash. The stages are in :mod:`traceq.ingest`'s docstring; :func:`load` runs them.
 
 What keeps memory flat whatever the trace size (benchmarks/bench_scale.py measures it):
 a few batches in flight; DuckDB's buffer pool is capped
@@ -30,15 +18,16 @@ from pathlib import Path
 import duckdb
 
 from traceq.catalog import StepMarker, check_parallelism
+from traceq.errors import ConfigError
 from traceq.ingest.groups import write_group
 from traceq.ingest.identity import check_rank
 from traceq.ingest.inputs import check_run_name, expand_inputs
 from traceq.ingest.native import Executor, parser
 from traceq.ingest.pipeline import INGEST_CHUNK_BYTES, Parser, Scratch
-from traceq.ingest.plan import groups_of, plan
+from traceq.ingest.plan import plan
 from traceq.ingest.readahead import ReadAhead
 from traceq.ingest.results import FileResult, IngestSummary, Progress, not_utf8
-from traceq.ingest.write import INGEST_MEMORY_LIMIT, check_marker
+from traceq.ingest.write import INGEST_MEMORY_LIMIT, SMALL_FILES_MEMORY_LIMIT
 from traceq.ingest.writer import WriteOptions, Writer
 from traceq.interrupts import interruptible
 from traceq.store.warehouse import DEFAULT_DB, connect
@@ -97,17 +86,20 @@ def ingest_traces(
     with interruptible():  # Ctrl-C stops the ingest, whatever it landed in
         con = connect(db)
         try:
-            con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT}'")
             # row order within a table means nothing to traceq; keeping it would make DuckDB parse the
-            # JSON on one thread within this memory limit
+            # JSON on one thread within the memory limit
             con.execute("set preserve_insertion_order = false")
             con.execute(f"set threads = {(os.cpu_count() or 1) if threads is None else threads}")
-            check_marker(con, marker)
+            try:
+                con.execute("select regexp_matches('', ?)", [marker.pattern])
+            except duckdb.Error as exc:
+                raise ConfigError(f"not a regular expression DuckDB reads (RE2): {str(exc).splitlines()[0]}",
+                                  param="step_marker", value=marker.pattern) from None
             options = WriteOptions(run, rank, marker, force)
             # closed here, whatever stops the loop (Ctrl-C between two results, a progress callback that
             # raises): its reading thread is joined now, not when the generator is collected
             with closing(load(con, paths, options, chunk_bytes=chunk_bytes, notify=notify, native=native,
-                              executor=executor or Executor())) as results:
+                              executor=executor or Executor(), pool=True)) as results:
                 for result in results:
                     summary.files.append(result)
                     notify("done", {"result": result})
@@ -118,11 +110,12 @@ def ingest_traces(
 
 def load(
     con: duckdb.DuckDBPyConnection, paths: list[Path], options: WriteOptions, *, chunk_bytes: int = INGEST_CHUNK_BYTES,
-    notify: Progress = lambda event, info: None, native: bool = True, executor: Executor = Executor(),
+    notify: Progress = lambda event, info: None, native: bool = True, executor: Executor = Executor(), pool: bool = False,
 ) -> Iterator[FileResult]:
     """Ingest ``paths`` into the warehouse ``con``, yielding each file's result in plan order: the
     plan made here, the groups parsed ahead on one thread (natively; else decoded here), each written
-    by :func:`write_group`. Its scratch directories are removed by the time it is closed."""
+    by :func:`write_group`. Its scratch directories are removed by the time it is closed. ``pool``: set
+    DuckDB's buffer pool for the files planned (a cluster task's in-memory warehouse keeps its own)."""
     writer = Writer(con, options, executor)
     directories = Scratch()
     threads = con.execute("select current_setting('threads')").fetchall()[0][0]
@@ -131,9 +124,11 @@ def load(
     again = Parser(parser(con), executor, options.marker, chunk_bytes, threads, directories, lambda e, i: None)
     ahead = None
     try:
-        jobs = plan(paths, writer.known, writer.already, run=options.run, force=options.force, native=native)
-        notify("start", {"files": len(jobs), "bytes": sum(job.size for job in jobs)})
-        groups = groups_of(jobs)
+        groups = plan(paths, writer.known, writer.already, run=options.run, force=options.force, native=native)
+        notify("start", {"files": sum(map(len, groups)), "bytes": sum(job.size for group in groups for job in group)})
+        if pool:
+            small = all(job.small or job.done for group in groups for job in group)
+            con.execute(f"set memory_limit = '{SMALL_FILES_MEMORY_LIMIT if small else INGEST_MEMORY_LIMIT}'")
         ahead = ReadAhead(reading, [g for g in groups if g[0].done is None]) if native else None
         for group in groups:
             if group[0].done is not None:

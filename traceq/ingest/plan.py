@@ -33,8 +33,7 @@ class FileJob:
     identity: tuple[int, ...] | None  # (device, inode, size, mtime ns) when planned: a change fails it
     digest: str | None = None  # taken where the warehouse holds a file of its size, else beside the parse
     done: FileResult | None = None  # not to be read: in the warehouse already, or failed before reading
-    group: int = 0  # the files of one group are parsed in one statement and written in one transaction
-    small: bool = True  # parsed in one batch (else batch by batch: a group of one)
+    small: bool = False  # parsed in one batch, with the small files of its group (else batch by batch, alone)
 
 
 Known = Callable[[int], Collection[str]]  # the digests in the warehouse of files of a size
@@ -43,13 +42,14 @@ Already = Callable[[Path, str], "FileResult | None"]  # a file's result when its
 
 def plan(
     paths: list[Path], known: Known, already: Already, *, run: str | None, force: bool, native: bool,
-) -> list[FileJob]:
-    """The jobs of ``paths``, in order. A file whose size the warehouse holds is hashed now, and
-    skipped when its content is in (``already``: its result; not with ``force``). Small files (at
-    most :data:`WHOLE_FILE_BATCH_BYTES` of JSON, read natively, without ``force``) share groups of up
-    to :data:`GROUP_FILES` files and :data:`GROUP_BYTES`; any other file is a group of its own."""
-    jobs: list[FileJob] = []
-    group, files, json_total = 0, 0, 0
+) -> list[list[FileJob]]:
+    """The jobs of ``paths`` as their groups, in order: the files of a group are parsed in one statement
+    and written in one transaction. A file whose size the warehouse holds is hashed now, and skipped
+    when its content is in (``already``: its result; not with ``force``). Small files (at most
+    :data:`WHOLE_FILE_BATCH_BYTES` of JSON, read natively, without ``force``) share groups of up to
+    :data:`GROUP_FILES` files and :data:`GROUP_BYTES`; any other file is a group of its own."""
+    groups: list[list[FileJob]] = []
+    json_total = 0
     for path in paths:
         identity = file_identity(path)
         size = identity[2] if identity else 0
@@ -61,27 +61,15 @@ def plan(
                 held = stored_digest(path, digest, stored)
                 done = already(path, held) if held is not None and not force else None
         except TraceqError as exc:
-            jobs.append(FileJob(path, size, 0, None, identity, done=FileResult(str(path), "failed", str(exc))))
-            files = GROUP_FILES
+            groups.append([FileJob(path, size, 0, None, identity, done=FileResult(str(path), "failed", str(exc)))])
             continue
         json_bytes = 0 if done else json_size(path)
-        small = native and not force and json_bytes <= WHOLE_FILE_BATCH_BYTES
-        if done or not small or not files or files >= GROUP_FILES or json_total >= GROUP_BYTES:
-            group, files, json_total = group + 1, 0, 0
-        files += 1
-        json_total += json_bytes
-        jobs.append(FileJob(path, size, json_bytes, folder_run, identity, digest, done, group, small and not done))
-        if done or not small:
-            files = GROUP_FILES  # the next file starts a group
-    return jobs
-
-
-def groups_of(jobs: list[FileJob]) -> list[list[FileJob]]:
-    """``jobs`` as their groups, in order (a file done already: a group of its own)."""
-    groups: list[list[FileJob]] = []
-    for job in jobs:
-        if groups and not job.done and not groups[-1][-1].done and groups[-1][-1].group == job.group:
+        small = native and not force and not done and json_bytes <= WHOLE_FILE_BATCH_BYTES
+        job = FileJob(path, size, json_bytes, folder_run, identity, digest, done, small)
+        if small and groups and groups[-1][-1].small and len(groups[-1]) < GROUP_FILES and json_total < GROUP_BYTES:
             groups[-1].append(job)
+            json_total += json_bytes
         else:
             groups.append([job])
+            json_total = json_bytes
     return groups

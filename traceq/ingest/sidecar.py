@@ -34,25 +34,14 @@ from traceq.store.schema import execute_over
 _CYCLE = re.compile(r"\.cycle\d+$")
 
 
-def side_file(trace_path: Path, suffix: str) -> Path:
-    """``runs/x/rank0.trace.json.gz`` + ``.run.json`` -> ``runs/x/rank0.run.json``."""
-    name = trace_path.name
-    for ending in (".trace.json.gz", ".trace.json", ".json.gz", ".json"):
-        if name.endswith(ending):
-            return trace_path.with_name(name[: -len(ending)] + suffix)
-    return trace_path.with_name(name + suffix)
-
-
 def find_side_file(trace_path: Path, suffix: str) -> Path | None:
-    """The side file of ``trace_path`` if it exists; ``rank0.cycle2.trace.json.gz`` shares rank0's."""
-    path = side_file(trace_path, suffix)
-    if path.is_file():
-        return path
-    stem = path.name[: -len(suffix)]
-    if _CYCLE.search(stem):
-        shared = path.with_name(_CYCLE.sub("", stem) + suffix)
-        if shared.is_file():
-            return shared
+    """The side file of ``trace_path`` if it exists (``runs/x/rank0.trace.json.gz`` + ``.run.json`` ->
+    ``runs/x/rank0.run.json``); ``rank0.cycle2.trace.json.gz`` shares rank0's."""
+    name = trace_path.name
+    stem = next((name[: -len(e)] for e in (".trace.json.gz", ".trace.json", ".json.gz", ".json") if name.endswith(e)), name)
+    for candidate in dict.fromkeys((stem, _CYCLE.sub("", stem))):  # once where it names no cycle
+        if (path := trace_path.with_name(candidate + suffix)).is_file():
+            return path
     return None
 
 
@@ -160,8 +149,8 @@ def clock_offset(base_ns: int | None, meta: dict[str, Any] | None, trace_name: s
     return 0, "none (trace ts taken as epoch us)"
 
 
-def load_power_log(con: duckdb.DuckDBPyConnection, trace_id: int, file_rank: int | None, path: Path) -> str:
-    """Store one ``rank<r>.power.jsonl`` under the trace's rank (else its header's); returns its source.
+def load_power_log(con: duckdb.DuckDBPyConnection, trace_id: int, file_rank: int | None, path: Path) -> None:
+    """Store one ``rank<r>.power.jsonl`` under the trace's rank (else its header's).
 
     A last line cut short by a crash is ignored (the collectors flush line by line); any other
     malformed line raises TraceFormatError.
@@ -209,7 +198,6 @@ def load_power_log(con: duckdb.DuckDBPyConnection, trace_id: int, file_rank: int
             [trace_id, rank],
             table,
         )
-    return source
 
 
 def read_power_log(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

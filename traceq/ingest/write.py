@@ -10,18 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import msgspec
 
 from traceq.catalog import StepMarker, event_categories
-from traceq.errors import ConfigError, TraceFormatError
+from traceq.errors import TraceFormatError
 from traceq.identity import GIVEN_RANKS, Claim, next_rankless, refuse_overlap
 from traceq.ingest.native import BatchCounts
-from traceq.ingest.reader import TraceHeader
-from traceq.ingest.identity import MAX_RANK, distributed_rank, rank_of_file
+from traceq.ingest.identity import MAX_RANK, rank_of_file
 from traceq.ingest.sidecar import load_side_files, side_value_notes, write_wall_times
-from traceq.kineto import to_int
 from traceq.query import params_of, sql_text
-from traceq.store.derive import check_step_marker, device_properties, gpu_model_of, write_steps
+from traceq.store.derive import check_step_marker, write_steps
 from traceq.store.schema import fetch_one
 
 from traceq.ingest.results import FileResult
@@ -31,6 +28,10 @@ from traceq.ingest.results import FileResult
 # 278-385 MiB at 384 MB, for 0-10 % more time (three trace shapes, BENCHMARKS.md, issue 23).
 INGEST_MEMORY_LIMIT_MB = 160
 INGEST_MEMORY_LIMIT = f"{INGEST_MEMORY_LIMIT_MB}MB"
+# ... and where every file is small: two groups' parsed rows (one written, one read ahead) fill the pool, and
+# 128 MB holds them as fast: 512 files of 9 MB, 288 MiB peak RSS where 160 MB gave 326, 84 CPU-s either way
+# (1.5 GB traces pay up to 30 % at 128 MB, BENCHMARKS.md)
+SMALL_FILES_MEMORY_LIMIT = "128MB"
 
 
 # A file is refused once it has read this many events and more than MAX_UNUSABLE_SHARE of them are none traceq
@@ -88,7 +89,7 @@ def all_ops_of(leading: dict[str, Any], forced: bool | None = None) -> bool:
     header has ``deviceProperties`` (Kineto writes it before the events on CUDA/ROCm machines). One
     without them that shows no GPU activity after all is read again with them (:class:`NeedsOps`); one
     with them that shows GPU activity writes none from its first batch with GPU rows on, and those
-    written before go at its end (:func:`drop_plain_ops`)."""
+    written before go once its events are in (:func:`drop_plain_ops`)."""
     return not leading.get("deviceProperties") if forced is None else forced
 
 
@@ -121,15 +122,6 @@ def rank_of(
     return file_rank, source
 
 
-def check_marker(con: Any, marker: StepMarker) -> None:
-    """ConfigError when DuckDB's regular expressions (RE2) cannot read ``marker``."""
-    try:
-        con.execute("select regexp_matches('', ?)", [marker.pattern])
-    except duckdb.Error as exc:
-        raise ConfigError(f"not a regular expression DuckDB reads (RE2): {str(exc).splitlines()[0]}",
-                          param="step_marker", value=marker.pattern) from None
-
-
 @dataclass
 class Stored:
     """A trace whose rows are in the open transaction, its steps not derived yet (:func:`derive`)."""
@@ -141,55 +133,6 @@ class Stored:
     file_rank: int | None
     base_ns: int | None  # baseTimeNanoseconds
     result: FileResult
-
-
-def finish_trace(
-    con: Any,
-    path: Path,
-    trace_id: int,
-    run_name: str,
-    digest: str,
-    size: int,
-    fields: dict[str, Any],
-    counts: Counts,
-    file_rank: int | None,
-    rank_source: str,
-    parse_seconds: float,
-    marker: StepMarker,
-    new_run: bool,
-) -> Stored:
-    """After the events are in: the traces row. Its steps and side files come with :func:`derive`.
-    ``new_run``: the run may not be in the warehouse yet."""
-    if counts.gpu and counts.kept_ops:
-        # the CPU operators written before the file showed GPU activity go, and so do their drops
-        params = {"trace_id": trace_id, **event_categories().sql_params(), **marker.sql_params()}
-        counts.host -= drop_plain_ops(con, params)
-        counts.dropped -= counts.dropped_plain_ops
-    dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
-    devices = device_properties(fields.get("deviceProperties"))
-    header = msgspec.json.encode(_header_summary(fields)).decode()
-    devices_json = msgspec.json.encode(devices).decode() if devices else None
-    _room_for(con, len(header) + len(devices_json or ""))
-    if new_run:
-        con.execute("insert into runs (run) values (?) on conflict do nothing", [run_name])
-    base_ns = to_int(fields.get("baseTimeNanoseconds"))
-    con.execute(
-        """
-        insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, file_rank, world_size,
-            backend, schema_version, base_time_ns, display_time_unit, trace_name, header, step_marker, devices,
-            gpu_model, n_events, n_gpu_events, n_host_events, n_dropped, parse_seconds)
-        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-        """,
-        [
-            trace_id, run_name, str(path.resolve()), digest, size, rank_source, file_rank,
-            to_int(dist.get("world_size")), _text(dist.get("backend")), to_int(fields.get("schemaVersion")),
-            base_ns, _text(fields.get("displayTimeUnit")),
-            _text(fields.get("traceName")), header, marker.pattern, devices_json, gpu_model_of(con, trace_id, devices),
-            counts.events, counts.gpu, counts.host, counts.dropped, parse_seconds,
-        ],
-    )
-    result = FileResult(str(path), "ingested", trace_id=trace_id, run=run_name, events=counts.events, gpu_events=counts.gpu)
-    return Stored(trace_id, path, run_name, rank_source, file_rank, base_ns, result)
 
 
 def derive(con: Any, stored: list[Stored], marker: StepMarker) -> None:
@@ -231,14 +174,6 @@ def derive(con: Any, stored: list[Stored], marker: StepMarker) -> None:
     ).fetchall())
     for s in stored:
         s.result.ranks = ranks.get(s.trace_id, [])
-
-
-def _room_for(con: Any, text_bytes: int) -> None:
-    """Raise the ingest's buffer pool (until another file's header needs another) where a trace's
-    header text is large: storing and compressing 80 MB of it takes buffers of 128 MB, beyond
-    :data:`INGEST_MEMORY_LIMIT` (a deviceProperties name of 40 MB, tests/test_hostile.py)."""
-    if text_bytes >= 1 << 20:
-        con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT_MB + 4 * ((text_bytes >> 20) + 1)}MB'")
 
 
 def _refuse_rank_collisions(con: Any, stored: list[Stored]) -> None:
@@ -283,24 +218,9 @@ def free_rank(con: Any, run: str) -> int:
     return next_rankless([] if lowest is None else [lowest])
 
 
-def drop_plain_ops(con: Any, params: dict[str, Any]) -> int:
-    """Delete the CPU operators written before a file showed GPU activity (``sql/plain_ops.sql``);
-    returns how many."""
+def drop_plain_ops(con: Any, trace_id: int, marker: StepMarker) -> int:
+    """Delete the CPU operators of trace ``trace_id`` written before it showed GPU activity
+    (``sql/plain_ops.sql``); returns how many."""
+    params = {"trace_id": trace_id, **event_categories().sql_params(), **marker.sql_params()}
     statement = f"delete from host_events where rowid in (select rid from ({sql_text('plain_ops.sql')}))"
     return con.execute(statement, params_of(statement, params)).fetchall()[0][0]
-
-
-def leading_rank(header: TraceHeader) -> int | None:
-    """Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in (an
-    UPDATE of every row afterwards would hold a copy of the column in memory). A value that is no rank
-    fills nothing: the rows get the rank the notes report (:func:`traceq.ingest.identity.distributed_rank`)."""
-    return distributed_rank(header.leading)
-
-
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _header_summary(fields: dict[str, Any]) -> dict[str, Any]:
-    """Top-level fields worth keeping (drops bulky log lists such as INFO/ERROR)."""
-    return {k: v for k, v in fields.items() if k not in ("INFO", "ERROR", "WARNING")}

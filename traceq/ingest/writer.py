@@ -1,8 +1,6 @@
 """The one writer of an ingest (:class:`Writer`): it owns the warehouse connection, what the warehouse
 holds (digests by size, runs) and what the open transaction holds, and writes the parsed files it is
-handed, whichever parser read them. Its face: :meth:`~Writer.begin`, :meth:`~Writer.write`,
-:meth:`~Writer.derive`, :meth:`~Writer.commit`, :meth:`~Writer.roll_back`, :meth:`~Writer.known` and
-:meth:`~Writer.already`."""
+handed, whichever parser read them."""
 
 from __future__ import annotations
 
@@ -12,29 +10,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
+import msgspec
 
 from traceq.catalog import StepMarker
 from traceq.errors import TraceFormatError
 from traceq.ingest.digests import file_digest, file_identity, stored_digest
-from traceq.ingest.identity import names_job, no_rank_note, run_of
+from traceq.ingest.identity import distributed_rank, names_job, no_rank_note, run_of
 from traceq.ingest.native import Executor, Part, count_batches, rows_of, write_parts
 from traceq.ingest.pipeline import ParsedFile
 from traceq.ingest.plan import FileJob
 from traceq.ingest.reader import too_deep_is_not_json
 from traceq.ingest.results import FileResult
 from traceq.ingest.write import (
+    INGEST_MEMORY_LIMIT_MB,
     Counts,
     NeedsOps,
     Stored,
     derive,
-    finish_trace,
+    drop_plain_ops,
     free_rank,
-    leading_rank,
     rank_of,
     require_events,
 )
+from traceq.kineto import to_int
+from traceq.store.derive import device_properties, gpu_model_of
 from traceq.store.manage import forget_run, remove_traces
-from traceq.store.schema import rollback
+from traceq.store.schema import fetch_one, rollback
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,10 @@ class Writer:
                 continue
             held.add(key)
             assert f.header is not None
-            entries.append(_Entry(f, digest, self._next_trace_id(), leading_rank(f.header)))
+            # Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in (an
+            # UPDATE of every row afterwards would hold a copy of the column in memory)
+            trace_id = fetch_one(self.con, "select nextval('trace_ids')")[0]
+            entries.append(_Entry(f, digest, trace_id, distributed_rank(f.header.leading)))
         self._write_rows([e for e in entries if isinstance(e, _Entry)])
         results = []
         for e in entries:
@@ -168,7 +172,7 @@ class Writer:
             parts = []
             for (e, _, b), c in zip(taken, counts):
                 # CPU operators parsed with the file (its header has no deviceProperties) are written
-                # until it shows GPU activity (those before go at its end, finish_trace)
+                # until it shows GPU activity (those before go at its end, _traces_row)
                 keep = e.file.all_ops and not (e.counts.gpu or c.gpu)
                 e.counts.add_batch(c, keep)
                 parts.append(Part(b.files, e.trace_id, e.names, e.fill, keep))
@@ -208,10 +212,7 @@ class Writer:
             for table in ("gpu_events", "host_events", "trace_threads"):
                 self.con.execute(f"update {table} set rank = ? where trace_id = ? and rank is null",
                                  [fill_rank, e.trace_id])
-        stored = finish_trace(
-            self.con, path, e.trace_id, run, e.digest, e.file.job.size, header.fields, counts, file_rank, rank_source,
-            time.perf_counter() - started, options.marker, new_run=run not in self._runs,
-        )
+        stored = self._traces_row(e, run, file_rank, rank_source, time.perf_counter() - started)
         if lone := header.lone_surrogates:  # JSON allows them; UTF-8, msgspec and DuckDB do not (traceq.ingest.reader)
             notes.append(f"{path}: {lone:,} lone surrogate escape{'s' * (lone > 1)} (such as \\ud800) in its strings "
                          "replaced by U+FFFD")
@@ -221,6 +222,42 @@ class Writer:
         self._pending.append(stored)
         self._uncommitted.append((e.file.job.size, e.digest, run))
         return stored.result
+
+    def _traces_row(self, e: _Entry, run: str, file_rank: int | None, rank_source: str, seconds: float) -> Stored:
+        """The traces row of ``e`` (and its run's, where new), once its events are in."""
+        con, path, counts, fields = self.con, e.file.job.path, e.counts, e.file.header.fields  # type: ignore[union-attr]
+        if counts.gpu and counts.kept_ops:  # its CPU operators written before it showed GPU activity go, and their drops
+            counts.host -= drop_plain_ops(con, e.trace_id, self.options.marker)
+            counts.dropped -= counts.dropped_plain_ops
+        dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
+        devices = device_properties(fields.get("deviceProperties"))
+        # the top-level fields less the bulky log lists
+        header = msgspec.json.encode({k: v for k, v in fields.items() if k not in ("INFO", "ERROR", "WARNING")}).decode()
+        devices_json = msgspec.json.encode(devices).decode() if devices else None
+        if (text_mb := (len(header) + len(devices_json or "")) >> 20) >= 1:
+            # storing and compressing 80 MB of header text takes buffers of 128 MB, beyond INGEST_MEMORY_LIMIT (a
+            # deviceProperties name of 40 MB, tests/test_hostile.py): the pool is raised until another file's needs more
+            con.execute(f"set memory_limit = '{INGEST_MEMORY_LIMIT_MB + 4 * (text_mb + 1)}MB'")
+        if run not in self._runs:
+            con.execute("insert into runs (run) values (?) on conflict do nothing", [run])
+        base_ns = to_int(fields.get("baseTimeNanoseconds"))
+        con.execute(
+            """
+            insert into traces (trace_id, run, path, content_digest, size_bytes, rank_source, file_rank, world_size,
+                backend, schema_version, base_time_ns, display_time_unit, trace_name, header, step_marker, devices,
+                gpu_model, n_events, n_gpu_events, n_host_events, n_dropped, parse_seconds)
+            values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """,
+            [
+                e.trace_id, run, str(path.resolve()), e.digest, e.file.job.size, rank_source, file_rank,
+                to_int(dist.get("world_size")), _text(dist.get("backend")), to_int(fields.get("schemaVersion")), base_ns,
+                _text(fields.get("displayTimeUnit")), _text(fields.get("traceName")), header,
+                self.options.marker.pattern, devices_json, gpu_model_of(con, e.trace_id, devices),
+                counts.events, counts.gpu, counts.host, counts.dropped, seconds,
+            ],
+        )
+        result = FileResult(str(path), "ingested", trace_id=e.trace_id, run=run, events=counts.events, gpu_events=counts.gpu)
+        return Stored(e.trace_id, path, run, rank_source, file_rank, base_ns, result)
 
     def _replace(self, job: FileJob, digest: str) -> list[str]:
         """Remove the trace(s) of this file's content, or of this file (its path: written again since,
@@ -268,5 +305,6 @@ class Writer:
         """Stop the hashing thread."""
         self._hasher.shutdown(cancel_futures=True)
 
-    def _next_trace_id(self) -> int:
-        return self.con.execute("select nextval('trace_ids')").fetchall()[0][0]
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
