@@ -180,24 +180,7 @@ def _refuse_rank_collisions(con: Any, stored: list[Stored]) -> None:
     """ConfigError when the run of a trace ``stored`` already holds a step of one of its ranks from another
     trace (:func:`traceq.identity.refuse_overlap` decides and words it): the rows gathered are those of the
     (run, rank, step) that more than one trace holds, where one of them is ``stored``."""
-    rows = con.execute(
-        """
-        with mine as (
-            select t.run, s.rank, s.step
-            from steps as s
-            inner join traces as t using (trace_id)
-            where s.trace_id between $first and $last
-        )
-        select s.trace_id, t.path, t.run, s.rank, s.step, s.trace_id between $first and $last as new
-        from steps as s
-        inner join traces as t using (trace_id)
-        semi join mine as m on m.run = t.run and m.rank = s.rank and m.step = s.step
-        window same as (partition by t.run, s.rank, s.step)
-        qualify min(s.trace_id) over same <> max(s.trace_id) over same
-        order by s.trace_id, s.rank, s.step
-        """,
-        {"first": stored[0].trace_id, "last": stored[-1].trace_id},
-    ).fetchall()
+    rows = con.execute(sql_text("step_claims.sql"), {"first": stored[0].trace_id, "last": stored[-1].trace_id}).fetchall()
     if not rows:
         return
     given = {s.trace_id: str(s.path) for s in stored}

@@ -13,6 +13,7 @@ import duckdb
 
 from traceq.errors import ConfigError, WarehouseError
 from traceq.identity import Claim, overlaps
+from traceq.query import sql_text
 from traceq.store.parquet import (
     FORMER_NAMES,
     ONE_ROW_PER,
@@ -230,24 +231,9 @@ def _refuse_rank_collisions(con: duckdb.DuckDBPyConnection, root: Path) -> None:
     """ConfigError (the import is rolled back) when an imported trace holds a (run, rank, step) that another
     trace of the warehouse holds, or an imported trace before it: as ingest refuses such a file
     (:func:`traceq.identity.overlaps` decides and words it), so that no step is counted twice."""
-    rows = con.execute(
-        """
-        with new as (select new_id as trace_id from _id_map),
-        mine as (
-            select t.run, s.rank, s.step
-            from steps as s
-            inner join traces as t using (trace_id)
-            semi join new using (trace_id)
-        )
-        select s.trace_id, t.path, t.run, s.rank, s.step, s.trace_id in (select trace_id from new) as imported
-        from steps as s
-        inner join traces as t using (trace_id)
-        semi join mine as m on m.run = t.run and m.rank = s.rank and m.step = s.step
-        window same as (partition by t.run, s.rank, s.step)
-        qualify min(s.trace_id) over same <> max(s.trace_id) over same
-        order by s.trace_id, s.rank, s.step
-        """
-    ).fetchall()
+    # the new trace ids are one range: the trace_ids sequence's values of one statement
+    first, last = con.execute("select min(new_id), max(new_id) from _id_map").fetchone()
+    rows = [] if first is None else con.execute(sql_text("step_claims.sql"), {"first": first, "last": last}).fetchall()
     claims = [(imported, Claim(trace_id, path, run, rank, step)) for trace_id, path, run, rank, step, imported in rows]
     refused = overlaps([c for imported, c in claims if not imported], [c for imported, c in claims if imported])
     if refused:
