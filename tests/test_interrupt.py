@@ -101,9 +101,13 @@ def _assert_rerun_completes(trace: Path, n_events: int, db: Path, before: dict[s
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_interrupted_ingest_leaves_nothing_and_rerun_completes(
-    sig: signal.Signals, long_trace: tuple[Path, int], db: Path
+    sig: signal.Signals, long_trace: tuple[Path, int], db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trace, n_events = long_trace
+    # scratch of this test's own: in the machine-wide /dev/shm, any traceq command run beside the suite
+    # removes the killed ingest's directory before the test looks for it
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.setenv("TRACEQ_SCRATCH", str(tmp_path / "scratch"))
     before = table_counts(db)
     proc = _ingest(trace, db, "--threads", "1")
     wait_until_mid_file(proc, trace)
@@ -117,7 +121,7 @@ def test_interrupted_ingest_leaves_nothing_and_rerun_completes(
     # SIGINT cleans up its scratch files; SIGKILL cannot, and the next traceq command, whatever it is,
     # removes them: the kernel dropped the killed process's owner lock
     left = _scratch_of(proc.pid)
-    assert len(left) == (1 if sig == signal.SIGKILL else 0), left
+    assert len(left) == (1 if sig == signal.SIGKILL else 0) and all(p.parent == tmp_path / "scratch" for p in left), left
     subprocess.run([str(TRACEQ), "metrics", "--format", "csv"], check=True, capture_output=True, timeout=60)
     assert _scratch_of(proc.pid) == []
     _assert_rerun_completes(trace, n_events, db, before)
@@ -281,3 +285,33 @@ def test_ctrl_c_while_traceq_loads_ends_it_without_a_traceback(db: Path) -> None
     out, err = proc.communicate(timeout=60)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
     assert proc.returncode in (-signal.SIGINT, 130)  # 130: the loading had just ended, the command ran
+
+
+def test_traceq_scratch_chooses_where_batches_go_and_a_bad_one_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$TRACEQ_SCRATCH (a small or noexec /dev/shm, a private place for each of two jobs) takes the batch
+    files; a stale directory a killed ingest left there goes with the next command; a path that is no
+    writable directory is one line naming the variable, and the ingest stores nothing."""
+    chosen = tmp_path / "scratch"
+    chosen.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = chosen / f"traceq-{dead.pid}-x1"
+    stale.mkdir()
+    old = time.time() - STALE_SCRATCH_S - 1
+    os.utime(stale, (old, old))
+    monkeypatch.setenv("TRACEQ_SCRATCH", str(chosen))
+    assert scratch_base() == str(chosen)
+    subprocess.run([str(TRACEQ), "--help"], check=True, capture_output=True, timeout=60)
+    assert not stale.exists()
+
+    monkeypatch.setenv("TRACEQ_SCRATCH", str(tmp_path / "absent"))
+    trace = tmp_path / "t.json"
+    trace.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, '
+                     '"dur": 1, "args": {"device": 0, "stream": 7, "correlation": 1}}]}')
+    proc = subprocess.run([str(TRACEQ), "ingest", trace, "--db", tmp_path / "w.duckdb"], capture_output=True,
+                          text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert any(f"TRACEQ_SCRATCH={tmp_path / 'absent'}: no directory traceq can write" in line for line in lines), proc.stderr

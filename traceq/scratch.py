@@ -23,11 +23,18 @@ from typing import IO
 from traceq.errors import ConfigError
 
 SHM = "/dev/shm"
+ENV_VAR = "TRACEQ_SCRATCH"  # a directory of the user's choosing, over SHM and the temp directory
 
 
 def scratch_base(room: int) -> str:
-    """Where scratch files go: in memory (``/dev/shm``) where the machine has one with ``room``
-    bytes free (containers often give it 64 MB), else the temp directory."""
+    """Where scratch files go: ``$TRACEQ_SCRATCH`` where it is set, else in memory (``/dev/shm``) where
+    the machine has one with ``room`` bytes free (containers often give it 64 MB), else the temp
+    directory."""
+    if chosen := os.environ.get(ENV_VAR):
+        if not (os.path.isdir(chosen) and os.access(chosen, os.W_OK | os.X_OK)):
+            raise ConfigError(f"{ENV_VAR}={chosen}: no directory traceq can write; make it, or unset "
+                              f"{ENV_VAR} to use {SHM} or the temp directory")
+        return chosen
     try:
         st = os.statvfs(SHM)
         if os.access(SHM, os.W_OK) and st.f_bavail * st.f_frsize >= room:
@@ -40,7 +47,7 @@ def scratch_base(room: int) -> str:
 def remove_stale_scratch_everywhere() -> None:
     """:func:`remove_stale_scratch` wherever scratch directories may be (any traceq command runs it
     first: a killed ingest's files go as soon as its owner is gone)."""
-    for base in {SHM, tempfile.gettempdir()}:
+    for base in {SHM, tempfile.gettempdir(), os.environ.get(ENV_VAR) or SHM}:
         remove_stale_scratch(base)
 
 
