@@ -138,7 +138,7 @@ def rank_dir(ranks: int) -> Path:
 
 
 def json_mb(paths: list[Path]) -> float:
-    from traceq.ingest.inputs import json_size
+    from traceq.ingest.plan import json_size
 
     return sum(json_size(p) for p in paths) / 1e6
 

@@ -68,7 +68,7 @@ def corpus_files() -> list[Path]:
     side files, not traces."""
     if not CORPUS.is_dir():
         return []
-    from traceq.ingest.inputs import expand_inputs
+    from traceq.ingest.plan import expand_inputs
 
     return expand_inputs([CORPUS])
 

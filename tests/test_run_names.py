@@ -17,7 +17,7 @@ from traceq.peaks import gpu_peaks, peak_candidates, peak_for
 from traceq.cli import app
 from traceq.errors import ConfigError
 from traceq.ingest import ingest_traces
-from traceq.ingest.inputs import run_name_of
+from traceq.ingest.identity import run_name_of
 from traceq.store.run_metadata import set_run_metadata
 from traceq.store.warehouse import opened
 

@@ -19,7 +19,7 @@ from tests.conftest import ROOT, corpus_files, corpus_path
 from tests.tracegen import TraceBuilder
 from traceq.catalog import MAX_PER_CORE
 from traceq.ingest import ingest_traces
-from traceq.ingest.inputs import json_size
+from traceq.ingest.plan import json_size
 from traceq.ingest.decode import decode_chunk
 from traceq.ingest.native import BatchFiles, Part, write_parts
 from traceq.report.metrics import compute_metric

@@ -1,5 +1,5 @@
 """Small files are written several to a transaction, their steps derived in one statement for all of
-them (traceq.ingest.groups.write_group): the warehouse must end up exactly as if each file had been
+them (traceq.ingest.loader.write_group): the warehouse must end up exactly as if each file had been
 ingested on its own (one file per call is written alone), whatever happens inside a group."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 import traceq.ingest.native as native
 import traceq.ingest.plan as plan
-import traceq.ingest.write as write
+import traceq.ingest.writer as writer
 from traceq.ingest import FileResult
 from traceq.ingest.native import Executor
 from tests.test_hostile import UNUSABLE_WORDS
@@ -353,7 +353,7 @@ def test_a_file_of_empty_events_among_small_files_fails_as_alone(tmp_path: Path)
     job = tmp_path / "job"
     _rank_trace(0, 0, 4).write(job / "rank0.json")
     with gzip.open(job / "rank1.json.gz", "wb") as f:
-        f.write(b'{"traceEvents": [' + b", ".join([b"{}"] * write.UNUSABLE_EVENTS) + b"]}")
+        f.write(b'{"traceEvents": [' + b", ".join([b"{}"] * writer.UNUSABLE_EVENTS) + b"]}")
     _rank_trace(2, 0, 4).write(job / "rank2.json")
     paths = sorted(job.iterdir())
     done = ingest_traces(paths, tmp_path / "w.duckdb")

@@ -334,6 +334,15 @@ _MAX_RUN_FOLDER = 255
 MAX_PER_CORE = 4
 
 
+MAX_RANK = 2**31 - 1  # ranks are int32 in torch.distributed
+
+
+def check_rank(rank: int | None) -> None:
+    """ConfigError unless ``rank`` is None or a rank torch.distributed could give (0 to 2^31-1)."""
+    if rank is not None and not 0 <= rank <= MAX_RANK:
+        raise ConfigError(f"a rank is from 0 to {MAX_RANK}", param="rank", value=rank)
+
+
 def check_parallelism(count: int | None, param: str) -> None:
     """ConfigError unless ``count`` (of threads, or of processes: ``param`` names which) is None (the
     default: one per core) or from 1 to :data:`MAX_PER_CORE` per core of this machine."""

@@ -28,12 +28,12 @@ from typing import Any
 
 from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.identity import GIVEN_RANKS, Claim, overlaps, rankless_ranks
-from traceq.catalog import check_parallelism
-from traceq.ingest.inputs import check_run_name, expand_inputs
-from traceq.ingest.identity import check_rank, header_identity, run_of
+from traceq.catalog import check_parallelism, check_rank, check_run_name
+from traceq.ingest.identity import header_identity, run_of
 from traceq.ingest.loader import load
 from traceq.ingest.pipeline import INGEST_CHUNK_BYTES
-from traceq.ingest.results import FileResult, IngestSummary, not_utf8
+from traceq.ingest.plan import expand_inputs, not_utf8
+from traceq.ingest.results import FileResult, IngestSummary
 from traceq.ingest.writer import WriteOptions
 from traceq.ingest.digests import digest_in
 from traceq.store.parquet import (

@@ -1,11 +1,9 @@
 """Which files the warehouse holds already: a file's content digest (taken before it is read, or beside
-the parse), the digests in the warehouse by file size, and a file's identity on disk (to tell a file
-changed while it was read)."""
+the parse), and the digest under which the warehouse holds it."""
 
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -47,15 +45,6 @@ def digest_in(path: Path, digests: Collection[str]) -> str | None:
         if digest in digests:
             return digest
     return None
-
-
-def file_identity(path: Path) -> tuple[int, ...] | None:
-    """(device, inode, size, mtime ns) of ``path``; None where it cannot be looked at."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 def stored_digest(path: Path, digest: str, known: Collection[str]) -> str | None:

@@ -14,26 +14,20 @@ that name no rank) is decided over rows in :mod:`traceq.identity`, for every pat
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
-from traceq.catalog import check_run_name
+from traceq.catalog import MAX_RANK, check_run_name
 from traceq.errors import ConfigError
-from traceq.ingest.inputs import folder_name, run_name_of
+from traceq.ingest.sidecar import collector_run_name, find_side_file
 from traceq.ingest.reader import read_trace
-from traceq.ingest.sidecar import find_side_file
 from traceq.kineto import to_int
 
-MAX_RANK = 2**31 - 1  # ranks are int32 in torch.distributed
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _TRACE_ENDINGS = re.compile(r"(\.pt)?(\.trace)?\.json(\.gz)?$", re.IGNORECASE)
-
-
-def check_rank(rank: int | None) -> None:
-    """ConfigError unless ``rank`` is None or a rank torch.distributed could give (0 to 2^31-1)."""
-    if rank is not None and not 0 <= rank <= MAX_RANK:
-        raise ConfigError(f"a rank is from 0 to {MAX_RANK}", param="rank", value=rank)
 
 
 def distributed_rank(fields: dict[str, Any]) -> int | None:
@@ -55,6 +49,24 @@ def rank_of_file(path: Path, fields: dict[str, Any], option_rank: int | None) ->
         return option_rank, "option"
     m = _RANK_IN_NAME.search(path.name)
     return (int(m.group(1)), "file name") if m and int(m.group(1)) <= MAX_RANK else (None, "unknown")
+
+
+def rank_of(
+    path: Path, fields: dict[str, Any], option_rank: int | None, events_name_ranks: bool, notes: list[str]
+) -> tuple[int | None, str]:
+    """The file's rank and where it came from (:func:`rank_of_file`; 'event args' where its events name
+    ranks, ``events_name_ranks``). A distributedInfo.rank that is no rank is passed over with a line in ``notes``, never silently."""
+    file_rank, source = rank_of_file(path, fields, option_rank)
+    if source == "distributedInfo":
+        return file_rank, source
+    source = "event args" if events_name_ranks else source
+    dist = fields.get("distributedInfo") if isinstance(fields.get("distributedInfo"), dict) else {}
+    if dist.get("rank") is not None:
+        instead = {"option": "the rank given is used", "file name": "the rank in the file name is used",
+                   "event args": "the ranks in the event args are used"}.get(source, "the file gets a rank of its own")
+        notes.append(f"{path}: distributedInfo.rank {json.dumps(dist.get('rank'))[:40]} is not a rank "
+                     f"(0 to {MAX_RANK}): passed over, {instead}")
+    return file_rank, source
 
 
 def header_identity(path: Path, option_rank: int | None = None) -> tuple[int | None, str, bool]:
@@ -98,3 +110,29 @@ def no_rank_note(path: Path, run: str, rank: int, *, alone: bool, verb: str = "s
         return head + (f"a run of its own, {run}, as rank {rank}; join it to others with --name NAME, "
                        "name its rank with --rank N")
     return head + f"{verb} as rank {rank} of run {run}; set one with --rank N"
+
+
+def run_name_of(path: Path, run: str | None) -> str:
+    """The run a file belongs to: ``run`` if given; else the run its collector's run.json names (its
+    ``"run"``: docs/explanation/metrics.md, trace identity); else the name of the file's directory as the path gives it (a link is
+    not followed: a trace reached through a linked folder is in the run of the link's name, as its side
+    files are the link's folder's)."""
+    if run is not None:
+        return check_run_name(run)
+    named = collector_run_name(path)
+    if named is not None:
+        try:
+            return check_run_name(named[0])
+        except ConfigError as exc:
+            raise ConfigError(f'{named[1]}: its "run" is no run name ({exc.message}); give the run a name') from None
+    name = folder_name(path) or "default"
+    try:
+        return check_run_name(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: its directory's name is no run name ({exc.message}); give the run a name") from None
+
+
+def folder_name(path: Path) -> str:
+    """The name of ``path``'s directory as the path gives it, made absolute without following links
+    (``runs/x/rank0.json`` -> ``x``, also where ``runs/x`` links to ``/data/job-17``)."""
+    return Path(os.path.abspath(path)).parent.name

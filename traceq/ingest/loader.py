@@ -11,26 +11,23 @@ is changed (no GC thresholds, no glibc settings: measured, neither pays any more
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
 from pathlib import Path
 
 import duckdb
 
-from traceq.catalog import StepMarker, check_parallelism
-from traceq.errors import ConfigError
-from traceq.ingest.groups import write_group
-from traceq.ingest.identity import check_rank
-from traceq.ingest.inputs import check_run_name, expand_inputs
-from traceq.ingest.native import Executor, parser
-from traceq.ingest.pipeline import INGEST_CHUNK_BYTES, Parser, Scratch
-from traceq.ingest.plan import plan
+from traceq.catalog import StepMarker, check_parallelism, check_rank, check_run_name
+from traceq.errors import ConfigError, TraceqError
+from traceq.ingest.native import Executor
+from traceq.ingest.pipeline import FILE_ERRORS, INGEST_CHUNK_BYTES, ParsedFile, Parser, Scratch
+from traceq.ingest.plan import expand_inputs, plan
 from traceq.ingest.readahead import ReadAhead
-from traceq.ingest.results import FileResult, IngestSummary, Progress, not_utf8
+from traceq.ingest.results import FileResult, IngestSummary, Progress
 from traceq.ingest.write import INGEST_MEMORY_LIMIT, SMALL_FILES_MEMORY_LIMIT
 from traceq.ingest.writer import WriteOptions, Writer
-from traceq.interrupts import interruptible
-from traceq.store.warehouse import DEFAULT_DB, connect
+from traceq.interrupts import interruptible, is_interrupt
+from traceq.store.warehouse import DEFAULT_DB, connect, environment_error
 
 
 def ingest_traces(
@@ -79,9 +76,6 @@ def ingest_traces(
     run = name if name is None else check_run_name(name, "name")
     summary = IngestSummary()
     paths = expand_inputs(inputs, summary.notes)
-    unnamed = [not_utf8(path) for path in paths]
-    summary.files += [result for result in unnamed if result is not None]
-    paths = [path for path, result in zip(paths, unnamed) if result is None]
     notify = progress or (lambda event, info: None)
     with interruptible():  # Ctrl-C stops the ingest, whatever it landed in
         con = connect(db)
@@ -118,13 +112,12 @@ def load(
     DuckDB's buffer pool for the files planned (a cluster task's in-memory warehouse keeps its own)."""
     writer = Writer(con, options, executor)
     directories = Scratch()
-    threads = con.execute("select current_setting('threads')").fetchall()[0][0]
-    reading = Parser(parser(con), executor, options.marker, chunk_bytes, threads, directories, notify)
+    reading = Parser(con, executor, options.marker, chunk_bytes, directories, notify)
     # files read again (decoded, or with every CPU operator): here, on a cursor of their own, not counted twice
-    again = Parser(parser(con), executor, options.marker, chunk_bytes, threads, directories, lambda e, i: None)
+    again = Parser(con, executor, options.marker, chunk_bytes, directories, lambda e, i: None)
     ahead = None
     try:
-        groups = plan(paths, writer.known, writer.already, run=options.run, force=options.force, native=native)
+        groups = plan(paths, writer.held, run=options.run, force=options.force, native=native)
         notify("start", {"files": sum(map(len, groups)), "bytes": sum(job.size for group in groups for job in group)})
         if pool:
             small = all(job.small or job.done for group in groups for job in group)
@@ -148,3 +141,53 @@ def load(
             reading.close()
             again.close()
             directories.cleanup()
+
+
+Again = Callable[[ParsedFile, Exception], "ParsedFile | Exception"]  # Parser.again
+
+
+def write_group(writer: Writer, files: list[ParsedFile], again: Again) -> list[FileResult]:
+    """Write ``files`` in one transaction: their rows (one statement per table for them all), traces
+    rows and steps; their results, in order.
+
+    A group of several that fails is rolled back and written file by file, from the rows parsed
+    (a statement costs milliseconds whatever its rows, and a file about ten: BENCHMARKS.md). One file
+    that fails is read again where ``again`` says (DuckDB refused its input: decoded; no GPU activity
+    without CPU operators: with them), else fails in one line: a machine error (out of memory, a full
+    disk), a bad trace or a run that holds its steps already. An error that is no file's (a bug)
+    stops the ingest, the files before it in; Ctrl-C rolls back and stops.
+    """
+    try:
+        try:
+            writer.begin()
+            results = writer.write(files)
+            writer.commit()
+            return results
+        except BaseException as exc:
+            writer.roll_back()
+            if is_interrupt(exc):  # an error of a statement Ctrl-C stopped: the ingest stops
+                raise KeyboardInterrupt from None
+            if not isinstance(exc, Exception):
+                raise
+            failure = exc
+        if len(files) > 1:
+            return [result for f in files for result in write_group(writer, [f], again)]
+        if not isinstance(failure, FILE_ERRORS):
+            raise failure
+        (f,) = files
+        retry = again(f, failure)
+        if isinstance(retry, Exception):
+            return [failed(f.job.path, retry)]
+        return write_group(writer, [retry], again)
+    finally:
+        for f in files:
+            f.close()
+
+
+def failed(path: Path, exc: Exception) -> FileResult:
+    """The failed result of the file at ``path``, in one line."""
+    if isinstance(exc, TraceqError):
+        return FileResult(str(path), "failed", str(exc))
+    if isinstance(exc, duckdb.Error):  # out of memory, a full disk, a lock: this file is not in, nothing of it
+        return FileResult(str(path), "failed", f"{path}: {environment_error(exc) or str(exc).splitlines()[0]}")
+    return FileResult(str(path), "failed", f"{path}: {exc}")

@@ -304,6 +304,18 @@ def count_batches(con: Any, rows: Any, batches: list[BatchFiles], executor: Exec
     return counts
 
 
+def write_batches(con: Any, batches: list[tuple[Any, Part]], executor: Executor = Executor()) -> tuple[list[BatchCounts], int]:
+    """Count (:func:`count_batches`) and write (:func:`write_parts`) parsed batches, each its relation and
+    how to write it, one batch per trace; returns each one's counts and how many new names they added. A
+    batch that shows GPU activity writes none of the CPU operators parsed with it (its part's
+    ``keep_plain_ops`` is cleared)."""
+    rows = rows_of(con, [(events, p.files.part) for events, p in batches])
+    counts = count_batches(con, rows, [p.files for _, p in batches], executor)
+    for (_, p), c in zip(batches, counts):
+        p.keep_plain_ops = p.keep_plain_ops and not c.gpu
+    return counts, write_parts(con, rows, [p for _, p in batches], executor)
+
+
 def write_parts(con: Any, rows: Any, parts: list[Part], executor: Executor = Executor()) -> int:
     """Write the parsed ``rows`` (:func:`rows_of`) of the batches ``parts``, one statement per table for
     them all; returns how many new names they added. One batch per trace: the name ids of a

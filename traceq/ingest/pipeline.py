@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import duckdb
@@ -18,6 +18,7 @@ import duckdb
 from traceq import scratch
 from traceq.catalog import StepMarker
 from traceq.errors import TraceFormatError, TraceqError
+from traceq.ingest.identity import distributed_rank
 from traceq.ingest.native import (
     BatchFiles,
     Executor,
@@ -25,12 +26,28 @@ from traceq.ingest.native import (
     batch_files,
     parse_batch,
     parse_batches,
+    parser,
     scratch_dir,
 )
 from traceq.ingest.plan import FileJob
 from traceq.ingest.reader import TraceHeader, read_trace, read_trace_ranges
 from traceq.ingest.results import Progress
-from traceq.ingest.write import NeedsOps, all_ops_of
+
+
+class NeedsOps(Exception):
+    """A file parsed without CPU operators turned out to have no GPU activity: read it again."""
+
+
+def all_ops_of(leading: dict[str, Any], forced: bool | None = None) -> bool:
+    """Whether a file's batches are parsed with every CPU operator, from its header (``forced``: as
+    given). CPU operators are most of a trace's events, yet on a trace with GPU activity no metric
+    reads them (:func:`traceq.ingest.decode.events_to_rows`): a file is parsed without them when its
+    header has ``deviceProperties`` (Kineto writes it before the events on CUDA/ROCm machines). One
+    without them that shows no GPU activity after all is read again with them (:class:`NeedsOps`); one
+    with them that shows GPU activity writes none from its first batch with GPU rows on, and those
+    written before go once its events are in (:func:`traceq.ingest.write.drop_plain_ops`)."""
+    return not leading.get("deviceProperties") if forced is None else forced
+
 
 # What a file's parse or write may end in that is the file's alone (the writer decodes it, reads it
 # again with every CPU operator, or fails it: duckdb.Error is the machine's, out of memory or a full
@@ -79,10 +96,13 @@ class ParsedFile:
     error: Exception | None = None
     decoded: str | None = None
     stop: Callable[[], None] = _nothing
+    held: bool = False  # its batches are a list, parsed with its group's: kept until written, to be written again alone
+    # distributedInfo.rank of its header (Kineto writes it before the events): its events that name no rank
+    # get it as their rows go in (an UPDATE of every row afterwards would hold a copy of the column in memory)
+    rank: int | None = field(init=False)
 
-    @property
-    def held(self) -> bool:
-        return isinstance(self.batches, list)
+    def __post_init__(self) -> None:
+        self.rank = distributed_rank(self.header.leading) if self.header is not None else None
 
     def close(self) -> None:
         stop, self.stop = self.stop, _nothing
@@ -115,15 +135,15 @@ class Scratch:
 
 
 class Parser:
-    """Reads jobs into :class:`ParsedFile`, on ``cursor`` (of the writer's connection, used by one
-    thread), through ``executor`` (the fault seam); ``notify`` hears the bytes read."""
+    """Reads jobs into :class:`ParsedFile`, on a cursor of its own of the writer's connection ``con``
+    (used by one thread), through ``executor`` (the fault seam); ``notify`` hears the bytes read."""
 
     def __init__(
-        self, cursor: duckdb.DuckDBPyConnection, executor: Executor, marker: StepMarker, chunk_bytes: int,
-        threads: int, directories: Scratch, notify: Progress,
+        self, con: duckdb.DuckDBPyConnection, executor: Executor, marker: StepMarker, chunk_bytes: int,
+        directories: Scratch, notify: Progress,
     ) -> None:
-        self.cursor, self.executor, self.marker = cursor, executor, marker
-        self.chunk_bytes, self.threads = chunk_bytes, threads
+        self.cursor, self.executor, self.marker = parser(con), executor, marker
+        self.chunk_bytes, self.threads = chunk_bytes, self.cursor.execute("select current_setting('threads')").fetchall()[0][0]
         self.directories, self.notify = directories, notify
 
     def close(self) -> None:
@@ -159,6 +179,7 @@ class Parser:
             try:
                 f.batches = [Batch(b.files, rows if rows is not None else parse_batch(
                     self.cursor, b.files, f.all_ops, self.marker, self.executor)) for b in f.batches]
+                f.held = True
             except (NotNative, duckdb.Error) as exc:
                 f.error = exc
         return files

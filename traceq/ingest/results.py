@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +42,10 @@ class IngestSummary:
         return not self.by_status("failed")
 
 
-def not_utf8(path: Path) -> FileResult | None:
-    """The failed result of a file whose name is not UTF-8 text (DuckDB holds text as UTF-8: such a
-    name cannot be stored), shown with its odd bytes escaped; None for any other name."""
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:
-        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-        return FileResult(shown, "failed", f"{shown}: the file's name is not UTF-8 text; rename it")
-    return None
+def skipped(path: Path, held: tuple[str, str], name: str | None) -> FileResult:
+    """The result of ``path``, whose content the warehouse holds already (``held``: as which file, in
+    which run); ``name``: the run --name gave, which went unused."""
+    where, run = held
+    into = f" into run {name}" if name is not None and name != run else ""
+    return FileResult(str(path), "skipped", f"{path}: already ingested (as {where}, run {run}); "
+                      f"--force reads it again{into}", run=run)

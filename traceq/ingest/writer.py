@@ -14,28 +14,73 @@ import msgspec
 
 from traceq.catalog import StepMarker
 from traceq.errors import TraceFormatError
-from traceq.ingest.digests import file_digest, file_identity, stored_digest
-from traceq.ingest.identity import distributed_rank, names_job, no_rank_note, run_of
-from traceq.ingest.native import Executor, Part, count_batches, rows_of, write_parts
-from traceq.ingest.pipeline import ParsedFile
-from traceq.ingest.plan import FileJob
+from traceq.ingest.digests import file_digest, stored_digest
+from traceq.ingest.identity import names_job, no_rank_note, rank_of, run_of
+from traceq.ingest.native import BatchCounts, Executor, Part, write_batches
+from traceq.ingest.pipeline import NeedsOps, ParsedFile
+from traceq.ingest.plan import FileJob, file_identity
 from traceq.ingest.reader import too_deep_is_not_json
-from traceq.ingest.results import FileResult
-from traceq.ingest.write import (
-    INGEST_MEMORY_LIMIT_MB,
-    Counts,
-    NeedsOps,
-    Stored,
-    derive,
-    drop_plain_ops,
-    free_rank,
-    rank_of,
-    require_events,
-)
+from traceq.ingest.results import FileResult, skipped
+from traceq.ingest.write import INGEST_MEMORY_LIMIT_MB, Stored, derive, drop_plain_ops, free_rank
 from traceq.kineto import to_int
 from traceq.store.derive import device_properties, gpu_model_of
 from traceq.store.manage import forget_run, remove_traces
 from traceq.store.schema import fetch_one, rollback
+
+
+# A file is refused once it has read this many events and more than MAX_UNUSABLE_SHARE of them are none traceq
+# stores or leaves out by its policy (CPU operators of a GPU trace): checked after every batch, wherever the
+# unusable events sit (the corpus's largest share is 0.89, of a 75-event trace; 0.57 over 250 events or more)
+UNUSABLE_EVENTS = 1_000_000
+MAX_UNUSABLE_SHARE = 0.99
+
+
+@dataclass
+class Counts:
+    """Running totals over a file's chunks."""
+
+    events: int = 0
+    gpu: int = 0
+    host: int = 0
+    dropped: int = 0
+    dropped_plain_ops: int = 0  # of dropped, CPU operators kept only because all_ops
+    rows_with_rank: int = 0  # events carrying their own args.rank
+    rows_without_rank: int = 0
+    skipped_ops: int = 0  # CPU operators left out while decoding (all_ops=False)
+    left_out: int = 0  # events left out by policy: skipped_ops, and CPU operators written after GPU activity
+    kept_ops: bool = False  # some chunk was written with all_ops=True
+
+    def require_usable(self, path: Path) -> None:
+        """TraceFormatError once :data:`UNUSABLE_EVENTS` events are read and more than :data:`MAX_UNUSABLE_SHARE`
+        of them are not stored (a gzip of ``{}`` by the hundred million, one kernel first or every 2M, a
+        few MB): the file is not read to its end, nor kept."""
+        unusable = self.events - self.gpu - self.host - self.left_out
+        if self.events >= UNUSABLE_EVENTS and unusable > MAX_UNUSABLE_SHARE * self.events:
+            raise TraceFormatError(
+                f"{path}: {unusable:,} of its first {self.events:,} events are none that traceq stores (it stores "
+                'complete events, "ph": "X", with a valid time and duration; not elements without a phase, nor '
+                f"metadata, flow, instant or counter events): with over {MAX_UNUSABLE_SHARE:.0%} unusable it is no profiler trace; "
+                "nothing was stored. Check that it is the file the profiler wrote")
+
+    def add_batch(self, b: BatchCounts, all_ops: bool) -> None:
+        """Count a batch written with its CPU operators (``all_ops``) or without."""
+        self.events += b.events
+        self.gpu += b.gpu
+        self.host += b.host - (0 if all_ops else b.host_plain_ops)
+        self.dropped += b.dropped - (0 if all_ops else b.dropped_plain_ops)
+        self.dropped_plain_ops += b.dropped_plain_ops if all_ops else 0
+        self.skipped_ops += b.skipped_ops
+        self.left_out += b.skipped_ops + (0 if all_ops else b.host_plain_ops + b.dropped_plain_ops)
+        self.kept_ops = self.kept_ops or all_ops
+        self.rows_without_rank += b.rows_without_rank
+        self.rows_with_rank += b.rows_with_rank
+
+
+def require_events(path: Path, counts: Counts) -> None:
+    """TraceFormatError for a file without events, or whose events are mostly unusable (:meth:`Counts.require_usable`)."""
+    if counts.events == 0:
+        raise TraceFormatError(f"{path}: the trace holds no events; was the profiler started (schedule active > 0)?")
+    counts.require_usable(path)
 
 
 @dataclass(frozen=True)
@@ -59,7 +104,7 @@ class _Entry:
     file: ParsedFile
     digest: str
     trace_id: int
-    fill: int | None  # the rank of its events that name none, from its header
+    fill: int | None  # the rank of its events that name none, from its header (ParsedFile.rank)
     counts: Counts = field(default_factory=Counts)
     names: int = 0  # its next name id
 
@@ -72,30 +117,13 @@ class Writer:
         self.con, self.options, self.executor = con, options, executor
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="traceq-hash")  # BLAKE3 releases the GIL
         self._digests: dict[Path, Future[str]] = {}
-        self._known: dict[int, set[str]] = {}  # the digests in the warehouse, by file size
-        for size, digest in con.execute("select size_bytes, content_digest from traces").fetchall():
-            self._known.setdefault(size, set()).add(digest)
+        self.held: dict[int, dict[str, tuple[str, str]]] = {}  # the files in the warehouse, committed (plan.Held)
+        for size, digest, path, run in con.execute(
+                "select size_bytes, content_digest, path, run from traces order by trace_id").fetchall():
+            self.held.setdefault(size, {})[digest] = (path, run)
         self._runs = {r for (r,) in con.execute("select run from runs").fetchall()}  # as of the last commit
         self._pending: list[Stored] = []  # stored in the open transaction, steps not derived yet
-        self._uncommitted: list[tuple[int, str, str]] = []  # (size, digest, run) of the files it holds
-
-    def known(self, size: int) -> frozenset[str]:
-        """The content digests of the files of ``size`` bytes in the warehouse (committed)."""
-        return frozenset(self._known.get(size, ()))
-
-    def already(self, path: Path, digest: str) -> FileResult | None:
-        """``path``'s result where its content (``digest``) is in the warehouse and not to be read
-        again (``force``); else None."""
-        if self.options.force:
-            return None
-        held = self.con.execute("select path, run from traces where content_digest = ?", [digest]).fetchall()
-        if not held:
-            return None
-        (where, run), = held[:1]
-        name = self.options.run
-        into = f" into run {name}" if name is not None and name != run else ""  # --name went unused
-        return FileResult(str(path), "skipped", f"{path}: already ingested (as {where}, run {run}); "
-                          f"--force reads it again{into}", run=run)
+        self._uncommitted: dict[tuple[int, str], tuple[str, str]] = {}  # the files it holds: (size, digest) -> (path, run)
 
     def hash_beside(self, jobs: list[FileJob]) -> None:
         """Start hashing the files of ``jobs`` whose digest the plan did not take (beside the parse)."""
@@ -112,22 +140,19 @@ class Writer:
         earlier among ``files``) is skipped, not written. Raises the error of a file that failed to
         read (its ``error``), :class:`NeedsOps`, or DuckDB's."""
         started = time.perf_counter()
-        entries: list[_Entry | tuple[Path, str]] = []  # a file to write, or a copy (its path and digest)
-        held = {(size, digest) for size, digest, _ in self._uncommitted}
+        entries: list[_Entry | tuple[Path, tuple[int, str]]] = []  # a file to write, or a copy (path, key)
+        keys = set(self._uncommitted)
         for f in files:
             if f.error is not None:
                 raise f.error
             digest = f.job.digest or self._digest(f.job.path)
             key = (f.job.size, digest)
-            if not self.options.force and (digest in self._known.get(f.job.size, ()) or key in held):
-                entries.append((f.job.path, digest))
+            if not self.options.force and (digest in self.held.get(f.job.size, {}) or key in keys):
+                entries.append((f.job.path, key))
                 continue
-            held.add(key)
-            assert f.header is not None
-            # Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in (an
-            # UPDATE of every row afterwards would hold a copy of the column in memory)
+            keys.add(key)
             trace_id = fetch_one(self.con, "select nextval('trace_ids')")[0]
-            entries.append(_Entry(f, digest, trace_id, distributed_rank(f.header.leading)))
+            entries.append(_Entry(f, digest, trace_id, f.rank))
         self._write_rows([e for e in entries if isinstance(e, _Entry)])
         results = []
         for e in entries:
@@ -136,9 +161,11 @@ class Writer:
                     results.append(self._finish(e, started))
         for result in results:  # the group's time, shared
             result.seconds = (time.perf_counter() - started) / len(results)
-        for e in entries:  # the traces row of the file it copies is in now
+        for i, e in enumerate(entries):  # a copy: of a committed file, or of one written before it (in now)
             if not isinstance(e, _Entry):
-                results.insert(entries.index(e), self.already(*e) or FileResult(str(e[0]), "skipped"))
+                path, (size, digest) = e
+                results.insert(i, skipped(path, self.held.get(size, {}).get(digest) or self._uncommitted[size, digest],
+                                          self.options.run))
         for f in files:  # a file rewritten while it was read would be stored mixed, under a digest of neither
             if f.job.identity is None or file_identity(f.job.path) != f.job.identity:
                 raise TraceFormatError(
@@ -167,23 +194,18 @@ class Writer:
                                          "group by trace_id", [[e.trace_id for e, _, _ in taken]]).fetchall())
                 for e, _, _ in taken:
                     e.names = named.get(e.trace_id, 0)
-            rows = rows_of(con, [(b.rows, b.files.part) for _, _, b in taken])
-            counts = count_batches(con, rows, [b.files for _, _, b in taken], self.executor)
-            parts = []
-            for (e, _, b), c in zip(taken, counts):
-                # CPU operators parsed with the file (its header has no deviceProperties) are written
-                # until it shows GPU activity (those before go at its end, _traces_row)
-                keep = e.file.all_ops and not (e.counts.gpu or c.gpu)
-                e.counts.add_batch(c, keep)
-                parts.append(Part(b.files, e.trace_id, e.names, e.fill, keep))
-            added = write_parts(con, rows, parts, self.executor)
+            # CPU operators parsed with the file (its header has no deviceProperties) are written until it
+            # shows GPU activity (those before go at its end, _traces_row)
+            parts = [Part(b.files, e.trace_id, e.names, e.fill, e.file.all_ops and not e.counts.gpu) for e, _, b in taken]
+            counts, added = write_batches(con, [(b.rows, p) for (_, _, b), p in zip(taken, parts)], self.executor)
             stale = len(taken) > 1
-            for e, _, b in taken:
+            for (e, _, b), p, c in zip(taken, parts, counts):
+                e.counts.add_batch(c, p.keep_plain_ops)
                 e.names += added
                 if not e.file.held:
                     b.files.remove()  # written, and never again
                 e.counts.require_usable(e.file.job.path)
-            del rows, taken, b, parts  # the batch's rows go before the next batch is waited for
+            del taken, b, parts  # the batch's rows go before the next batch is waited for
 
     def _finish(self, e: _Entry, started: float) -> FileResult:
         """After the events of a file are in: its rank and its traces row; its steps, step attribution
@@ -195,7 +217,7 @@ class Writer:
             raise NeedsOps
         self.executor.step("traces row", [path])
         notes: list[str] = self._replace(e.file.job, e.digest) if options.force else []
-        file_rank, rank_source = rank_of(path, header.fields, options.rank, counts, notes)
+        file_rank, rank_source = rank_of(path, header.fields, options.rank, counts.rows_with_rank > 0, notes)
         job = names_job(path, header.fields)
         run = run_of(path, options.run, names_rank=file_rank is not None or counts.rows_with_rank > 0, job=job)
         fill_rank = file_rank
@@ -220,7 +242,7 @@ class Writer:
         if e.file.decoded is not None:
             stored.result.message = f"read by traceq.ingest.decode: {e.file.decoded}"
         self._pending.append(stored)
-        self._uncommitted.append((e.file.job.size, e.digest, run))
+        self._uncommitted[e.file.job.size, e.digest] = (str(e.file.job.path.resolve()), run)
         return stored.result
 
     def _traces_row(self, e: _Entry, run: str, file_rank: int | None, rank_source: str, seconds: float) -> Stored:
@@ -263,7 +285,7 @@ class Writer:
         """Remove the trace(s) of this file's content, or of this file (its path: written again since,
         with other content), in the file's transaction (``force``); a note for each."""
         path = job.path
-        digests = {digest} | ({stored} if (stored := stored_digest(path, digest, self.known(job.size))) else set())
+        digests = {digest} | ({stored} if (stored := stored_digest(path, digest, self.held.get(job.size, {}))) else set())
         earlier = self.con.execute(
             "select trace_id, run from traces where content_digest in (select unnest(?)) or path = ? order by trace_id",
             [sorted(digests), str(path.resolve())],
@@ -290,8 +312,8 @@ class Writer:
         """Commit the open transaction: a copy of a file it holds is skipped from now on."""
         self.derive()
         self.con.commit()
-        for size, digest, run in self._uncommitted:
-            self._known.setdefault(size, set()).add(digest)
+        for (size, digest), (path, run) in self._uncommitted.items():
+            self.held.setdefault(size, {})[digest] = (path, run)
             self._runs.add(run)
         self._uncommitted.clear()
 

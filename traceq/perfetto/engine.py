@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from traceq import catalog
-from traceq.catalog import StepMarker, check_run_name
+from traceq.catalog import StepMarker, check_rank, check_run_name
 from traceq.errors import ConfigError, EmptySelection
 from traceq.perfetto.processor import PerfettoTrace, open_trace
 
@@ -173,8 +173,8 @@ def analyse_files(
     own, unless its events name ranks. Each file's run.json (beside it, as ingest finds it) is read
     into its result's ``metadata``: its warmup_steps is the run's default warm-up, as on DuckDB."""
     from traceq.identity import GIVEN_RANKS, Claim, rankless_ranks, refuse_overlap
-    from traceq.ingest.identity import check_rank, header_identity, no_rank_note, run_of
-    from traceq.ingest.inputs import expand_inputs
+    from traceq.ingest.identity import header_identity, no_rank_note, run_of
+    from traceq.ingest.plan import expand_inputs
 
     check_rank(rank)
     run = name if name is None else check_run_name(name, "name")
@@ -370,7 +370,7 @@ def trace_sql(
     report's table, with notes on how Perfetto's import differs from traceq's reader; at most ``max_rows``
     rows (None: all). EngineError with the trace processor's message when the query fails, ConfigError
     for a statement that gives no rows."""
-    from traceq.ingest.identity import check_rank, header_identity
+    from traceq.ingest.identity import header_identity
     from traceq.report.result import Report
 
     check_rank(rank)
