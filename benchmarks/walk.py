@@ -5,9 +5,9 @@ it enters and the times it comes back to one it left (../shared/STYLE.md, "Walk 
     python benchmarks/walk.py FILE --scope traceq  # every traceq module
     python benchmarks/walk.py --base /tmp/base     # the same walk in another tree (PYTHONPATH picks it)
 
-How it counts: every function of the scope is taken once, at its first call (``sys.setprofile`` on each
+How it counts: every function of the scope is taken once on each thread, at its first call there (``sys.setprofile`` on each
 thread), in the order the calls happen, as someone reading the code meets it (a lambda counts where it
-is written: a callback is a return to its module). A *stay* is a run of consecutive functions in one module; a *return* is a
+is written: a callback is a return to its module; a comprehension is the code around it). A *stay* is a run of consecutive functions in one module; a *return* is a
 stay in a module the walk stayed in before. Going back up the stack moves nothing: a natural path goes
 down and out, and one that comes back to a module again and again is a state machine spread thin.
 Printed per thread: stays, modules, returns, then the stays with their functions.
@@ -23,7 +23,6 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-INLINE = {"<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"}  # not shown: always in their function's module
 SMALL = REPO.parent / "shared" / "corpus" / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
 
 WALK = r'''
@@ -38,7 +37,9 @@ def hook(frame, event, arg):
     if module != scope and not module.startswith(scope + "."):
         return
     code = frame.f_code
-    key = (module, code.co_name, code.co_firstlineno)
+    if code.co_name in ("<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"):  # inline code (no frame of its own from Python 3.12)
+        return
+    key = (threading.current_thread().name, module, code.co_name, code.co_firstlineno)  # each thread read apart
     if key not in seen:
         seen.add(key)
         order.append((threading.current_thread().name, module, code.co_name))
@@ -89,8 +90,7 @@ def main() -> None:
         print(f"{thread}: {len(s)} stays in {len(set(modules))} modules, {returns} returns to a module already left")
         if not args.quiet:
             for module, names in s:
-                shown = [n for n in names if n not in INLINE] or names
-                print(f"    {module.removeprefix(args.scope + '.')}: {', '.join(shown)}")
+                print(f"    {module.removeprefix(args.scope + '.')}: {', '.join(names)}")
     print(f"{len(order)} functions of {args.scope} in {len({m for _, m, _ in order})} modules on {len(threads)} threads")
 
 

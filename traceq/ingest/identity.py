@@ -22,8 +22,8 @@ from typing import Any
 
 from traceq.catalog import MAX_RANK, check_run_name
 from traceq.errors import ConfigError
-from traceq.ingest.sidecar import collector_run_name, find_side_file
 from traceq.ingest.reader import read_trace
+from traceq.ingest.sidecar import collector_run_name, find_side_file
 from traceq.kineto import to_int
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
