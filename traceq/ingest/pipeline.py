@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sized
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import duckdb
@@ -18,7 +18,6 @@ import duckdb
 from traceq import scratch
 from traceq.catalog import StepMarker
 from traceq.errors import TraceFormatError, TraceqError
-from traceq.ingest.identity import distributed_rank
 from traceq.ingest.native import (
     BatchFiles,
     Executor,
@@ -96,13 +95,10 @@ class ParsedFile:
     error: Exception | None = None
     decoded: str | None = None
     stop: Callable[[], None] = _nothing
-    held: bool = False  # its batches are a list, parsed with its group's: kept until written, to be written again alone
-    # distributedInfo.rank of its header (Kineto writes it before the events): its events that name no rank
-    # get it as their rows go in (an UPDATE of every row afterwards would hold a copy of the column in memory)
-    rank: int | None = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.rank = distributed_rank(self.header.leading) if self.header is not None else None
+    @property
+    def held(self) -> bool:
+        return isinstance(self.batches, list)
 
     def close(self) -> None:
         stop, self.stop = self.stop, _nothing
@@ -179,7 +175,6 @@ class Parser:
             try:
                 f.batches = [Batch(b.files, rows if rows is not None else parse_batch(
                     self.cursor, b.files, f.all_ops, self.marker, self.executor)) for b in f.batches]
-                f.held = True
             except (NotNative, duckdb.Error) as exc:
                 f.error = exc
         return files

@@ -15,7 +15,7 @@ import msgspec
 from traceq.catalog import StepMarker
 from traceq.errors import TraceFormatError
 from traceq.ingest.digests import file_digest, stored_digest
-from traceq.ingest.identity import names_job, no_rank_note, rank_of, run_of
+from traceq.ingest.identity import distributed_rank, names_job, no_rank_note, rank_of, run_of
 from traceq.ingest.native import BatchCounts, Executor, Part, write_batches
 from traceq.ingest.pipeline import NeedsOps, ParsedFile
 from traceq.ingest.plan import FileJob, file_identity
@@ -104,7 +104,7 @@ class _Entry:
     file: ParsedFile
     digest: str
     trace_id: int
-    fill: int | None  # the rank of its events that name none, from its header (ParsedFile.rank)
+    fill: int | None  # the rank of its events that name none, from its header
     counts: Counts = field(default_factory=Counts)
     names: int = 0  # its next name id
 
@@ -151,8 +151,11 @@ class Writer:
                 entries.append((f.job.path, key))
                 continue
             keys.add(key)
+            assert f.header is not None
+            # Kineto writes distributedInfo before the events: with it, ranks are filled as rows go in (an
+            # UPDATE of every row afterwards would hold a copy of the column in memory)
             trace_id = fetch_one(self.con, "select nextval('trace_ids')")[0]
-            entries.append(_Entry(f, digest, trace_id, f.rank))
+            entries.append(_Entry(f, digest, trace_id, distributed_rank(f.header.leading)))
         self._write_rows([e for e in entries if isinstance(e, _Entry)])
         results = []
         for e in entries:
