@@ -291,3 +291,23 @@ def test_no_collaborator_is_typed_any() -> None:
                 if target in named:
                     wrong.append(f"{module}:{node.lineno} {target}: Any")
     assert wrong == [], "\n".join(wrong)
+
+
+def test_one_small_file_walks_through_at_most_8_modules_and_12_returns() -> None:
+    """The reader's walk (``benchmarks/walk.py``, ../shared/STYLE.md): one small file through
+    ``traceq.ingest.ingest_traces`` enters at most 8 of its modules on each thread and comes back to one it
+    left at most 12 times; a path that returns again and again is one object spread over modules."""
+    import subprocess
+    import sys
+
+    from tests.conftest import corpus_path
+
+    small = corpus_path("hta/trace_filter/sampled_rank-0.json.gz")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "walk.py"), "--quiet", str(small)],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    counts = {m.group(1): (int(m.group(2)), int(m.group(3)))
+              for m in re.finditer(r"^(\S+): \d+ stays in (\d+) modules, (\d+) returns", out, re.MULTILINE)}
+    assert {"MainThread", "traceq-reader"} <= set(counts), out
+    for thread in ("MainThread", "traceq-reader"):
+        modules, returns = counts[thread]
+        assert modules <= 8 and returns <= 12, f"{thread}: {modules} modules, {returns} returns\n{out}"

@@ -13,6 +13,7 @@ import duckdb
 import pytest
 
 import traceq.ingest.native as native
+import traceq.ingest.pipeline as pipeline
 from tests.test_native import TABLES, _many_kernels, _rows
 from traceq.ingest import ingest_traces
 from traceq.ingest.chunks import FileRange
@@ -82,7 +83,7 @@ def test_a_range_past_the_end_of_the_trace_is_not_native(tmp_path: Path) -> None
     whole = tmp_path / "whole"
     whole.mkdir()
     (batch,) = native.batch_files(iter(_ranges(path, [len(body)])), str(whole))
-    rows = native.parse_batch(native.parser(duckdb.connect()), batch, all_ops=True)
+    rows = pipeline.parse_batch(pipeline.parser(duckdb.connect()), batch, all_ops=True)
     assert rows.filter("bound is null").aggregate("count(*)").fetchall() == [(1000,)]  # and the file's two bounds
     batch.remove()
     assert os.listdir(whole) == []
@@ -97,9 +98,9 @@ def test_a_batch_keeps_its_files_until_removed_and_its_text_is_searched(tmp_path
     directory.mkdir()
     (batch,) = native.batch_files(iter(_ranges(path, [path.stat().st_size])), str(directory))
     con = duckdb.connect()
-    cursor = native.parser(con)
-    first = native.parse_batch(cursor, batch, all_ops=True)
-    again = native.parse_batch(cursor, batch, all_ops=False)
+    cursor = pipeline.parser(con)
+    first = pipeline.parse_batch(cursor, batch, all_ops=True)
+    again = pipeline.parse_batch(cursor, batch, all_ops=False)
     for rows in (first, again):
         assert rows.filter("bound is null").aggregate("count(*), count(distinct name)").fetchall() == [(500, 500)]
     # the lower-case "external id" is looked for in the batch's text

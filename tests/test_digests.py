@@ -96,7 +96,7 @@ def test_the_plan_is_made_from_plain_data_of_what_the_warehouse_holds(tmp_path: 
     the SHA-256 of a warehouse from before BLAKE3), and skips a file whose content is there, in its place,
     naming the file it was read as and its run; a file of a size held but other content is hashed then
     (its digest in its job, not taken again) and read."""
-    from traceq.ingest.plan import plan
+    from traceq.ingest.plan import IngestOptions, plan
 
     held_file, legacy_file, new_file = (_trace(tmp_path, f"rank{r}.json", r) for r in range(3))
     size = held_file.stat().st_size
@@ -104,7 +104,7 @@ def test_the_plan_is_made_from_plain_data_of_what_the_warehouse_holds(tmp_path: 
     blake = {p: "blake3:" + blake3.blake3(p.read_bytes()).hexdigest() for p in (held_file, new_file)}
     held = {size: {blake[held_file]: ("/old/r0.json", "a"), "sha256:" + _sha256(legacy_file): ("/old/r1.json", "b")},
             size + 1: {"blake3:00": ("/old/x.json", "c")}}
-    jobs = [job for group in plan([held_file, legacy_file, new_file], held, run="z", force=False, native=True)
+    jobs = [job for group in plan([held_file, legacy_file, new_file], held, IngestOptions(run="z"), native=True)
             for job in group]
     assert [job.path for job in jobs] == [held_file, legacy_file, new_file]
     assert [(job.done.status, job.done.message) for job in jobs[:2] if job.done] == [
@@ -112,5 +112,5 @@ def test_the_plan_is_made_from_plain_data_of_what_the_warehouse_holds(tmp_path: 
         ("skipped", f"{legacy_file}: already ingested (as /old/r1.json, run b); --force reads it again into run z"),
     ]
     assert (jobs[2].done, jobs[2].digest, jobs[2].run, jobs[2].small) == (None, blake[new_file], "z", True)
-    [forced] = [job for group in plan([held_file], held, run=None, force=True, native=True) for job in group]
+    [forced] = [job for group in plan([held_file], held, IngestOptions(force=True), native=True) for job in group]
     assert (forced.done, forced.digest, forced.run) == (None, blake[held_file], "job")

@@ -656,9 +656,9 @@ def test_the_bomb_guard_says_what_is_not_stored_and_nothing_false(
 ) -> None:
     """Metadata, flow and instant events have a phase, a name, a time or a category: the guard's line says
     none of them is a complete event traceq stores (it said "no phase, name, time or category")."""
-    from traceq.ingest import ingest_traces, writer
+    from traceq.ingest import ingest_traces, native
 
-    monkeypatch.setattr(writer, "UNUSABLE_EVENTS", 1000)  # the guard's bound, so that a small file meets it
+    monkeypatch.setattr(native, "UNUSABLE_EVENTS", 1000)  # the guard's bound, so that a small file meets it
     event = {
         "metadata": b'{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "p"}}',
         "flow": b'{"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 1, "cat": "ac2g", "name": "flow"}',

@@ -204,7 +204,8 @@ def test_an_interrupted_parse_stops_the_ingest_and_never_changes_its_path(long_t
     ingest on the slower path."""
     import threading
 
-    from traceq.ingest.native import BatchFiles, parse_batch, parser
+    from traceq.ingest.native import BatchFiles
+    from traceq.ingest.pipeline import parse_batch, parser
 
     trace, _ = long_trace
     array = tmp_path / "events.json"  # the trace's event array alone: seconds of parsing

@@ -11,7 +11,8 @@ import pytest
 from pathlib import Path
 
 from traceq.ingest.decode import decode_chunk
-from traceq.ingest.native import batch_files, parse_batch, parser
+from traceq.ingest.native import batch_files
+from traceq.ingest.pipeline import parse_batch, parser
 from traceq.query import sql_text
 from traceq.store.schema import execute_over
 from traceq.store.warehouse import connect

@@ -13,7 +13,6 @@ import pytest
 
 import traceq.ingest.native as native
 import traceq.ingest.plan as plan
-import traceq.ingest.writer as writer
 from traceq.ingest import FileResult
 from traceq.ingest.native import Executor
 from tests.test_hostile import UNUSABLE_WORDS
@@ -353,7 +352,7 @@ def test_a_file_of_empty_events_among_small_files_fails_as_alone(tmp_path: Path)
     job = tmp_path / "job"
     _rank_trace(0, 0, 4).write(job / "rank0.json")
     with gzip.open(job / "rank1.json.gz", "wb") as f:
-        f.write(b'{"traceEvents": [' + b", ".join([b"{}"] * writer.UNUSABLE_EVENTS) + b"]}")
+        f.write(b'{"traceEvents": [' + b", ".join([b"{}"] * native.UNUSABLE_EVENTS) + b"]}")
     _rank_trace(2, 0, 4).write(job / "rank2.json")
     paths = sorted(job.iterdir())
     done = ingest_traces(paths, tmp_path / "w.duckdb")

@@ -30,11 +30,10 @@ from traceq.errors import ConfigError, TraceFormatError, TraceqError
 from traceq.identity import GIVEN_RANKS, Claim, overlaps, rankless_ranks
 from traceq.catalog import check_parallelism, check_rank, check_run_name
 from traceq.ingest.identity import header_identity, run_of
-from traceq.ingest.loader import load
+from traceq.ingest.loader import IngestSummary, load
 from traceq.ingest.pipeline import INGEST_CHUNK_BYTES
-from traceq.ingest.plan import expand_inputs, not_utf8
-from traceq.ingest.results import FileResult, IngestSummary
-from traceq.ingest.writer import WriteOptions
+from traceq.ingest.plan import IngestOptions, expand_inputs, not_utf8
+from traceq.ingest.write import FileResult
 from traceq.ingest.digests import digest_in
 from traceq.store.parquet import (
     TRACES,
@@ -118,7 +117,7 @@ def ingest_file_to_parquet(
         con.execute("set threads = 1")  # a task per worker thread already
         con.execute("drop sequence trace_ids")
         con.execute(f"create sequence trace_ids start {int(trace_id)}")
-        options = WriteOptions(run, rank, rank_if_none=rank_if_none)
+        options = IngestOptions(run, rank, rank_if_none=rank_if_none)
         with closing(load(con, [trace_path], options, chunk_bytes=chunk_bytes)) as results:
             result = next(results)
         if result.status != "ingested":

@@ -119,13 +119,13 @@ def run_name_of(path: Path, run: str | None) -> str:
     files are the link's folder's)."""
     if run is not None:
         return check_run_name(run)
+    name = folder_name(path) or "default"
     named = collector_run_name(path)
     if named is not None:
         try:
             return check_run_name(named[0])
         except ConfigError as exc:
             raise ConfigError(f'{named[1]}: its "run" is no run name ({exc.message}); give the run a name') from None
-    name = folder_name(path) or "default"
     try:
         return check_run_name(name)
     except ConfigError as exc:

@@ -10,9 +10,11 @@ is changed (no GC thresholds, no glibc settings: measured, neither pays any more
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import closing
+from contextlib import ExitStack, closing
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -20,14 +22,28 @@ import duckdb
 from traceq.catalog import StepMarker, check_parallelism, check_rank, check_run_name
 from traceq.errors import ConfigError, TraceqError
 from traceq.ingest.native import Executor
-from traceq.ingest.pipeline import FILE_ERRORS, INGEST_CHUNK_BYTES, ParsedFile, Parser, Scratch
-from traceq.ingest.plan import expand_inputs, plan
-from traceq.ingest.readahead import ReadAhead
-from traceq.ingest.results import FileResult, IngestSummary, Progress
-from traceq.ingest.write import INGEST_MEMORY_LIMIT, SMALL_FILES_MEMORY_LIMIT
-from traceq.ingest.writer import WriteOptions, Writer
+from traceq.ingest.pipeline import INGEST_CHUNK_BYTES, Parser, Progress
+from traceq.ingest.plan import IngestOptions, expand_inputs, plan
+from traceq.ingest.readahead import FILE_ERRORS, ParsedFile, ReadAhead, Scratch
+from traceq.ingest.write import INGEST_MEMORY_LIMIT, SMALL_FILES_MEMORY_LIMIT, FileResult
+from traceq.ingest.writer import Writer
 from traceq.interrupts import interruptible, is_interrupt
 from traceq.store.warehouse import DEFAULT_DB, connect, environment_error
+
+
+@dataclass
+class IngestSummary:
+    """Per-file results of one :func:`ingest_traces` call."""
+
+    files: list[FileResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # about the inputs: entries of a directory passed over
+
+    def by_status(self, status: str) -> list[FileResult]:
+        return [f for f in self.files if f.status == status]
+
+    @property
+    def ok(self) -> bool:
+        return not self.by_status("failed")
 
 
 def ingest_traces(
@@ -58,7 +74,7 @@ def ingest_traces(
         native: parse with DuckDB where it reads a file the same (:mod:`traceq.ingest.native`); False
             decodes every file with :mod:`traceq.ingest.decode` (the reference the tests compare with).
         step_marker: regular expression naming the steps (default ``ProfilerStep#N``), e.g.
-            ``^step\[DECODE`` (see :class:`traceq.catalog.StepMarker`).
+            ``^step\\[DECODE`` (see :class:`traceq.catalog.StepMarker`).
         force: ingest files whose content is in the warehouse already: each one's earlier trace is
             removed in the same transaction (to put it under another run, or read it again).
         executor: runs the ingest's statements (:class:`traceq.ingest.native.Executor`): where tests
@@ -76,6 +92,7 @@ def ingest_traces(
     run = name if name is None else check_run_name(name, "name")
     summary = IngestSummary()
     paths = expand_inputs(inputs, summary.notes)
+    options = IngestOptions(run, rank, marker, force)
     notify = progress or (lambda event, info: None)
     with interruptible():  # Ctrl-C stops the ingest, whatever it landed in
         con = connect(db)
@@ -89,7 +106,6 @@ def ingest_traces(
             except duckdb.Error as exc:
                 raise ConfigError(f"not a regular expression DuckDB reads (RE2): {str(exc).splitlines()[0]}",
                                   param="step_marker", value=marker.pattern) from None
-            options = WriteOptions(run, rank, marker, force)
             # closed here, whatever stops the loop (Ctrl-C between two results, a progress callback that
             # raises): its reading thread is joined now, not when the generator is collected
             with closing(load(con, paths, options, chunk_bytes=chunk_bytes, notify=notify, native=native,
@@ -103,44 +119,47 @@ def ingest_traces(
 
 
 def load(
-    con: duckdb.DuckDBPyConnection, paths: list[Path], options: WriteOptions, *, chunk_bytes: int = INGEST_CHUNK_BYTES,
+    con: duckdb.DuckDBPyConnection, paths: list[Path], options: IngestOptions, *, chunk_bytes: int = INGEST_CHUNK_BYTES,
     notify: Progress = lambda event, info: None, native: bool = True, executor: Executor = Executor(), pool: bool = False,
 ) -> Iterator[FileResult]:
     """Ingest ``paths`` into the warehouse ``con``, yielding each file's result in plan order: the
     plan made here, the groups parsed ahead on one thread (natively; else decoded here), each written
     by :func:`write_group`. Its scratch directories are removed by the time it is closed. ``pool``: set
     DuckDB's buffer pool for the files planned (a cluster task's in-memory warehouse keeps its own)."""
-    writer = Writer(con, options, executor)
-    directories = Scratch()
-    reading = Parser(con, executor, options.marker, chunk_bytes, directories, notify)
-    # files read again (decoded, or with every CPU operator): here, on a cursor of their own, not counted twice
-    again = Parser(con, executor, options.marker, chunk_bytes, directories, lambda e, i: None)
-    ahead = None
-    try:
-        groups = plan(paths, writer.held, run=options.run, force=options.force, native=native)
+    with ExitStack() as stack:  # undone in reverse order, whatever stops it
+        writer = Writer(con, options, executor)
+        stack.callback(writer.close)
+        groups = plan(paths, writer.held, options, native=native)
+        writer.hash_beside([job for group in groups for job in group])
         notify("start", {"files": sum(map(len, groups)), "bytes": sum(job.size for group in groups for job in group)})
         if pool:
             small = all(job.small or job.done for group in groups for job in group)
             con.execute(f"set memory_limit = '{SMALL_FILES_MEMORY_LIMIT if small else INGEST_MEMORY_LIMIT}'")
-        ahead = ReadAhead(reading, [g for g in groups if g[0].done is None]) if native else None
+        directories = Scratch()
+        stack.callback(directories.cleanup)
+        here: dict[bool, Parser] = {}  # parsers of this thread, made when first needed, on cursors of their own
+
+        def parser_here(counted: bool) -> Parser:
+            """Decodes each file (native=False: ``counted``, its bytes heard), or reads one again (not counted twice)."""
+            if counted not in here:
+                cursor = stack.enter_context(closing(con.cursor()))  # closed here: an open one keeps the database open
+                here[counted] = Parser(cursor, executor, options.marker, chunk_bytes, directories,
+                                       notify if counted else lambda event, info: None)
+            return here[counted]
+
+        ahead = None
+        if native:  # its parser is made and used on the reading thread
+            cursor = stack.enter_context(closing(con.cursor()))
+            make = functools.partial(Parser, cursor, executor, options.marker, chunk_bytes, directories, notify)
+            ahead = stack.enter_context(closing(ReadAhead(make, [g for g in groups if g[0].done is None], cursor.interrupt)))
         for group in groups:
             if group[0].done is not None:
                 if group[0].done.status == "skipped":
                     notify("bytes", {"bytes": group[0].size, "path": str(group[0].path)})
                 yield group[0].done
                 continue
-            writer.hash_beside(group)
-            files = ahead.next_group(group) if ahead else [reading.decoded(group[0], None, "native=False")]
-            yield from write_group(writer, files, again.again)
-    finally:
-        try:
-            if ahead is not None:
-                ahead.close()  # its thread joined
-        finally:
-            writer.close()
-            reading.close()
-            again.close()
-            directories.cleanup()
+            files = ahead.next_group(group) if ahead else [parser_here(True).decoded(group[0], None, "native=False")]
+            yield from write_group(writer, files, lambda f, failure: parser_here(False).again(f, failure))
 
 
 Again = Callable[[ParsedFile, Exception], "ParsedFile | Exception"]  # Parser.again
@@ -159,12 +178,8 @@ def write_group(writer: Writer, files: list[ParsedFile], again: Again) -> list[F
     """
     try:
         try:
-            writer.begin()
-            results = writer.write(files)
-            writer.commit()
-            return results
-        except BaseException as exc:
-            writer.roll_back()
+            return writer.write(files)
+        except BaseException as exc:  # rolled back
             if is_interrupt(exc):  # an error of a statement Ctrl-C stopped: the ingest stops
                 raise KeyboardInterrupt from None
             if not isinstance(exc, Exception):

@@ -1,16 +1,9 @@
-"""Parse event chunks with DuckDB's JSON reader, straight into the warehouse (the fast path).
-
-The reader (:mod:`traceq.ingest.reader`) cuts a trace's event array into chunks of whole events; here a
-batch of chunks becomes JSON array files that DuckDB parses on every core (``sql/read_events.sql``)
-into rows held in memory, then written as rows (``sql/batch_*.sql``) while the next batch is
-parsed: no Python touches an event. A statement costs milliseconds whatever its rows: the batches of
-several small files are parsed in one statement (:func:`parse_batches`) and written in one per table
-(:func:`write_parts`), each row carrying its batch's number (``part``).
-
-Every chunk reaches DuckDB as a scratch file (in memory where ``/dev/shm`` has room): a range of an
-uncompressed trace is copied by ``sendfile`` (the bytes stay in the kernel), decompressed bytes are
-written. (Named pipes filled by ``splice`` saved the copy, for threads, pipes and a second transport:
-5 % of the CPU, BENCHMARKS.md.)
+"""DuckDB's fast path, no Python touching an event: a trace's chunks of whole events as the JSON array
+files DuckDB parses on every core (:func:`batch_files`; in memory where ``/dev/shm`` has room: a range of
+an uncompressed trace copied by ``sendfile``, decompressed bytes written; the parse is
+:func:`traceq.ingest.pipeline.parse_batches`), and the statements over the parsed rows
+(``sql/batch_*.sql``): a group's files round by round (:func:`write_rows`), the batches of several small
+files in one statement per table (:func:`write_parts`), each row carrying its batch's number (``part``).
 A file goes to :mod:`traceq.ingest.decode` (which handles every case) on explicit signals only, each
 raising :class:`NotNative`: DuckDB's JSON reader refused its JSON (malformed, or a value its types
 cannot hold), ``sql/batch_counts.sql`` found values the reader would read differently (epoch
@@ -24,7 +17,7 @@ import functools
 import itertools
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +25,8 @@ from typing import Any
 import duckdb
 
 from traceq import scratch
-from traceq.catalog import StepMarker, event_categories
+from traceq.catalog import event_categories
+from traceq.errors import TraceFormatError
 from traceq.ingest.chunks import Chunk, Pieces
 from traceq.interrupts import is_interrupt
 from traceq.query import params_of, sql_text
@@ -57,6 +51,10 @@ class NotNative(Exception):
     """This file needs :mod:`traceq.ingest.decode` (the message says why)."""
 
 
+class NeedsOps(Exception):
+    """A file parsed without CPU operators turned out to have no GPU activity: read it again."""
+
+
 @dataclass
 class BatchCounts:
     """What one batch held (``sql/batch_counts.sql``)."""
@@ -77,6 +75,64 @@ class BatchCounts:
     def empty(cls) -> BatchCounts:
         """A batch without rows (its files hold an empty array)."""
         return cls(0, 0, 0, 0, 0, 0, 0, 0, 0, [], False)
+
+
+# A file is refused once it has read this many events and more than MAX_UNUSABLE_SHARE of them are none traceq
+# stores or leaves out by its policy (CPU operators of a GPU trace): checked after every batch, wherever the
+# unusable events sit (the corpus's largest share is 0.89, of a 75-event trace; 0.57 over 250 events or more)
+UNUSABLE_EVENTS = 1_000_000
+MAX_UNUSABLE_SHARE = 0.99
+
+
+@dataclass
+class Counts:
+    """A file's running totals over its batches."""
+
+    events: int = 0
+    gpu: int = 0
+    host: int = 0
+    dropped: int = 0
+    dropped_plain_ops: int = 0  # of dropped, CPU operators kept only because all_ops
+    rows_with_rank: int = 0  # events carrying their own args.rank
+    rows_without_rank: int = 0
+    skipped_ops: int = 0  # CPU operators left out while decoding (all_ops=False)
+    left_out: int = 0  # events left out by policy: skipped_ops, and CPU operators written after GPU activity
+    kept_ops: bool = False  # some batch was written with all_ops=True
+
+    def add_batch(self, b: BatchCounts, all_ops: bool) -> None:
+        """Count a batch written with its CPU operators (``all_ops``) or without."""
+        self.events += b.events
+        self.gpu += b.gpu
+        self.host += b.host - (0 if all_ops else b.host_plain_ops)
+        self.dropped += b.dropped - (0 if all_ops else b.dropped_plain_ops)
+        self.dropped_plain_ops += b.dropped_plain_ops if all_ops else 0
+        self.skipped_ops += b.skipped_ops
+        self.left_out += b.skipped_ops + (0 if all_ops else b.host_plain_ops + b.dropped_plain_ops)
+        self.kept_ops = self.kept_ops or all_ops
+        self.rows_without_rank += b.rows_without_rank
+        self.rows_with_rank += b.rows_with_rank
+
+    def require_usable(self, path: Path) -> None:
+        """TraceFormatError once :data:`UNUSABLE_EVENTS` events are read and more than :data:`MAX_UNUSABLE_SHARE`
+        of them are not stored (a gzip of ``{}`` by the hundred million, one kernel first or every 2M, a
+        few MB): the file is not read to its end, nor kept."""
+        unusable = self.events - self.gpu - self.host - self.left_out
+        if self.events >= UNUSABLE_EVENTS and unusable > MAX_UNUSABLE_SHARE * self.events:
+            raise TraceFormatError(
+                f"{path}: {unusable:,} of its first {self.events:,} events are none that traceq stores (it stores "
+                'complete events, "ph": "X", with a valid time and duration; not elements without a phase, nor '
+                f"metadata, flow, instant or counter events): with over {MAX_UNUSABLE_SHARE:.0%} unusable it is no profiler trace; "
+                "nothing was stored. Check that it is the file the profiler wrote")
+
+    def require_complete(self, path: Path) -> None:
+        """Once all of a file's batches are in: TraceFormatError for a file without events, or whose
+        events are mostly unusable (:meth:`require_usable`); :class:`NeedsOps` for one parsed without
+        its CPU operators that showed no GPU activity."""
+        if self.events == 0:
+            raise TraceFormatError(f"{path}: the trace holds no events; was the profiler started (schedule active > 0)?")
+        self.require_usable(path)
+        if self.skipped_ops and not self.gpu:
+            raise NeedsOps
 
 
 # the tables one parsed batch writes besides names, and the SELECT of their rows (columns by name)
@@ -114,10 +170,10 @@ def _run(executor: Executor, con: Any, statement: str, params: dict[str, Any], e
     try:
         return executor.run(con, statement, params_of(statement, params), events)
     except duckdb.Error as exc:
-        raise _not_native(exc) from None
+        raise not_native(exc) from None
 
 
-def _not_native(exc: duckdb.Error) -> BaseException:
+def not_native(exc: duckdb.Error) -> BaseException:
     """What to raise for DuckDB's error. :class:`NotNative` (decode the file another way) only where
     DuckDB refused the file's input (``InvalidInputException``: its JSON reader's malformed JSON or a
     value its types cannot hold, or such a value in the statements over the parsed rows); an
@@ -203,50 +259,6 @@ def _write_array(name: str, chunk: Chunk, directory: str) -> None:
             os.close(fd)
     except OSError as exc:  # e.g. a full temp directory: traceq.ingest.decode needs no scratch files
         raise NotNative(f"cannot write scratch files in {directory} ({exc.strerror or exc})") from None
-
-
-def parser(con: Any) -> Any:
-    """A cursor of ``con`` for :func:`parse_batch` in another thread (it holds the macros the parse
-    uses; ``con`` keeps writing meanwhile)."""
-    cursor = con.cursor()
-    cursor.execute(sql_text("macros.sql"))
-    return cursor
-
-
-def parse_batch(
-    con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker = StepMarker(), executor: Executor = Executor(),
-) -> Any:
-    """Parse ``files`` (``sql/read_events.sql``) into a materialized relation, one row per event,
-    that statements on ``con``'s connection read as ``_rows``. (Per 500 MB: 0.14 CPU s less than an
-    Arrow table, which was 0.5 s less than a DuckDB temp table, and no pyarrow import.) ``all_ops``:
-    keep every CPU operator, not only the step markers (``marker``) and those with collective args.
-
-    Raises :class:`NotNative` when DuckDB cannot parse them.
-    """
-    return parse_batches(con, [(files, all_ops)], marker, executor)
-
-
-def parse_batches(
-    con: Any, batches: list[tuple[BatchFiles, bool]], marker: StepMarker = StepMarker(), executor: Executor = Executor(),
-) -> Any:
-    """Parse several batches (their files, and ``all_ops`` for each) in one statement, as
-    :func:`parse_batch`: each row's ``part`` tells its batch. A statement costs milliseconds
-    whatever its rows (13 ms to parse 50 events, 22 a 1.3 MB file): the batches of small files are
-    parsed several at a time (BENCHMARKS.md)."""
-    names = [name for files, _ in batches for name in files.names]
-    read = sql_text("read_events.sql")
-    params = {
-        "files": names,
-        "file_parts": [files.part for files, _ in batches for _ in files.names],
-        "file_all_ops": [all_ops for files, all_ops in batches for _ in files.names],
-        "max_object_bytes": max(files.largest for files, _ in batches) + 1,
-        "bound_ph": BOUND_PH,
-        **event_categories().sql_params(), **marker.sql_params(),
-    }
-    try:
-        return executor.parse(con, read, params_of(read, params))
-    except duckdb.Error as exc:
-        raise _not_native(exc) from None
 
 
 @dataclass
@@ -335,3 +347,51 @@ def write_parts(con: Any, rows: Any, parts: list[Part], executor: Executor = Exe
     for table, statement in _BATCH_ROWS:
         _run(executor, con, f"insert into {table} by name {sql_text(statement)}", params, rows)
     return added
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One file's parsed ``batches`` (a list: held, to be written again; else each batch's files go once
+    written), to be written as trace ``trace_id``; ``fill_rank``: the rank of its events that name none
+    (None: filled later); ``all_ops``: its batches hold every CPU operator."""
+
+    path: Path
+    trace_id: int
+    fill_rank: int | None
+    all_ops: bool
+    batches: Iterable[Any]  # traceq.ingest.readahead.Batch
+
+
+def write_rows(con: Any, files: list[Rows], executor: Executor = Executor()) -> list[Counts]:
+    """The batches of ``files``, round by round: each round the next batch of every file that has one,
+    in one statement per table (:func:`write_batches`; a small file has one batch, a large file is
+    written alone); each file's counts, once it is complete (:meth:`Counts.require_complete`).
+    CPU operators parsed with a file (its header has no deviceProperties) are written until it shows GPU
+    activity (those before go at its end: :func:`traceq.ingest.write.drop_plain_ops`)."""
+    counts = [Counts() for _ in files]
+    names = [0] * len(files)  # each trace's next name id
+    live, stale = [(i, iter(f.batches)) for i, f in enumerate(files)], False
+    while live:
+        taken = [(i, it, b) for i, it in live if (b := next(it, None)) is not None]
+        live = [(i, it) for i, it, _ in taken]
+        if not taken:
+            break
+        if stale:  # the name ids of a trace: from its names written in the rounds before
+            named = dict(con.execute("select trace_id, count(*) from names where trace_id in (select unnest(?)) "
+                                     "group by trace_id", [[files[i].trace_id for i, _, _ in taken]]).fetchall())
+            for i, _, _ in taken:
+                names[i] = named.get(files[i].trace_id, 0)
+        parts = [Part(b.files, files[i].trace_id, names[i], files[i].fill_rank, files[i].all_ops and not counts[i].gpu)
+                 for i, _, b in taken]
+        batch_counts, added = write_batches(con, [(b.rows, p) for (_, _, b), p in zip(taken, parts)], executor)
+        stale = len(taken) > 1
+        for (i, _, b), p, c in zip(taken, parts, batch_counts):
+            counts[i].add_batch(c, p.keep_plain_ops)
+            names[i] += added
+            if not isinstance(files[i].batches, list):
+                b.files.remove()  # written, and never again
+            counts[i].require_usable(files[i].path)
+        del taken, b, parts  # the batch's rows go before the next batch is waited for
+    for f, c in zip(files, counts):
+        c.require_complete(f.path)
+    return counts

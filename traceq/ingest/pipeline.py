@@ -1,40 +1,37 @@
 """The parse stage: a file's job (:class:`~traceq.ingest.plan.FileJob`) -> its batches of the rows of
-``sql/read_events.sql``, parsed by DuckDB (:mod:`traceq.ingest.native`) or decoded chunk by chunk
-(:mod:`traceq.ingest.decode`), behind one interface (:class:`ParsedFile`). It knows no writer.
+``sql/read_events.sql``, parsed by DuckDB (:func:`parse_batches`: the chunks as files,
+:mod:`traceq.ingest.native`) or decoded chunk by chunk (:mod:`traceq.ingest.decode`), behind one
+interface (:class:`~traceq.ingest.readahead.ParsedFile`). It knows no writer.
 
-:class:`Parser` reads a job in place; :class:`ReadAhead` runs it on one thread ahead of the writer,
-within a budget of batches and bytes: the small files of a group parsed in one statement, a large
-file batch by batch while the writer takes the one before."""
+:class:`Parser` reads a job in place; :class:`~traceq.ingest.readahead.ReadAhead` runs one on its own
+thread ahead of the writer, within a budget of batches and bytes: the small files of a group parsed in one
+statement, a large file batch by batch while the writer takes the one before."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sized
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable, Iterator, Sized
 from typing import Any, TypeVar
 
 import duckdb
 
-from traceq import scratch
-from traceq.catalog import StepMarker
+from traceq.catalog import StepMarker, event_categories
 from traceq.errors import TraceFormatError, TraceqError
 from traceq.ingest.native import (
+    BOUND_PH,
     BatchFiles,
     Executor,
+    NeedsOps,
     NotNative,
     batch_files,
-    parse_batch,
-    parse_batches,
-    parser,
-    scratch_dir,
+    not_native,
 )
 from traceq.ingest.plan import FileJob
-from traceq.ingest.reader import TraceHeader, read_trace, read_trace_ranges
-from traceq.ingest.results import Progress
+from traceq.ingest.readahead import Batch, ParsedFile, Scratch
+from traceq.ingest.reader import read_trace, read_trace_ranges
+from traceq.query import params_of, sql_text
 
-
-class NeedsOps(Exception):
-    """A file parsed without CPU operators turned out to have no GPU activity: read it again."""
+Progress = Callable[[str, dict[str, Any]], None]  # progress(event, info): "start", "bytes", "file_read", "done"
 
 
 def all_ops_of(leading: dict[str, Any], forced: bool | None = None) -> bool:
@@ -48,12 +45,7 @@ def all_ops_of(leading: dict[str, Any], forced: bool | None = None) -> bool:
     return not leading.get("deviceProperties") if forced is None else forced
 
 
-# What a file's parse or write may end in that is the file's alone (the writer decodes it, reads it
-# again with every CPU operator, or fails it: duckdb.Error is the machine's, out of memory or a full
-# disk); an interrupt is none of them
-FILE_ERRORS = (NotNative, NeedsOps, TraceqError, duckdb.Error)
-
-# Chunks the reader cuts a file into (bytes of JSON); traceq.ingest.native parses several per statement.
+# Chunks the reader cuts a file into (bytes of JSON); several are parsed per statement.
 INGEST_CHUNK_BYTES = 8 << 20
 MIN_CHUNK_BYTES = 1 << 20
 # Bytes of JSON decoded (traceq.ingest.decode) to a batch: a statement of the writer costs ms
@@ -63,93 +55,94 @@ DECODE_BATCH_BYTES = 16 << 20
 # of `{}` is half a million of them, 45 MB)
 DECODE_CHUNK_BYTES = 2 << 20
 
+# Scans of a batch's files side by side (sql/read_events.sql), each a run of its files on one thread: one scan of
+# them all took 1.7x the time on two cores (its ordinality numbers rows on one thread), and each scan holds 32 MB
+# or more of the ingest's pool beside the rows parsed: at 8 threads, 3 ran 512 small files out of the 128 MB pool
+# and 4 the corpus out of 160 MB; 2 ran both
+PARSE_SCANS = 2
+
 Counted = TypeVar("Counted", bound=Sized)  # a chunk of either reader (read_trace, read_trace_ranges)
 
 
-@dataclass(frozen=True)
-class Batch:
-    """Parsed rows: by DuckDB, a relation on the parse cursor (with other files' batches where a group
-    was parsed in one statement) and its scratch ``files``; decoded, an Arrow table of the same columns
-    and no files. ``part`` (``files.part``) tells its rows."""
-
-    files: BatchFiles
-    rows: Any
+def parser(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A cursor of ``con`` for :func:`parse_batch` (``con`` keeps writing meanwhile)."""
+    return prepared(con.cursor())
 
 
-def _nothing() -> None:
-    pass
+def prepared(cursor: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """``cursor``, holding the macros the parse uses."""
+    cursor.execute(sql_text("macros.sql"))
+    return cursor
 
 
-@dataclass
-class ParsedFile:
-    """A job read: its header (``fields`` complete once its batches are taken), whether its batches
-    hold every CPU operator (``all_ops``), the batches (a list where the file is held whole, to be
-    written again alone; else an iterator, each batch once) or the ``error`` that stopped its reading.
-    ``decoded``: why :mod:`traceq.ingest.decode` read it (None: DuckDB did). :meth:`close` stops the
-    reading and removes its scratch files."""
-
-    job: FileJob
-    all_ops: bool = True
-    header: TraceHeader | None = None
-    batches: Iterable[Batch] = ()
-    error: Exception | None = None
-    decoded: str | None = None
-    stop: Callable[[], None] = _nothing
-
-    @property
-    def held(self) -> bool:
-        return isinstance(self.batches, list)
-
-    def close(self) -> None:
-        stop, self.stop = self.stop, _nothing
-        try:
-            if not self.held and hasattr(self.batches, "close"):
-                self.batches.close()  # a generator: its reading stops (the file it reads is closed)
-        finally:
-            stop()
+@functools.lru_cache(maxsize=64)
+def read_events(files: int, scans: int) -> str:
+    """``sql/read_events.sql`` for ``files`` files read by ``scans`` scans (at most; each of a run of
+    them) joined by ``union all``: DuckDB runs them side by side, where one scan of them all would number
+    the elements (its ``ordinality``) on one thread."""
+    text = sql_text("read_events.sql")
+    start = text.index("    select *, list_position($files, filename) as file_no\n")
+    end = text.index(") with ordinality", start) + len(") with ordinality")
+    scan, runs = text[start:end], [list(r) for r in _runs(range(1, files + 1), scans)]
+    each = [scan.replace("$files[1:]", f"$files[{r[0]}:{r[-1]}]") for r in runs]
+    return text[:start] + "\n    union all\n".join(each) + text[end:]
 
 
-class Scratch:
-    """The scratch directories of an ingest's batch files (both threads make them): each is removed
-    as soon as its file is done, and by :meth:`cleanup` whatever happened in between."""
+def _runs(items: range, n: int) -> list[range]:
+    """``items`` in ``n`` runs (fewer where there are fewer items), as even as can be."""
+    n = max(1, min(n, len(items)))
+    size, extra = divmod(len(items), n)
+    starts = [i * size + min(i, extra) for i in range(n + 1)]
+    return [items[a:b] for a, b in zip(starts, starts[1:])]
 
-    def __init__(self) -> None:
-        self._made: list[scratch.ScratchDir] = []
-        self._lock = threading.Lock()
 
-    def make(self) -> scratch.ScratchDir:
-        directory = scratch_dir()
-        with self._lock:
-            self._made.append(directory)
-        return directory
+def parse_batch(
+    con: Any, files: BatchFiles, all_ops: bool, marker: StepMarker = StepMarker(), executor: Executor = Executor(),
+) -> Any:
+    """Parse ``files`` (``sql/read_events.sql``) into a materialized relation, one row per event,
+    that statements on ``con``'s connection read as ``_rows``. (Per 500 MB: 0.14 CPU s less than an
+    Arrow table, which was 0.5 s less than a DuckDB temp table, and no pyarrow import.) ``all_ops``:
+    keep every CPU operator, not only the step markers (``marker``) and those with collective args.
 
-    def cleanup(self) -> None:
-        with self._lock:
-            made, self._made = self._made, []
-        for directory in made:
-            directory.cleanup()
+    Raises :class:`NotNative` when DuckDB cannot parse them.
+    """
+    return parse_batches(con, [(files, all_ops)], marker, executor)
+
+
+def parse_batches(
+    con: Any, batches: list[tuple[BatchFiles, bool]], marker: StepMarker = StepMarker(), executor: Executor = Executor(),
+) -> Any:
+    """Parse several batches (their files, and ``all_ops`` for each) in one statement, as
+    :func:`parse_batch`: each row's ``part`` tells its batch. A statement costs milliseconds
+    whatever its rows (13 ms to parse 50 events, 22 a 1.3 MB file): the batches of small files are
+    parsed several at a time (BENCHMARKS.md)."""
+    names = [name for files, _ in batches for name in files.names]
+    read = read_events(len(names), PARSE_SCANS)
+    params = {
+        "files": names,
+        "file_parts": [files.part for files, _ in batches for _ in files.names],
+        "file_all_ops": [all_ops for files, all_ops in batches for _ in files.names],
+        "max_object_bytes": max(files.largest for files, _ in batches) + 1,
+        "bound_ph": BOUND_PH,
+        **event_categories().sql_params(), **marker.sql_params(),
+    }
+    try:
+        return executor.parse(con, read, params_of(read, params))
+    except duckdb.Error as exc:
+        raise not_native(exc) from None
 
 
 class Parser:
-    """Reads jobs into :class:`ParsedFile`, on a cursor of its own of the writer's connection ``con``
-    (used by one thread), through ``executor`` (the fault seam); ``notify`` hears the bytes read."""
+    """Reads jobs into :class:`ParsedFile`, on ``cursor`` (a cursor of the writer's connection, used by
+    this parser's thread alone), through ``executor`` (the fault seam); ``notify`` hears the bytes read."""
 
     def __init__(
-        self, con: duckdb.DuckDBPyConnection, executor: Executor, marker: StepMarker, chunk_bytes: int,
+        self, cursor: duckdb.DuckDBPyConnection, executor: Executor, marker: StepMarker, chunk_bytes: int,
         directories: Scratch, notify: Progress,
     ) -> None:
-        self.cursor, self.executor, self.marker = parser(con), executor, marker
+        self.cursor, self.executor, self.marker = prepared(cursor), executor, marker
         self.chunk_bytes, self.threads = chunk_bytes, self.cursor.execute("select current_setting('threads')").fetchall()[0][0]
         self.directories, self.notify = directories, notify
-
-    def close(self) -> None:
-        """Close the cursor (the database stays open while any cursor of it is: at exit, DuckDB's
-        threads would be stopped mid-task)."""
-        self.cursor.close()
-
-    def interrupt(self) -> None:
-        """Stop the statement running on the cursor (from another thread)."""
-        self.cursor.interrupt()
 
     def chunk_bytes_for(self, json_bytes: int) -> int:
         """A small file is cut finer, so that DuckDB still parses it on every thread."""

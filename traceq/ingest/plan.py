@@ -1,6 +1,6 @@
 """The plan of an ingest, made once on the main thread before any file is read, from plain data: the
-trace files the inputs name (:func:`expand_inputs`: files, globs, directories) and the files the
-warehouse holds (:data:`Held`); one :class:`FileJob` per file (its size, JSON size, run, digest where
+trace files the inputs name (:func:`expand_inputs`: files, globs, directories), what the user asked
+(:class:`IngestOptions`) and the files the warehouse holds (:data:`Held`); one :class:`FileJob` per file (its size, JSON size, run, digest where
 the warehouse needs it told, whether it is in already, its group). Nothing after asks these again."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from traceq.catalog import StepMarker
 from traceq.errors import ConfigError, TraceqError
 from traceq.ingest.digests import file_digest, stored_digest
 from traceq.ingest.identity import run_name_of
-from traceq.ingest.results import FileResult, skipped
+from traceq.ingest.write import FileResult, skipped
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 SIDE_FILE_SUFFIXES = (".run.json", ".power.jsonl")
@@ -52,6 +53,20 @@ def expand_inputs(inputs: Iterable[str | Path], notes: list[str] | None = None) 
                 raise ConfigError(f"{p}: {kind}; traceq reads trace files (.json, .json.gz) only")
     seen: set[Path] = set()
     return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """What the user asked of an ingest: ``run`` (--name), ``rank`` (for files that name none), the step
+    ``marker``, ``force`` (read again what is in; its earlier trace goes in the same transaction) and
+    ``rank_if_none`` (the rank of a file that names none where the warehouse cannot tell which are
+    free: a cluster task's private warehouse)."""
+
+    run: str | None = None
+    rank: int | None = None
+    marker: StepMarker = StepMarker()
+    force: bool = False
+    rank_if_none: int | None = None
 
 
 def _kind(path: Path) -> str:
@@ -126,17 +141,16 @@ class FileJob:
 Held = Mapping[int, Mapping[str, tuple[str, str]]]
 
 
-def plan(
-    paths: list[Path], held: Held, *, run: str | None, force: bool, native: bool,
-) -> list[list[FileJob]]:
+def plan(paths: list[Path], held: Held, options: IngestOptions, *, native: bool) -> list[list[FileJob]]:
     """The jobs of ``paths`` as their groups, in order: the files of a group are parsed in one statement
     and written in one transaction. A file whose size the warehouse holds is hashed now, and skipped
-    when its content is in (``held``; not with ``force``: its earlier trace is replaced). Small files (at most
+    when its content is in (``held``; not with ``options.force``: its earlier trace is replaced). Small files (at most
     :data:`WHOLE_FILE_BATCH_BYTES` of JSON, read natively, without ``force``) share groups of up to
     :data:`GROUP_FILES` files and :data:`GROUP_BYTES`; any other file is a group of its own. A file
     whose name cannot be stored (:func:`not_utf8`) or whose run cannot be named fails here, in its place."""
     groups: list[list[FileJob]] = []
     json_total = 0
+    run, force = options.run, options.force
     for path in paths:
         if (unnamed := not_utf8(path)) is not None:
             groups.append([FileJob(path, 0, 0, None, None, done=unnamed)])
@@ -144,16 +158,16 @@ def plan(
         identity = file_identity(path)
         size = identity[2] if identity else 0
         try:
-            folder_run = run_name_of(path, run)  # a directory name that cannot name a run fails before the work
             digest, done = None, None
             if stored := held.get(size):
                 digest = file_digest(path)
                 match = stored_digest(path, digest, stored)
                 done = skipped(path, stored[match], run) if match is not None and not force else None
+            json_bytes = 0 if done else json_size(path)
+            folder_run = run_name_of(path, run)  # a directory name that cannot name a run fails before the work
         except TraceqError as exc:
             groups.append([FileJob(path, size, 0, None, identity, done=FileResult(str(path), "failed", str(exc)))])
             continue
-        json_bytes = 0 if done else json_size(path)
         small = native and not force and not done and json_bytes <= WHOLE_FILE_BATCH_BYTES
         job = FileJob(path, size, json_bytes, folder_run, identity, digest, done, small)
         if small and groups and groups[-1][-1].small and len(groups[-1]) < GROUP_FILES and json_total < GROUP_BYTES:

@@ -1,18 +1,102 @@
-"""The parse stage run ahead of the writer on one thread (:class:`ReadAhead`), across file
-boundaries: the next group is parsed while this one is written, within a budget of batches and bytes
-(:class:`_Budget`). The writer takes each group as :class:`~traceq.ingest.pipeline.ParsedFile`s."""
+"""The hand-off between the parse stage and the writer: a job read (:class:`ParsedFile`, its
+batches of rows, :class:`Batch`) and the parse stage run ahead of the writer on one thread (:class:`ReadAhead`),
+across file boundaries: the next group is parsed while this one is written, within a budget of batches
+and bytes (:class:`_Budget`). The main thread meets the parse stage only here: the reading thread makes
+its :class:`~traceq.ingest.pipeline.Parser` itself."""
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from traceq.ingest.pipeline import FILE_ERRORS, Batch, ParsedFile, Parser
+import duckdb
+
+from traceq import scratch
+from traceq.errors import TraceqError
+from traceq.ingest.native import BatchFiles, NeedsOps, NotNative, scratch_dir
 from traceq.ingest.plan import GROUP_BYTES, FileJob
+
+if TYPE_CHECKING:
+    from traceq.ingest.reader import TraceHeader
+
+# What a file's parse or write may end in that is the file's alone (the writer decodes it, reads it
+# again with every CPU operator, or fails it: duckdb.Error is the machine's, out of memory or a full
+# disk); an interrupt is none of them
+FILE_ERRORS = (NotNative, NeedsOps, TraceqError, duckdb.Error)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Parsed rows: by DuckDB, a relation on the parse cursor (with other files' batches where a group
+    was parsed in one statement) and its scratch ``files``; decoded, an Arrow table of the same columns
+    and no files. ``part`` (``files.part``) tells its rows."""
+
+    files: BatchFiles
+    rows: Any
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass
+class ParsedFile:
+    """A job read: its header (``fields`` complete once its batches are taken), whether its batches
+    hold every CPU operator (``all_ops``), the batches (a list where the file is held whole, to be
+    written again alone; else an iterator, each batch once, its files removed by the writer once
+    written) or the ``error`` that stopped its reading. ``decoded``: why :mod:`traceq.ingest.decode`
+    read it (None: DuckDB did). :meth:`close` stops the reading and removes its scratch files."""
+
+    job: FileJob
+    all_ops: bool = True
+    header: TraceHeader | None = None
+    batches: Iterable[Batch] = ()
+    error: Exception | None = None
+    decoded: str | None = None
+    stop: Callable[[], None] = _nothing
+
+    def close(self) -> None:
+        stop, self.stop = self.stop, _nothing
+        try:
+            if not isinstance(self.batches, list) and hasattr(self.batches, "close"):
+                self.batches.close()  # a generator: its reading stops (the file it reads is closed)
+        finally:
+            stop()
+
+
+class Scratch:
+    """The scratch directories of an ingest's batch files (both threads make them): each is removed
+    as soon as its file is done, and by :meth:`cleanup` whatever happened in between."""
+
+    def __init__(self) -> None:
+        self._made: list[scratch.ScratchDir] = []
+        self._lock = threading.Lock()
+
+    def make(self) -> scratch.ScratchDir:
+        directory = scratch_dir()
+        with self._lock:
+            self._made.append(directory)
+        return directory
+
+    def cleanup(self) -> None:
+        with self._lock:
+            made, self._made = self._made, []
+        for directory in made:
+            directory.cleanup()
+
+
+class Parser(Protocol):
+    """What reads the jobs (:class:`traceq.ingest.pipeline.Parser`): a group of small files in one
+    statement, or a large file batch by batch."""
+
+    def group(self, jobs: list[FileJob]) -> list[ParsedFile]: ...
+
+    def alone(self, job: FileJob, all_ops: bool | None = None) -> ParsedFile: ...
+
 
 # What the reading thread hands the writer, group by group, in plan order: a group of small files
 # parsed (Group); or a large file's Start, its Parsed batches and End, or Stop where a batch could not
@@ -45,35 +129,36 @@ Item = Group | Start | Parsed | End
 
 
 class ReadAhead:
-    """``groups`` parsed by ``parser`` in a thread, ahead of the writer: parsed batches wait for it
+    """``groups`` parsed in a thread by the parser ``make_parser`` makes there (``interrupt`` stops its
+    statement from another thread), ahead of the writer: parsed batches wait for it
     while fewer than :data:`AHEAD_BATCHES` (or, for groups of small files, :data:`AHEAD_BYTES` of JSON)
     do. DuckDB's errors (out of memory, a full disk) are the files': an interrupt is a
-    KeyboardInterrupt by then (:func:`traceq.ingest.native.parse_batches`), and ends the thread."""
+    KeyboardInterrupt by then (:func:`traceq.ingest.pipeline.parse_batches`), and ends the thread."""
 
     AHEAD_BATCHES = 2
     AHEAD_BYTES = GROUP_BYTES
 
-    def __init__(self, parser: Parser, groups: list[list[FileJob]]) -> None:
-        self.parser = parser
+    def __init__(self, make_parser: Callable[[], Parser], groups: list[list[FileJob]], interrupt: Callable[[], None]) -> None:
         self.budget = _Budget(self.AHEAD_BATCHES, self.AHEAD_BYTES)
         self.closed = threading.Event()  # the one stop signal: set by close(), or when the writer stops taking
-        self.items = prefetch(self._produce(groups), self.closed, discard=_discard, interrupt=parser.interrupt)
+        self.items = prefetch(self._produce(make_parser, groups), self.closed, discard=_discard, interrupt=interrupt)
 
-    def _produce(self, groups: list[list[FileJob]]) -> Iterator[Item]:
+    def _produce(self, make_parser: Callable[[], Parser], groups: list[list[FileJob]]) -> Iterator[Item]:
+        parser = None  # made on this thread, which alone uses it, once it has work
         for jobs in groups:
             if self.closed.is_set():
                 return
             if len(jobs) == 1 and not jobs[0].small:
-                yield from self._one_file(jobs[0])
+                yield from self._one_file(parser := parser or make_parser(), jobs[0])
                 continue
             self.budget.wait(small=True)  # before its files are cut: they take room too
-            files = self.parser.group(jobs)
+            files = (parser := parser or make_parser()).group(jobs)
             self.budget.add(sum(f.job.json_bytes for f in files), len(files))
             yield Group(files)
 
-    def _one_file(self, job: FileJob) -> Iterator[Item]:
+    def _one_file(self, parser: Parser, job: FileJob) -> Iterator[Item]:
         """A large file's items, each batch parsed while the writer takes the one before."""
-        f = self.parser.alone(job)
+        f = parser.alone(job)
         batches, f.batches = iter(f.batches), ()  # closed here, in this thread
         try:
             yield Start(f)
