@@ -59,7 +59,7 @@ class Writer:
             tallies = write_rows(con, rows, self.executor)
             stored: list[Stored] = []  # in
             pending: list[Stored] = []  # of those, the ones whose steps are not derived yet
-            runs: dict[tuple[int, str], tuple[str, str]] = {}  # the files in now: (size, digest) -> (path, run)
+            written: dict[tuple[int, str], tuple[str, str]] = {}  # the files in now: (size, digest) -> (path, run)
             for (f, digest, trace_id), r, counts in zip(entries, rows, tallies):
                 path, header = f.job.path, f.header
                 assert header is not None
@@ -94,7 +94,7 @@ class Writer:
                     s.result.message = f"read by traceq.ingest.decode: {f.decoded}"
                 stored.append(s)
                 pending.append(s)
-                runs[f.job.size, digest] = (str(path.resolve()), run)
+                written[f.job.size, digest] = (str(path.resolve()), run)
             for f in files:  # a file rewritten while it was read would be stored mixed, under a digest of neither
                 if f.job.identity is None or file_identity(f.job.path) != f.job.identity:
                     raise TraceFormatError(
@@ -109,8 +109,8 @@ class Writer:
         for result in results:  # the group's time, shared
             result.seconds = (time.perf_counter() - started) / len(results)
         for i, (path, key) in copies:  # a copy: of a committed file, or of one written before it (in now)
-            results.insert(i, skipped(path, self.held.get(key[0], {}).get(key[1]) or runs[key], options.run))
-        for (size, digest), (path, run) in runs.items():  # a copy of a file it holds is skipped from now on
+            results.insert(i, skipped(path, self.held.get(key[0], {}).get(key[1]) or written[key], options.run))
+        for (size, digest), (path, run) in written.items():  # a copy of a file it holds is skipped from now on
             self.held.setdefault(size, {})[digest] = (path, run)
             self._runs.add(run)
         return results
