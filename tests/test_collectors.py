@@ -215,6 +215,7 @@ def test_a_second_collector_for_the_same_run_and_rank_is_refused(tmp_path, no_di
 # --------------------------------------------------------------------------- one process, real profiler
 
 
+@pytest.mark.slow
 def test_trace_time_maps_to_wall_clock_by_base_time(tmp_path, no_dist_env):
     import torch
 

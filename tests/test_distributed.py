@@ -279,6 +279,7 @@ def _identities_in(where: Path) -> list[tuple[str, str, list[int], list[int]]]:
         ).fetchall()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [None, "all"])
 def test_the_first_pass_over_corpus_files_with_and_without_ranks_equals_a_local_ingest(
     client: Client, tmp_path: Path, name: str | None

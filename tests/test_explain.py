@@ -164,6 +164,7 @@ def _findings(report, kind_prefix: str = "") -> list[dict]:
 # hand-made runs
 
 
+@pytest.mark.slow
 def test_a_late_rank_is_named_as_the_straggler_the_others_wait_for(tmp_path: Path) -> None:
     db = ingest(tmp_path, late_rank())
     report = explain(db, runs=["job"], selection=EVERY_STEP)
@@ -233,6 +234,7 @@ def test_step_time_variation_names_the_outlier_step(tmp_path: Path) -> None:
     assert "--steps 3:3" in varies["next"]
 
 
+@pytest.mark.slow
 def test_cli_lists_the_findings_and_writes_the_page(tmp_path: Path) -> None:
     db = ingest(tmp_path, late_rank())
     page = tmp_path / "why.html"

@@ -97,6 +97,7 @@ def test_output_paths_that_name_no_file_of_their_own_are_refused_in_one_line(opt
     assert sorted(p.name for p in Path.cwd().iterdir()) == ["t", "w.duckdb"]
 
 
+@pytest.mark.slow
 def test_output_paths_under_a_tilde_are_written_in_home(home: Path) -> None:
     assert traceq("ingest", "t/rank0.json", "--db", "~/w.duckdb", "-q").code == 0
     assert (home / "w.duckdb").is_file() and not Path("~").exists()
@@ -218,6 +219,7 @@ def test_sql_rows_past_the_byte_bound_are_cut_with_a_note(small_warehouse: Path)
     assert f"the query's rows pass 2 MB: the first {shown:,} are shown (--max-mb)" in run.err
 
 
+@pytest.mark.slow
 def test_rules_add_past_the_stated_number_is_refused_at_once(small_warehouse: Path, tmp_path: Path) -> None:
     from traceq.store.schema import MAX_USER_RULES
 
@@ -336,6 +338,7 @@ def noexec_tmpdir(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", str(path)], check=True)
 
 
+@pytest.mark.slow
 def test_a_noexec_tmpdir_is_named_with_what_to_do(noexec_tmpdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.test_perfetto_engine import BINARY
 
@@ -402,6 +405,7 @@ def _side_files_with_bad_values(folder: Path) -> Path:
     return trace
 
 
+@pytest.mark.slow
 def test_side_file_values_left_out_are_named_by_check(tmp_path: Path) -> None:
     """A collector's run.json and power log with values traceq cannot use: each file named, with its fields and
     the records left out, counted by hand below."""
@@ -486,6 +490,7 @@ def lone_scheduler() -> Iterator[str]:
         yield cluster.scheduler_address
 
 
+@pytest.mark.slow
 def test_ingest_cluster_with_no_worker_gives_up_after_the_bound_naming_the_scheduler(
     lone_scheduler: str, tmp_path: Path
 ) -> None:
@@ -502,6 +507,7 @@ def test_ingest_cluster_with_no_worker_gives_up_after_the_bound_naming_the_sched
     assert not (tmp_path / "pq").exists()  # given up before any output was made
 
 
+@pytest.mark.slow
 def test_ingest_cluster_worker_wait_from_the_environment_and_refused_when_not_seconds(
     lone_scheduler: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

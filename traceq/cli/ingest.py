@@ -37,7 +37,7 @@ def ingest(
     name: NameOption = None,
     rank: Annotated[Optional[int], typer.Option(help="Rank for files that name none (no distributedInfo, no per-event rank, none in the file name); without it each such file gets a rank of its own: -1, -2, ...")] = None,
     step_marker: Annotated[Optional[str], typer.Option(help="Regular expression naming the steps, for traces whose steps are not ProfilerStep#N, e.g. '^step\\[DECODE' or 'Optimizer.step#'. A group that captures an integer numbers the steps; else they are numbered 1, 2, ... in time order.")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="DuckDB threads that parse (default: one per CPU; 1 to 4 per CPU).")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="DuckDB threads (default: one per CPU; 1 to 4 per CPU); two of them parse a batch of files side by side.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Ingest files that are in the warehouse already: each one's earlier trace is replaced in the same transaction (e.g. to move it under another --name).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     run: FormerRunOption = None,

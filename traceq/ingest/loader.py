@@ -68,7 +68,7 @@ def ingest_traces(
         name: the name of the run every file goes to (default: each file's parent directory name; a file that
             names no rank and no job is a run of its own, <directory>/<file>: traceq.ingest.identity).
         rank: rank for files that name none (no distributedInfo.rank, no per-event rank).
-        threads: DuckDB threads that parse (default: one per CPU; 1 to 4 per CPU).
+        threads: DuckDB threads (default: one per CPU; 1 to 4 per CPU); two of them parse a batch side by side.
         chunk_bytes: size of the event chunks the file is cut into (bytes of JSON).
         progress: called as ``progress(event, info)`` for "start", "bytes", "file_read" and "done".
         native: parse with DuckDB where it reads a file the same (:mod:`traceq.ingest.native`); False
