@@ -152,6 +152,7 @@ def load(
             cursor = stack.enter_context(closing(con.cursor()))
             make = functools.partial(Parser, cursor, executor, options.marker, chunk_bytes, directories, notify)
             ahead = stack.enter_context(closing(ReadAhead(make, [g for g in groups if g[0].done is None], cursor.interrupt)))
+        again: Again = lambda f, failure: parser_here(False).again(f, failure)  # noqa: E731
         for group in groups:
             if group[0].done is not None:
                 if group[0].done.status == "skipped":
@@ -159,7 +160,7 @@ def load(
                 yield group[0].done
                 continue
             files = ahead.next_group(group) if ahead else [parser_here(True).decoded(group[0], None, "native=False")]
-            yield from write_group(writer, files, lambda f, failure: parser_here(False).again(f, failure))
+            yield from write_group(writer, files, again)
 
 
 Again = Callable[[ParsedFile, Exception], "ParsedFile | Exception"]  # Parser.again

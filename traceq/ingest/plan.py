@@ -1,7 +1,8 @@
 """The plan of an ingest, made once on the main thread before any file is read, from plain data: the
 trace files the inputs name (:func:`expand_inputs`: files, globs, directories), what the user asked
-(:class:`IngestOptions`) and the files the warehouse holds (:data:`Held`); one :class:`FileJob` per file (its size, JSON size, run, digest where
-the warehouse needs it told, whether it is in already, its group). Nothing after asks these again."""
+(:class:`IngestOptions`) and the files the warehouse holds (:data:`Held`); one :class:`FileJob` per file
+(its size, JSON size, run, digest where the warehouse needs it told, whether it is in already, its
+group). Nothing after asks these again."""
 
 from __future__ import annotations
 
